@@ -1,0 +1,8 @@
+"""metaq: ZooKeeper-coordinated consumer groups, broker and producer compatible with Metaq 1.4."""
+
+from metaq._errors import *  # noqa: F403
+from metaq._errors import __all__ as _errors_all
+
+__version__ = "0.1.0"
+
+__all__ = [*_errors_all, "__version__"]

@@ -1,0 +1,56 @@
+"""The ``metaq`` command line.
+
+Each sub-command lives in its own module of this package exposing
+``register(subparsers)``; the module adds its parser and sets
+``func=<callable(args) -> int>`` as the parser default.  Exit codes: 0 success,
+1 runtime failure, 2 bad usage or configuration (argparse's own convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from metaq._errors import ConfigError, MetaqError
+
+# One line per sub-command module, in the order they appear in --help.
+_COMMAND_MODULES = [
+    "metaq._cli.zk",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="metaq",
+        description="Metaq-compatible broker, producer and ZooKeeper-coordinated consumers.",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="more logging (-v info, -vv debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in _COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"metaq: error: {e}", file=sys.stderr)
+        return 2
+    except MetaqError as e:
+        print(f"metaq: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The one error tree of metaq.
+
+Every error raised on purpose by metaq derives from :class:`MetaqError`, so
+``except metaq.MetaqError`` catches them all.  Errors about bad values also
+derive from :class:`ValueError` so that callers validating input can catch the
+builtin type.
+
+::
+
+    MetaqError
+    ├── ConfigError (ValueError)            a config field or CLI flag is wrong
+    ├── LauncherError                       the embedded ZooKeeper cannot run
+    │   ├── JavaNotFoundError               no ``java`` on PATH / JAVA_HOME
+    │   └── ZooKeeperJarsNotFoundError      no ZooKeeper jars in any known place
+    ├── CoordinationError                   ZooKeeper said no, or is unreachable
+    │   └── NodeDataError (ValueError)      garbage in a node (zk_layout.NodeDataError)
+    ├── ProtocolError (ValueError)          a malformed protocol line or reply
+    ├── MessageError (ValueError)           message bytes that cannot be used
+    │   ├── MessageTooLargeError            body over the configured limit
+    │   └── ChecksumError                   CRC32 of the payload does not match
+    ├── StorageError                        the broker's log cannot be used
+    │   └── CorruptLogError                 bad bytes found where none may be
+    ├── BrokerError                         a broker answered a non-200 result
+    │   └── (``code`` attribute: 301/400/401/403/404/500/503/504)
+    ├── ConnectionClosedError               the connection to a broker went away
+    ├── ProducerError
+    │   ├── NoBrokerAvailableError          no partition of the topic can be written
+    │   └── SendTimeoutError                retries exhausted within the send timeout
+    └── ConsumerError
+        └── ConsumerClosedError             the consumer was used after close()
+
+``zk_layout`` does not import ``metaq``, so its :class:`zk_layout.NodeDataError`
+(a ``ValueError``) is registered here as a virtual subclass of
+:class:`CoordinationError` (and so of :class:`MetaqError`): ``except
+metaq.MetaqError`` catches garbage found in ZooKeeper too.
+"""
+
+from __future__ import annotations
+
+from abc import ABCMeta
+
+from zk_layout import NodeDataError
+
+__all__ = [
+    "MetaqError",
+    "ConfigError",
+    "LauncherError",
+    "JavaNotFoundError",
+    "ZooKeeperJarsNotFoundError",
+    "CoordinationError",
+    "NodeDataError",
+    "ProtocolError",
+    "MessageError",
+    "MessageTooLargeError",
+    "ChecksumError",
+    "StorageError",
+    "CorruptLogError",
+    "BrokerError",
+    "ConnectionClosedError",
+    "ProducerError",
+    "NoBrokerAvailableError",
+    "SendTimeoutError",
+    "ConsumerError",
+    "ConsumerClosedError",
+]
+
+
+class MetaqError(Exception, metaclass=ABCMeta):
+    """Base of every error metaq raises on purpose."""
+
+
+class ConfigError(MetaqError, ValueError):
+    """A configuration field, option or command-line flag has a wrong value."""
+
+
+class LauncherError(MetaqError):
+    """The embedded ZooKeeper server could not be started, found or stopped."""
+
+
+class JavaNotFoundError(LauncherError):
+    """No ``java`` executable: install Java 17+ or set JAVA_HOME."""
+
+
+class ZooKeeperJarsNotFoundError(LauncherError):
+    """No ZooKeeper jars in $ZOOKEEPER_HOME, Debian's package or the pyspark wheel."""
+
+
+class CoordinationError(MetaqError):
+    """ZooKeeper refused an operation or could not be reached."""
+
+
+class ProtocolError(MetaqError, ValueError):
+    """A protocol line or reply is malformed; the message names what was wrong."""
+
+
+class MessageError(MetaqError, ValueError):
+    """Message bytes or a message body that cannot be used."""
+
+
+class MessageTooLargeError(MessageError):
+    """A message body is over the configured size limit."""
+
+
+class ChecksumError(MessageError):
+    """The CRC32 of a message payload does not match its header."""
+
+
+class StorageError(MetaqError):
+    """The broker's log cannot be opened, read or written."""
+
+
+class CorruptLogError(StorageError):
+    """Bad bytes were found in a part of the log where none may be."""
+
+
+class BrokerError(MetaqError):
+    """A broker answered with a non-200 result.
+
+    ``code`` is the numeric result code and ``detail`` the reply body as text.
+    """
+
+    def __init__(self, code: int, detail: str = "", *, broker: str = "") -> None:
+        self.code = code
+        self.detail = detail
+        self.broker = broker
+        where = f" from {broker}" if broker else ""
+        super().__init__(f"broker error {code}{where}: {detail}" if detail else
+                         f"broker error {code}{where}")
+
+
+class ConnectionClosedError(MetaqError):
+    """The connection to a broker closed while requests were outstanding."""
+
+
+class ProducerError(MetaqError):
+    """A message could not be sent."""
+
+
+class NoBrokerAvailableError(ProducerError):
+    """No writable partition of the topic is known (no broker publishes it)."""
+
+
+class SendTimeoutError(ProducerError):
+    """Every retry failed or the total send timeout passed."""
+
+
+class ConsumerError(MetaqError):
+    """A consumer-side failure, including background-thread failures handed to the user."""
+
+
+class ConsumerClosedError(ConsumerError):
+    """The consumer was used after it was closed."""
+
+
+CoordinationError.register(NodeDataError)
