@@ -1,8 +1,94 @@
 """zk_layout: the one owner of Metaq's ZooKeeper paths and node formats.
 
+* :class:`Layout` builds every path (root configurable, default ``/meta``) and
+  :meth:`Layout.classify` parses one back into a :class:`NodeRef`.
+* :class:`Partition`, :func:`parse_partition`, :func:`parse_broker_child`,
+  :func:`sort_partitions` / :func:`metaq_sort_key` (Metaq's string order) and
+  :func:`partitions_for_topic`.
+* ``encode_*`` / ``decode_*`` codecs for each node's data, byte-for-byte
+  Metaq's; garbage raises :class:`NodeDataError`, bad names
+  :class:`InvalidNameError` (both ``ValueError``).
+* :func:`take_snapshot` reads a live tree (kazoo) into a read-only
+  :class:`Snapshot`; ``python -m zk_layout`` is its inspector CLI.
+
 Does not import ``metaq``.
 """
 
-from zk_layout._errors import NodeDataError
+from zk_layout._codecs import (
+    BrokerUri,
+    StoredOffset,
+    TopicBroker,
+    build_consumer_id,
+    decode_broker_uri,
+    decode_num_parts,
+    decode_offset,
+    decode_owner,
+    decode_topic_broker,
+    decode_topic_list,
+    encode_broker_uri,
+    encode_num_parts,
+    encode_offset,
+    encode_owner,
+    encode_topic_broker,
+    encode_topic_list,
+)
+from zk_layout._errors import InvalidNameError, NodeDataError
+from zk_layout._names import (
+    BrokerChild,
+    Partition,
+    check_consumer_id,
+    check_group,
+    check_topic,
+    metaq_sort_key,
+    parse_broker_child,
+    parse_broker_id,
+    parse_broker_role,
+    parse_partition,
+    sort_consumer_ids,
+    sort_partitions,
+)
+from zk_layout._nodes import decode_node, partitions_for_topic
+from zk_layout._paths import DEFAULT_ROOT, Layout, NodeKind, NodeRef
 
-__all__ = ["NodeDataError"]
+__all__ = [
+    # errors
+    "NodeDataError",
+    "InvalidNameError",
+    # paths
+    "DEFAULT_ROOT",
+    "Layout",
+    "NodeKind",
+    "NodeRef",
+    # names and partitions
+    "BrokerChild",
+    "Partition",
+    "check_consumer_id",
+    "check_group",
+    "check_topic",
+    "metaq_sort_key",
+    "parse_broker_child",
+    "parse_broker_id",
+    "parse_broker_role",
+    "parse_partition",
+    "partitions_for_topic",
+    "sort_consumer_ids",
+    "sort_partitions",
+    # codecs
+    "BrokerUri",
+    "StoredOffset",
+    "TopicBroker",
+    "build_consumer_id",
+    "decode_broker_uri",
+    "decode_node",
+    "decode_num_parts",
+    "decode_offset",
+    "decode_owner",
+    "decode_topic_broker",
+    "decode_topic_list",
+    "encode_broker_uri",
+    "encode_num_parts",
+    "encode_offset",
+    "encode_owner",
+    "encode_topic_broker",
+    "encode_topic_list",
+]

@@ -1,8 +1,8 @@
-"""zk_layout's single error type."""
+"""zk_layout's error types: garbage in a node (NodeDataError), a bad name (InvalidNameError)."""
 
 from __future__ import annotations
 
-__all__ = ["NodeDataError"]
+__all__ = ["NodeDataError", "InvalidNameError"]
 
 
 class NodeDataError(ValueError):
@@ -21,3 +21,21 @@ class NodeDataError(ValueError):
 
     def __reduce__(self):  # keep picklable (Spark ships errors across processes)
         return (type(self), (self.path, self.data, self.reason))
+
+
+class InvalidNameError(ValueError):
+    """A name that goes into a ZooKeeper path (topic, group, consumer id,
+    broker id, partition, child name) is not one Metaq can use.
+
+    ``kind`` says what the name was for (``"topic"``, ``"group"``, ...),
+    ``value`` is the rejected value and ``reason`` what is wrong with it.
+    """
+
+    def __init__(self, kind: str, value: object, reason: str) -> None:
+        self.kind = kind
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid {kind} {value!r}: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.value, self.reason))
