@@ -1,0 +1,169 @@
+"""Shared fixtures: a real ZooKeeper server, a fresh chroot per test, a started kazoo client.
+
+``METAQ_TEST_ZK`` picks the server:
+
+- unset/empty: the embedded launcher (``metaq._zk.ZooKeeperServer``) runs one JVM for the
+  whole session, from the jars of the pyspark wheel (or $ZOOKEEPER_HOME / Debian's package);
+- ``host:port``: an external server that is already running;
+- ``docker``: testcontainers' ZooKeeper image (skips every ZooKeeper test when no Docker
+  engine is reachable).
+
+When a test using the server fails, the server log written since the test started is
+attached to its report.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from metaq._zk import ZooKeeperEnsemble, ZooKeeperServer
+
+_SERVER_KEY = pytest.StashKey[object]()
+_ENSEMBLE_KEY = pytest.StashKey[object]()
+_LOG_MARK_KEY = pytest.StashKey[int]()
+_LOG_LINES = 200
+
+
+class ExternalZooKeeper:
+    """A server we did not start (``METAQ_TEST_ZK=host:port`` or a container); no log access."""
+
+    def __init__(self, hosts: str, logs: object = None) -> None:
+        self.hosts = hosts
+        self._logs = logs
+
+    @property
+    def port(self) -> int:
+        return int(self.hosts.split(",")[0].rsplit(":", 1)[1])
+
+    def log_size(self) -> int:
+        return 0
+
+    def read_log(self, since: int = 0) -> str:
+        if self._logs is None:
+            return ""
+        try:
+            return self._logs()  # type: ignore[operator]
+        except Exception as e:  # pragma: no cover - best effort
+            return f"(could not read container logs: {e!r})"
+
+
+def _docker_server() -> Iterator[ExternalZooKeeper]:
+    try:
+        import docker  # testcontainers depends on it
+
+        docker.from_env().ping()
+    except Exception as e:
+        pytest.skip(f"METAQ_TEST_ZK=docker but no Docker engine is reachable: {e}")
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.waiting_utils import wait_for_logs
+
+    container = (DockerContainer("zookeeper:3.9")
+                 .with_exposed_ports(2181)
+                 .with_env("ZOO_4LW_COMMANDS_WHITELIST", "*")
+                 .with_env("ZOO_TICK_TIME", "200")
+                 .with_env("ZOO_CFG_EXTRA", "minSessionTimeout=1000"))
+    with container:
+        wait_for_logs(container, "binding to port", timeout=60)
+        hosts = f"{container.get_container_host_ip()}:{container.get_exposed_port(2181)}"
+
+        def logs() -> str:
+            out, err = container.get_logs()
+            return "\n".join((out + err).decode("utf-8", "replace").splitlines()[-_LOG_LINES:])
+
+        yield ExternalZooKeeper(hosts, logs)
+
+
+@pytest.fixture(scope="session")
+def zk_server(request: pytest.FixtureRequest) -> Iterator[object]:
+    """The session's real ZooKeeper server; ``.hosts`` is ``host:port``."""
+    spec = os.environ.get("METAQ_TEST_ZK", "").strip()
+    if spec == "docker":
+        for server in _docker_server():
+            request.config.stash[_SERVER_KEY] = server
+            yield server
+    elif spec:
+        server = ExternalZooKeeper(spec)
+        request.config.stash[_SERVER_KEY] = server
+        yield server
+    else:
+        with ZooKeeperServer() as server:
+            request.config.stash[_SERVER_KEY] = server
+            yield server
+
+
+@pytest.fixture(scope="session")
+def zk_ensemble(request: pytest.FixtureRequest) -> Iterator[ZooKeeperEnsemble]:
+    """A 3-node ZooKeeper ensemble on localhost, started only when a test asks for it."""
+    with ZooKeeperEnsemble(3) as ensemble:
+        request.config.stash[_ENSEMBLE_KEY] = ensemble
+        yield ensemble
+
+
+@pytest.fixture(scope="session")
+def _zk_admin(zk_server: object) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=zk_server.hosts, timeout=10.0)  # type: ignore[attr-defined]
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
+def _chroot_for(name: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.")[:60] or "test"
+    return f"/t/{safe}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def zk_connect(request: pytest.FixtureRequest, zk_server: object,
+               _zk_admin: KazooClient) -> Iterator[str]:
+    """``host:port/<chroot>``: a fresh chroot, created before the test, removed after it."""
+    chroot = _chroot_for(request.node.name)
+    _zk_admin.ensure_path(chroot)
+    yield f"{zk_server.hosts}{chroot}"  # type: ignore[attr-defined]
+    try:
+        _zk_admin.delete(chroot, recursive=True)
+    except Exception:
+        pass  # a lingering session's ephemeral node: the chroot is unique anyway
+
+
+@pytest.fixture
+def zk_client(zk_connect: str) -> Iterator[KazooClient]:
+    """A started KazooClient on :func:`zk_connect`, stopped after the test."""
+    client = KazooClient(hosts=zk_connect, timeout=10.0)
+    client.start(timeout=30)
+    yield client
+    client.stop()
+    client.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    server = item.config.stash.get(_SERVER_KEY, None)
+    item.stash[_LOG_MARK_KEY] = server.log_size() if server is not None else 0  # type: ignore[attr-defined]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    fixtures = getattr(item, "fixturenames", ())
+    server = item.config.stash.get(_SERVER_KEY, None)
+    if server is not None and "zk_server" in fixtures:
+        text = server.read_log(item.stash.get(_LOG_MARK_KEY, 0))  # type: ignore[attr-defined]
+        lines = text.splitlines()[-_LOG_LINES:]
+        if lines:
+            report.sections.append(
+                (f"zookeeper log ({report.when}, last {len(lines)} lines since test start)",
+                 "\n".join(lines)))
+    ensemble = item.config.stash.get(_ENSEMBLE_KEY, None)
+    if ensemble is not None and "zk_ensemble" in fixtures:
+        report.sections.append((f"zookeeper ensemble logs ({report.when})",
+                                ensemble.log_tail(40)))  # type: ignore[attr-defined]
