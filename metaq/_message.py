@@ -1,0 +1,245 @@
+"""Metaq 1.4 message bytes (reference section 5).
+
+A message on disk and inside the body of a ``value`` reply is::
+
+    int32 length     payload length (attribute section included)
+    int32 checksum   CRC32(payload) & 0x7FFFFFFF
+    int64 msgId
+    int32 flag       bit 0 = the payload starts with an attribute
+    payload          [int32 attrLen, UTF-8 attribute] body
+
+all big-endian.  This module encodes and decodes those bytes, iterates over a
+buffer of concatenated messages without copying more than needed, and
+generates broker message ids.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from metaq._errors import ChecksumError, ConfigError, MessageError
+
+__all__ = [
+    "HEADER",
+    "HEADER_SIZE",
+    "MAX_MESSAGE_SIZE",
+    "MAX_PAYLOAD_SIZE",
+    "MSG_ID_EPOCH_MS",
+    "FLAG_HAS_ATTRIBUTE",
+    "RawMessage",
+    "MsgIdGenerator",
+    "checksum",
+    "build_payload",
+    "split_payload",
+    "encode_message",
+    "iter_messages",
+    "scan_messages",
+    "msg_id_parts",
+]
+
+#: length, checksum, msgId, flag
+HEADER = struct.Struct(">iiqi")
+HEADER_SIZE = HEADER.size  # 20
+assert HEADER_SIZE == 20
+
+#: Largest message body a producer may send by default (4 MiB, as RocketMQ/Metaq clients).
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+#: Default upper bound on a payload length read from bytes (body + attribute section);
+#: anything larger is treated as corruption, not as a big message.
+MAX_PAYLOAD_SIZE = 64 * 1024 * 1024
+#: ms timestamp Metaq subtracts before shifting it into a msgId.
+MSG_ID_EPOCH_MS = 1303895660503
+FLAG_HAS_ATTRIBUTE = 1
+
+_INT32_MAX = 0x7FFFFFFF
+_ATTR_LEN = struct.Struct(">i")
+_unpack_header = HEADER.unpack_from
+_pack_header = HEADER.pack
+_crc32 = zlib.crc32
+
+
+class RawMessage(NamedTuple):
+    """One complete message found in a buffer.
+
+    ``offset`` is the absolute log offset of its header, ``next_offset`` the
+    offset right after it; ``payload`` is the raw payload (attribute section
+    included, see :func:`split_payload`).
+    """
+
+    offset: int
+    msg_id: int
+    flag: int
+    payload: bytes
+    next_offset: int
+
+
+def checksum(payload: bytes) -> int:
+    """Metaq's checksum: CRC32 of the payload masked to a non-negative int32."""
+    return _crc32(payload) & _INT32_MAX
+
+
+def build_payload(body: bytes, attribute: str | None) -> tuple[bytes, int]:
+    """Return ``(payload, flag)`` for a body and an optional attribute.
+
+    With an attribute the payload is ``int32 attrLen + UTF-8 attribute + body``
+    and flag bit 0 is set; without one the payload is the body and flag 0.
+    """
+    if attribute is None:
+        return bytes(body), 0
+    if not isinstance(attribute, str):
+        raise MessageError(f"attribute must be a str or None, not {type(attribute).__name__}")
+    attr = attribute.encode("utf-8")
+    return _ATTR_LEN.pack(len(attr)) + attr + body, FLAG_HAS_ATTRIBUTE
+
+
+def split_payload(payload: bytes, flag: int) -> tuple[str | None, bytes]:
+    """Return ``(attribute, body)`` of a payload; the inverse of :func:`build_payload`.
+
+    Raises :class:`metaq.MessageError` when flag bit 0 is set and the attribute
+    length is impossible or the attribute is not UTF-8.
+    """
+    if not flag & FLAG_HAS_ATTRIBUTE:
+        return None, bytes(payload)
+    n = len(payload)
+    if n < 4:
+        raise MessageError(f"flag says the payload has an attribute but it is only {n} bytes")
+    (alen,) = _ATTR_LEN.unpack_from(payload, 0)
+    if alen < 0 or 4 + alen > n:
+        raise MessageError(f"bad attribute length {alen} in a payload of {n} bytes")
+    try:
+        attribute = str(payload[4:4 + alen], "utf-8")
+    except UnicodeDecodeError as e:
+        raise MessageError(f"attribute is not valid UTF-8: {e}") from None
+    return attribute, bytes(payload[4 + alen:])
+
+
+def encode_message(msg_id: int, flag: int, payload: bytes) -> bytes:
+    """The full record (20-byte header + payload) as stored in the log."""
+    return _pack_header(len(payload), _crc32(payload) & _INT32_MAX, msg_id, flag) + payload
+
+
+def iter_messages(buf: bytes | bytearray | memoryview, start_offset: int = 0, *,
+                  verify: bool = True,
+                  max_payload: int = MAX_PAYLOAD_SIZE) -> Iterator[RawMessage]:
+    """Yield every complete message in ``buf`` as a :class:`RawMessage`.
+
+    ``start_offset`` is the absolute offset of ``buf[0]``.  A truncated last
+    message (header or payload cut short) ends the iteration silently.  A
+    negative or larger-than-``max_payload`` length raises
+    :class:`metaq.MessageError`, a checksum mismatch (when ``verify``)
+    :class:`metaq.ChecksumError`; both name the offset.
+    """
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    if mv.itemsize != 1 or mv.ndim != 1:
+        mv = mv.cast("B")
+    end = len(mv)
+    pos = 0
+    unpack = _unpack_header
+    crc = _crc32
+    while end - pos >= HEADER_SIZE:
+        length, check, msg_id, flag = unpack(mv, pos)
+        if length < 0 or length > max_payload:
+            raise MessageError(
+                f"impossible message length {length} at offset {start_offset + pos} "
+                f"(limit {max_payload})")
+        nxt = pos + HEADER_SIZE + length
+        if nxt > end:
+            return
+        payload = mv[pos + HEADER_SIZE:nxt]
+        if verify and crc(payload) & _INT32_MAX != check:
+            raise ChecksumError(
+                f"checksum mismatch at offset {start_offset + pos}: header says {check}, "
+                f"payload of {length} bytes has {crc(payload) & _INT32_MAX}")
+        yield RawMessage(start_offset + pos, msg_id, flag, payload.tobytes(),
+                         start_offset + nxt)
+        pos = nxt
+
+
+def scan_messages(buf: bytes | bytearray | memoryview, *,
+                  max_payload: int = MAX_PAYLOAD_SIZE) -> tuple[int, int, str | None]:
+    """Check every message of ``buf`` without building them.
+
+    Returns ``(valid_bytes, count, problem)``: the length of the longest prefix
+    made of complete messages with good checksums, how many messages it holds,
+    and ``None`` when the rest is empty or a truncated message, else a text
+    saying what is wrong at ``valid_bytes`` (bad length or checksum).
+    """
+    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
+    end = len(mv)
+    pos = 0
+    count = 0
+    unpack = _unpack_header
+    crc = _crc32
+    while end - pos >= HEADER_SIZE:
+        length, check, _msg_id, _flag = unpack(mv, pos)
+        if length < 0 or length > max_payload:
+            return pos, count, f"impossible message length {length}"
+        nxt = pos + HEADER_SIZE + length
+        if nxt > end:
+            return pos, count, None
+        got = crc(mv[pos + HEADER_SIZE:nxt]) & _INT32_MAX
+        if got != check:
+            return pos, count, f"checksum mismatch (header {check}, payload {got})"
+        count += 1
+        pos = nxt
+    return pos, count, None
+
+
+def msg_id_parts(msg_id: int) -> tuple[int, int, int]:
+    """Split a msgId into ``(wall-clock ms, brokerId, sequence)``."""
+    return (msg_id >> 22) + MSG_ID_EPOCH_MS, (msg_id >> 12) & 0x3FF, msg_id & 0xFFF
+
+
+class MsgIdGenerator:
+    """Thread-safe, strictly increasing msgIds for one broker.
+
+    ``msgId = ((ms - 1303895660503) << 22) | (brokerId << 12) | seq`` where
+    ``ms`` comes from a monotonic clock anchored to the wall clock when the
+    generator is created.  When the 4096 sequence numbers of a millisecond are
+    used up the next millisecond is borrowed, so ids stay unique and increasing
+    however fast they are asked for.
+    """
+
+    def __init__(self, broker_id: int) -> None:
+        if isinstance(broker_id, bool) or not isinstance(broker_id, int) \
+                or not 0 <= broker_id <= 1023:
+            raise ConfigError(f"broker_id must be an int in 0..1023, got {broker_id!r}")
+        self.broker_id = broker_id
+        self._broker_bits = broker_id << 12
+        self._anchor_ms = time.time_ns() // 1_000_000
+        self._anchor_mono = time.monotonic_ns()
+        self._last_ms = 0
+        self._seq = -1
+        self._lock = threading.Lock()
+
+    def _now_ms(self) -> int:
+        return self._anchor_ms + (time.monotonic_ns() - self._anchor_mono) // 1_000_000
+
+    def next_id(self) -> int:
+        """One new msgId."""
+        return self.next_ids(1)[0]
+
+    def next_ids(self, n: int) -> list[int]:
+        """``n`` new msgIds in increasing order (one lock round for all of them)."""
+        out: list[int] = []
+        with self._lock:
+            now = self._now_ms()
+            if now > self._last_ms:
+                self._last_ms = now
+                self._seq = -1
+            while n > 0:
+                seq = self._seq + 1
+                if seq > 0xFFF:
+                    self._last_ms += 1  # borrow the next millisecond
+                    seq = 0
+                take = min(n, 0x1000 - seq)
+                base = ((self._last_ms - MSG_ID_EPOCH_MS) << 22) | self._broker_bits
+                out.extend(range(base | seq, (base | seq) + take))
+                self._seq = seq + take - 1
+                n -= take
+        return out

@@ -1,0 +1,620 @@
+"""Metaq 1.4 text protocol (reference section 6).
+
+Requests (client → broker), space separated, lines end in CRLF::
+
+    put <topic> <part> <len> <flag> <checksum> [<txKey>] <opaque>\\r\\n<payload>
+    get <topic> <group> <part> <offset> <maxSize> <opaque>\\r\\n
+    offset <topic> <group> <part> <offset> <opaque>\\r\\n
+    stats [<item>] <opaque>\\r\\n
+    version <opaque>\\r\\n
+    quit\\r\\n
+
+Replies (broker → client)::
+
+    result <code> <bodyLen> <opaque>\\r\\n<body>
+    value <len> <opaque>\\r\\n<bytes>
+
+Encoders for both sides, and incremental parsers (:class:`RequestParser` for
+the broker, :class:`ReplyParser` for clients) that take bytes in any chunking
+and return every complete request or reply.  Bad input raises
+:class:`metaq.ProtocolError` naming the offending line and what is wrong.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from metaq._errors import ProtocolError
+from metaq._message import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE
+
+__all__ = [
+    "MAX_LINE",
+    "DEFAULT_MAX_PAYLOAD",
+    "DEFAULT_MAX_BODY",
+    "QUIT",
+    "PutRequest",
+    "GetRequest",
+    "OffsetRequest",
+    "StatsRequest",
+    "VersionRequest",
+    "QuitRequest",
+    "BadRequest",
+    "Result",
+    "Value",
+    "RequestParser",
+    "ReplyParser",
+    "encode_put",
+    "encode_get",
+    "encode_offset",
+    "encode_stats",
+    "encode_version",
+    "encode_result",
+    "encode_value_header",
+    "parse_put_result",
+    "check_topic",
+    "check_group",
+]
+
+#: Longest command line accepted (CRLF excluded).
+MAX_LINE = 8192
+#: Default largest put payload the request parser accepts (4 MiB body + room for an attribute).
+DEFAULT_MAX_PAYLOAD = MAX_MESSAGE_SIZE + 64 * 1024
+#: Default largest reply body the reply parser accepts.
+DEFAULT_MAX_BODY = MAX_PAYLOAD_SIZE
+QUIT = b"quit\r\n"
+
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_MAX_NAME = 255
+_REPR_MAX = 120
+
+
+class PutRequest(NamedTuple):
+    topic: str
+    partition: int
+    length: int
+    flag: int
+    checksum: int
+    tx_key: str | None
+    opaque: int
+    payload: bytes
+
+
+class GetRequest(NamedTuple):
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    max_size: int
+    opaque: int
+
+
+class OffsetRequest(NamedTuple):
+    topic: str
+    group: str
+    partition: int
+    offset: int
+    opaque: int
+
+
+class StatsRequest(NamedTuple):
+    item: str | None
+    opaque: int
+
+
+class VersionRequest(NamedTuple):
+    opaque: int
+
+
+class QuitRequest(NamedTuple):
+    pass
+
+
+class BadRequest(NamedTuple):
+    """A malformed request, returned by :meth:`RequestParser.feed_lenient`.
+
+    ``opaque`` is the request's opaque when it could be read (else ``None``);
+    ``fatal`` means the stream cannot be resynchronised and the connection
+    must be closed after answering what came before.
+    """
+
+    error: ProtocolError
+    opaque: int | None
+    fatal: bool
+
+
+class Result(NamedTuple):
+    code: int
+    body: bytes
+    opaque: int
+
+
+class Value(NamedTuple):
+    body: bytes
+    opaque: int
+
+
+# --------------------------------------------------------------------------- names
+
+_topic_cache: dict[bytes, str] = {}
+_topic_bytes_cache: dict[str, bytes] = {}
+
+
+def _name_problem(s: str) -> str | None:
+    if not s:
+        return "is empty"
+    if len(s) > _MAX_NAME:
+        return f"is longer than {_MAX_NAME} characters"
+    if not s.isprintable() or " " in s:
+        return "contains whitespace or control characters"
+    return None
+
+
+def check_topic(topic: str) -> str:
+    """Return ``topic`` if it is a usable topic name, else raise ProtocolError.
+
+    A topic names a directory ``<topic>-<partition>`` and ZooKeeper nodes: 1 to
+    255 printable characters, no whitespace, no ``/`` or ``\\``, not starting
+    with ``.``.
+    """
+    if not isinstance(topic, str):
+        raise ProtocolError(f"topic must be a str, not {type(topic).__name__}")
+    problem = _name_problem(topic)
+    if problem is None and ("/" in topic or "\\" in topic):
+        problem = "contains '/' or '\\'"
+    if problem is None and topic.startswith("."):
+        problem = "starts with '.'"
+    if problem is not None:
+        raise ProtocolError(f"bad topic {topic[:_REPR_MAX]!r}: {problem}")
+    return topic
+
+
+def check_group(group: str) -> str:
+    """Return ``group`` if usable as a consumer group name, else raise ProtocolError."""
+    if not isinstance(group, str):
+        raise ProtocolError(f"group must be a str, not {type(group).__name__}")
+    problem = _name_problem(group)
+    if problem is not None:
+        raise ProtocolError(f"bad group {group[:_REPR_MAX]!r}: {problem}")
+    return group
+
+
+def _topic_bytes(topic: str) -> bytes:
+    b = _topic_bytes_cache.get(topic)
+    if b is None:
+        b = check_topic(topic).encode("utf-8")
+        if len(_topic_bytes_cache) > 4096:
+            _topic_bytes_cache.clear()
+        _topic_bytes_cache[topic] = b
+    return b
+
+
+def _token_text(tok: bytes, what: str) -> str:
+    try:
+        return tok.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError(f"{what} {tok[:_REPR_MAX]!r} is not valid UTF-8") from None
+
+
+def _parse_topic(tok: bytes) -> str:
+    t = _topic_cache.get(tok)
+    if t is None:
+        t = check_topic(_token_text(tok, "topic"))
+        if len(_topic_cache) > 4096:
+            _topic_cache.clear()
+        _topic_cache[bytes(tok)] = t
+    return t
+
+
+def _parse_int(tok: bytes, what: str, lo: int, hi: int) -> int:
+    if len(tok) <= 20 and (tok.isdigit() or (tok[:1] == b"-" and tok[1:].isdigit())):
+        v = int(tok)
+        if lo <= v <= hi:
+            return v
+        raise ProtocolError(f"{what} {v} is out of range {lo}..{hi}")
+    raise ProtocolError(f"{what} {tok[:_REPR_MAX]!r} is not an integer")
+
+
+def _opaque_of(tok: bytes) -> int | None:
+    try:
+        return _parse_int(tok, "opaque", _INT32_MIN, _INT32_MAX)
+    except ProtocolError:
+        return None
+
+
+def _show(line: bytes) -> str:
+    r = repr(bytes(line[:_REPR_MAX]))
+    return r + ("..." if len(line) > _REPR_MAX else "")
+
+
+# --------------------------------------------------------------------------- encoders
+
+def encode_put(topic: str, partition: int, payload: bytes, flag: int, checksum: int,
+               opaque: int, tx_key: str | None = None) -> bytes:
+    """A ``put`` request with its payload."""
+    if tx_key is None:
+        return b"put %b %d %d %d %d %d\r\n%b" % (
+            _topic_bytes(topic), partition, len(payload), flag, checksum, opaque, payload)
+    return b"put %b %d %d %d %d %b %d\r\n%b" % (
+        _topic_bytes(topic), partition, len(payload), flag, checksum,
+        _name_bytes(tx_key, "tx_key"), opaque, payload)
+
+
+def _name_bytes(s: str, what: str) -> bytes:
+    if not isinstance(s, str):
+        raise ProtocolError(f"{what} must be a str, not {type(s).__name__}")
+    problem = _name_problem(s)
+    if problem is not None:
+        raise ProtocolError(f"bad {what} {s[:_REPR_MAX]!r}: {problem}")
+    return s.encode("utf-8")
+
+
+def encode_get(topic: str, group: str, partition: int, offset: int, max_size: int,
+               opaque: int) -> bytes:
+    return b"get %b %b %d %d %d %d\r\n" % (
+        _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size, opaque)
+
+
+def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int) -> bytes:
+    return b"offset %b %b %d %d %d\r\n" % (
+        _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, opaque)
+
+
+def encode_stats(item: str | None, opaque: int) -> bytes:
+    if item is None:
+        return b"stats %d\r\n" % opaque
+    return b"stats %b %d\r\n" % (_name_bytes(item, "stats item"), opaque)
+
+
+def encode_version(opaque: int) -> bytes:
+    return b"version %d\r\n" % opaque
+
+
+def encode_result(code: int, body: bytes, opaque: int) -> bytes:
+    """A ``result`` reply with its body."""
+    return b"result %d %d %d\r\n%b" % (code, len(body), opaque, body)
+
+
+def encode_value_header(length: int, opaque: int) -> bytes:
+    """The line before ``length`` raw log bytes of a ``value`` reply."""
+    return b"value %d %d\r\n" % (length, opaque)
+
+
+def parse_put_result(body: bytes) -> tuple[int, int, int]:
+    """``(msgId, partition, offset)`` from the body of a successful put result."""
+    parts = body.split(b" ")
+    if len(parts) != 3:
+        raise ProtocolError(f"put result body {_show(body)} is not '<msgId> <partition> <offset>'")
+    return (_parse_int(parts[0], "msgId", _INT64_MIN, _INT64_MAX),
+            _parse_int(parts[1], "partition", _INT32_MIN, _INT32_MAX),
+            _parse_int(parts[2], "offset", _INT64_MIN, _INT64_MAX))
+
+
+# --------------------------------------------------------------------------- buffering
+
+class _Buffered:
+    """Bytes buffer shared by both parsers: joins chunks only when enough arrived."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self._pos = 0
+        self._need = 0          # total bytes (from _pos) needed before parsing again
+        self._parts: list[bytes] = []
+        self._have = 0
+        self._broken: ProtocolError | None = None
+
+    def _take(self, data: bytes) -> bool:
+        """Add data; return True when parsing should run."""
+        if self._broken is not None:
+            raise ProtocolError(f"stream already broken: {self._broken}")
+        if self._need:
+            if data:
+                self._parts.append(bytes(data))
+                self._have += len(data)
+            if self._have < self._need:
+                return False
+            self._buf = self._buf[self._pos:] + b"".join(self._parts)
+            self._pos = 0
+            self._parts = []
+            self._need = 0
+            return True
+        if self._pos >= len(self._buf):
+            self._buf = bytes(data)
+        else:
+            self._buf = self._buf[self._pos:] + data
+        self._pos = 0
+        return True
+
+    def _wait_for(self, nbytes: int) -> None:
+        """Parsing stopped at _pos and needs ``nbytes`` bytes from there."""
+        self._need = nbytes
+        self._have = len(self._buf) - self._pos
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet parsed."""
+        return len(self._buf) - self._pos + (sum(map(len, self._parts)) if self._parts else 0)
+
+
+# --------------------------------------------------------------------------- requests
+
+class RequestParser(_Buffered):
+    """Incremental parser of client requests (broker side).
+
+    ``max_payload`` bounds a put's payload length; a larger one is answered
+    as a bad request and its bytes are skipped without being buffered.
+    """
+
+    def __init__(self, *, max_line: int = MAX_LINE,
+                 max_payload: int = DEFAULT_MAX_PAYLOAD) -> None:
+        super().__init__()
+        self.max_line = max_line
+        self.max_payload = max_payload
+        self._skip = 0                       # payload bytes of a rejected put still to drop
+        self._put: tuple | None = None       # header of a put waiting for its payload
+
+    def feed(self, data: bytes) -> list:
+        """Add bytes; return the complete requests. Raises ProtocolError on bad input.
+
+        After an error the bad request has been consumed: calling ``feed(b"")``
+        continues with what follows, unless the stream cannot be resynchronised
+        (then every later call raises).
+        """
+        out: list = []
+        self._run(data, out, strict=True)
+        return out
+
+    def feed_lenient(self, data: bytes) -> list:
+        """Like :meth:`feed` but bad requests come back as :class:`BadRequest` items.
+
+        Parsing stops after a fatal :class:`BadRequest`.
+        """
+        out: list = []
+        self._run(data, out, strict=False)
+        return out
+
+    def _bad(self, out: list, strict: bool, err: ProtocolError, opaque: int | None,
+             fatal: bool) -> None:
+        if fatal:
+            self._broken = err
+        if strict:
+            raise err
+        out.append(BadRequest(err, opaque, fatal))
+
+    def _run(self, data: bytes, out: list, strict: bool) -> None:
+        if self._skip:
+            drop = min(self._skip, len(data))
+            self._skip -= drop
+            data = data[drop:]
+            if self._skip:
+                return
+        if not self._take(data):
+            return
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        max_line = self.max_line
+        append = out.append
+        try:
+            while pos < end or self._put is not None:
+                if self._put is not None:
+                    head = self._put
+                    stop = pos + head[2]
+                    if stop > end:
+                        self._pos = pos
+                        self._wait_for(head[2])
+                        return
+                    self._put = None
+                    append(PutRequest(*head, buf[pos:stop]))
+                    pos = stop
+                    continue
+                eol = buf.find(b"\r\n", pos, pos + max_line + 2)
+                if eol < 0:
+                    if end - pos >= max_line + 2:
+                        self._pos = end
+                        self._bad(out, strict, ProtocolError(
+                            f"line {_show(buf[pos:pos + max_line])} has no CRLF within "
+                            f"{max_line} bytes"), None, True)
+                        return
+                    self._pos = pos
+                    self._wait_for(end - pos + 1)
+                    return
+                line = buf[pos:eol]
+                pos = eol + 2
+                parts = line.split(b" ")
+                cmd = parts[0]
+                if cmd == b"put":
+                    try:
+                        head = self._put_header(parts, line)
+                    except ProtocolError as e:
+                        skip = self._put_skip(parts)
+                        if skip is None:
+                            self._pos = end
+                            self._bad(out, strict, e, _opaque_of(parts[-1]), True)
+                            return
+                        take = min(skip, end - pos)
+                        pos += take
+                        self._skip = skip - take
+                        self._pos = pos
+                        self._bad(out, strict, e, _opaque_of(parts[-1]), False)
+                        if self._skip:
+                            self._pos = end
+                            return
+                        continue
+                    self._put = head
+                    continue
+                try:
+                    append(self._other(cmd, parts, line))
+                except ProtocolError as e:
+                    self._pos = pos
+                    self._bad(out, strict, e, _opaque_of(parts[-1]) if len(parts) > 1 else None,
+                              False)
+        finally:
+            if self._need == 0:
+                self._pos = pos if self._broken is None else end
+                if self._pos >= len(self._buf):
+                    self._buf = b""
+                    self._pos = 0
+
+    def _put_header(self, parts: list, line: bytes) -> tuple:
+        n = len(parts)
+        if n == 7:
+            tx_key = None
+        elif n == 8:
+            tx_key = _token_text(parts[6], "transaction key")
+            if _name_problem(tx_key):
+                raise ProtocolError(f"bad put line {_show(line)}: bad transaction key")
+        else:
+            raise ProtocolError(
+                f"bad put line {_show(line)}: expected 'put <topic> <partition> <length> "
+                f"<flag> <checksum> [<txKey>] <opaque>'")
+        try:
+            topic = _parse_topic(parts[1])
+            partition = _parse_int(parts[2], "partition", _INT32_MIN, _INT32_MAX)
+            length = _parse_int(parts[3], "length", 0, _INT32_MAX)
+            flag = _parse_int(parts[4], "flag", _INT32_MIN, _INT32_MAX)
+            checksum = _parse_int(parts[5], "checksum", _INT32_MIN, _INT32_MAX)
+            opaque = _parse_int(parts[-1], "opaque", _INT32_MIN, _INT32_MAX)
+        except ProtocolError as e:
+            raise ProtocolError(f"bad put line {_show(line)}: {e}") from None
+        if length > self.max_payload:
+            raise ProtocolError(
+                f"bad put line {_show(line)}: payload length {length} is over the limit "
+                f"{self.max_payload}")
+        return (topic, partition, length, flag, checksum, tx_key, opaque)
+
+    @staticmethod
+    def _put_skip(parts: list) -> int | None:
+        """Payload length to skip after a bad put header, or None if it is unknown."""
+        if len(parts) not in (7, 8):
+            return None
+        try:
+            return _parse_int(parts[3], "length", 0, _INT32_MAX)
+        except ProtocolError:
+            return None
+
+    def _other(self, cmd: bytes, parts: list, line: bytes) -> NamedTuple:
+        n = len(parts)
+        try:
+            if cmd == b"get":
+                if n != 7:
+                    raise ProtocolError("expected 'get <topic> <group> <partition> <offset> "
+                                        "<maxSize> <opaque>'")
+                return GetRequest(
+                    _parse_topic(parts[1]), check_group(_token_text(parts[2], "group")),
+                    _parse_int(parts[3], "partition", _INT32_MIN, _INT32_MAX),
+                    _parse_int(parts[4], "offset", _INT64_MIN, _INT64_MAX),
+                    _parse_int(parts[5], "maxSize", _INT32_MIN, _INT32_MAX),
+                    _parse_int(parts[6], "opaque", _INT32_MIN, _INT32_MAX))
+            if cmd == b"offset":
+                if n != 6:
+                    raise ProtocolError("expected 'offset <topic> <group> <partition> <offset> "
+                                        "<opaque>'")
+                return OffsetRequest(
+                    _parse_topic(parts[1]), check_group(_token_text(parts[2], "group")),
+                    _parse_int(parts[3], "partition", _INT32_MIN, _INT32_MAX),
+                    _parse_int(parts[4], "offset", _INT64_MIN, _INT64_MAX),
+                    _parse_int(parts[5], "opaque", _INT32_MIN, _INT32_MAX))
+            if cmd == b"version":
+                if n != 2:
+                    raise ProtocolError("expected 'version <opaque>'")
+                return VersionRequest(_parse_int(parts[1], "opaque", _INT32_MIN, _INT32_MAX))
+            if cmd == b"stats":
+                if n == 2:
+                    item = None
+                elif n == 3:
+                    item = _token_text(parts[1], "stats item")
+                    problem = _name_problem(item)
+                    if problem:
+                        raise ProtocolError(f"stats item {problem}")
+                else:
+                    raise ProtocolError("expected 'stats [<item>] <opaque>'")
+                return StatsRequest(item, _parse_int(parts[-1], "opaque", _INT32_MIN, _INT32_MAX))
+            if cmd == b"quit":
+                if n != 1:
+                    raise ProtocolError("expected 'quit'")
+                return QuitRequest()
+        except ProtocolError as e:
+            raise ProtocolError(f"bad {_token_text(cmd, 'command')} line {_show(line)}: {e}") \
+                from None
+        raise ProtocolError(f"unknown command {_show(cmd)} in line {_show(line)}")
+
+
+# --------------------------------------------------------------------------- replies
+
+class ReplyParser(_Buffered):
+    """Incremental parser of broker replies (client side).
+
+    Every error is fatal: the client should close the connection.
+    """
+
+    def __init__(self, *, max_line: int = MAX_LINE, max_body: int = DEFAULT_MAX_BODY) -> None:
+        super().__init__()
+        self.max_line = max_line
+        self.max_body = max_body
+        self._head: tuple | None = None   # (is_value, code, length, opaque) awaiting the body
+
+    def feed(self, data: bytes) -> list:
+        """Add bytes; return complete :class:`Result` / :class:`Value` replies."""
+        if not self._take(data):
+            return []
+        out: list = []
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        max_line = self.max_line
+        append = out.append
+        try:
+            while pos < end or self._head is not None:
+                head = self._head
+                if head is not None:
+                    stop = pos + head[2]
+                    if stop > end:
+                        self._pos = pos
+                        self._wait_for(head[2])
+                        return out
+                    self._head = None
+                    if head[0]:
+                        append(Value(buf[pos:stop], head[3]))
+                    else:
+                        append(Result(head[1], buf[pos:stop], head[3]))
+                    pos = stop
+                    continue
+                eol = buf.find(b"\r\n", pos, pos + max_line + 2)
+                if eol < 0:
+                    if end - pos >= max_line + 2:
+                        self._fail(f"reply line {_show(buf[pos:pos + max_line])} has no CRLF "
+                                   f"within {max_line} bytes")
+                    self._pos = pos
+                    self._wait_for(end - pos + 1)
+                    return out
+                line = buf[pos:eol]
+                pos = eol + 2
+                parts = line.split(b" ")
+                try:
+                    if parts[0] == b"result" and len(parts) == 4:
+                        self._head = (
+                            False, _parse_int(parts[1], "code", 0, 999),
+                            _parse_int(parts[2], "body length", 0, self.max_body),
+                            _parse_int(parts[3], "opaque", _INT32_MIN, _INT32_MAX))
+                    elif parts[0] == b"value" and len(parts) == 3:
+                        self._head = (
+                            True, 200, _parse_int(parts[1], "value length", 0, self.max_body),
+                            _parse_int(parts[2], "opaque", _INT32_MIN, _INT32_MAX))
+                    else:
+                        raise ProtocolError("expected 'result <code> <length> <opaque>' or "
+                                            "'value <length> <opaque>'")
+                except ProtocolError as e:
+                    self._fail(f"bad reply line {_show(line)}: {e}")
+        finally:
+            if self._need == 0:
+                self._pos = pos
+                if pos >= len(self._buf):
+                    self._buf = b""
+                    self._pos = 0
+        return out
+
+    def _fail(self, msg: str) -> None:
+        err = ProtocolError(msg)
+        self._broken = err
+        raise err

@@ -1,0 +1,245 @@
+"""Text protocol (reference section 6): encoders, incremental parsers, fuzz."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import metaq
+from metaq._message import checksum
+from metaq._protocol import (
+    QUIT,
+    BadRequest,
+    GetRequest,
+    OffsetRequest,
+    PutRequest,
+    QuitRequest,
+    ReplyParser,
+    RequestParser,
+    Result,
+    StatsRequest,
+    Value,
+    VersionRequest,
+    encode_get,
+    encode_offset,
+    encode_put,
+    encode_result,
+    encode_stats,
+    encode_value_header,
+    encode_version,
+    parse_put_result,
+)
+
+int32 = st.integers(-(2**31), 2**31 - 1)
+int64 = st.integers(-(2**63), 2**63 - 1)
+names = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp", "Cf", "Co",
+                                                    "Cn"), blacklist_characters="/\\"),
+                min_size=1, max_size=30).filter(lambda s: not s.startswith(".") and s.isprintable())
+
+
+def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
+    cuts = sorted({c % (len(data) + 1) for c in cuts})
+    out, prev = [], 0
+    for c in cuts + [len(data)]:
+        out.append(data[prev:c])
+        prev = c
+    return out
+
+
+def test_exact_bytes():
+    assert encode_put("t", 3, b"abc", 1, 99, 7) == b"put t 3 3 1 99 7\r\nabc"
+    assert encode_put("t", -1, b"", 0, 0, 8, tx_key="tx1") == b"put t -1 0 0 0 tx1 8\r\n"
+    assert encode_get("t", "g", 0, 4096, 1024, 9) == b"get t g 0 4096 1024 9\r\n"
+    assert encode_offset("t", "g", 1, 5, 10) == b"offset t g 1 5 10\r\n"
+    assert encode_stats(None, 11) == b"stats 11\r\n"
+    assert encode_stats("topics", 12) == b"stats topics 12\r\n"
+    assert encode_version(13) == b"version 13\r\n"
+    assert QUIT == b"quit\r\n"
+    assert encode_result(200, b"1 0 20", 14) == b"result 200 6 14\r\n1 0 20"
+    assert encode_value_header(100, 15) == b"value 100 15\r\n"
+    assert parse_put_result(b"123 2 4096") == (123, 2, 4096)
+
+
+@pytest.mark.parametrize("topic", ["", "a b", "a/b", "..", ".x", "x\n", "a" * 256])
+def test_encoders_reject_bad_topic(topic):
+    with pytest.raises(metaq.ProtocolError, match="topic"):
+        encode_put(topic, 0, b"", 0, 0, 1)
+
+
+requests = st.one_of(
+    st.builds(lambda t, p, pl, f, c, tx, o: PutRequest(t, p, len(pl), f, c, tx, o, pl),
+              names, int32, st.binary(max_size=200), int32, st.integers(0, 2**31 - 1),
+              st.one_of(st.none(), names), int32),
+    st.builds(GetRequest, names, names, int32, int64, int32, int32),
+    st.builds(OffsetRequest, names, names, int32, int64, int32),
+    st.builds(StatsRequest, st.one_of(st.none(), names), int32),
+    st.builds(VersionRequest, int32),
+    st.just(QuitRequest()),
+)
+
+
+def encode_request(r) -> bytes:
+    if isinstance(r, PutRequest):
+        return encode_put(r.topic, r.partition, r.payload, r.flag, r.checksum, r.opaque, r.tx_key)
+    if isinstance(r, GetRequest):
+        return encode_get(r.topic, r.group, r.partition, r.offset, r.max_size, r.opaque)
+    if isinstance(r, OffsetRequest):
+        return encode_offset(r.topic, r.group, r.partition, r.offset, r.opaque)
+    if isinstance(r, StatsRequest):
+        return encode_stats(r.item, r.opaque)
+    if isinstance(r, VersionRequest):
+        return encode_version(r.opaque)
+    return QUIT
+
+
+@given(st.lists(requests, max_size=15), st.lists(st.integers(0, 10_000), max_size=10))
+def test_request_round_trip_any_chunking(reqs, cuts):
+    data = b"".join(map(encode_request, reqs))
+    parser = RequestParser()
+    got = []
+    for chunk in chunked(data, cuts):
+        got += parser.feed(chunk)
+    assert got == reqs
+    assert parser.buffered == 0
+
+
+replies = st.one_of(
+    st.builds(Result, st.integers(0, 999), st.binary(max_size=200), int32),
+    st.builds(Value, st.binary(max_size=300), int32),
+)
+
+
+def encode_reply(r) -> bytes:
+    if isinstance(r, Result):
+        return encode_result(r.code, r.body, r.opaque)
+    return encode_value_header(len(r.body), r.opaque) + r.body
+
+
+@given(st.lists(replies, max_size=15), st.lists(st.integers(0, 10_000), max_size=10))
+def test_reply_round_trip_any_chunking(reps, cuts):
+    data = b"".join(map(encode_reply, reps))
+    parser = ReplyParser()
+    got = []
+    for chunk in chunked(data, cuts):
+        got += parser.feed(chunk)
+    assert got == reps
+
+
+valid_types = (PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest)
+line_tokens = st.sampled_from([b"put", b"get", b"offset", b"stats", b"version", b"quit", b"t",
+                               b"-1", b"0", b"5", b"\xff", b"99999999999999999999999", b"",
+                               b"\r\n", b"\r", b"\n", b" ", b"abc"])
+fuzz_bytes = st.one_of(st.binary(max_size=400),
+                       st.lists(line_tokens, max_size=60).map(b" ".join),
+                       st.lists(st.one_of(line_tokens, st.binary(max_size=5)),
+                                max_size=60).map(b"".join))
+
+
+@settings(max_examples=300)
+@given(fuzz_bytes, st.lists(st.integers(0, 500), max_size=8))
+def test_request_parser_fuzz(data, cuts):
+    """Arbitrary bytes, arbitrary chunking: only valid requests or ProtocolError."""
+    parser = RequestParser(max_line=64, max_payload=50)
+    lenient = RequestParser(max_line=64, max_payload=50)
+    lenient_ok = True
+    for chunk in chunked(data, cuts):
+        pending = chunk
+        while True:
+            try:
+                for r in parser.feed(pending):
+                    assert isinstance(r, valid_types)
+                break
+            except metaq.ProtocolError as e:
+                assert str(e)
+                if parser._broken is not None:
+                    break
+                pending = b""
+        if not lenient_ok:
+            continue
+        for r in lenient.feed_lenient(chunk):
+            assert isinstance(r, (*valid_types, BadRequest))
+            if isinstance(r, BadRequest) and r.fatal:
+                lenient_ok = False
+            if isinstance(r, PutRequest):
+                assert len(r.payload) == r.length <= 50
+    assert parser.buffered <= len(data)
+
+
+@settings(max_examples=300)
+@given(fuzz_bytes, st.lists(st.integers(0, 500), max_size=8))
+def test_reply_parser_fuzz(data, cuts):
+    parser = ReplyParser(max_line=64, max_body=100)
+    try:
+        for chunk in chunked(data, cuts):
+            for r in parser.feed(chunk):
+                assert isinstance(r, (Result, Value))
+    except metaq.ProtocolError as e:
+        assert "reply" in str(e)
+        with pytest.raises(metaq.ProtocolError, match="broken"):
+            parser.feed(b"version 1\r\n")
+
+
+@pytest.mark.parametrize("line, what, fatal", [
+    (b"bogus 1\r\n", "unknown command", False),
+    (b"\r\n", "unknown command", False),
+    (b"get t g 0 0 1\r\n", "expected 'get", False),
+    (b"get t g x 0 1 2\r\n", "partition b'x' is not an integer", False),
+    (b"get \xff g 0 0 1 2\r\n", "topic b'\\\\xff' is not valid UTF-8", False),
+    (b"get a/b g 0 0 1 2\r\n", "bad topic 'a/b'", False),
+    (b"get t g 0 0 1 99999999999\r\n", "opaque 99999999999 is out of range", False),
+    (b"version\r\n", "expected 'version <opaque>'", False),
+    (b"stats a b c\r\n", "expected 'stats", False),
+    (b"quit 1\r\n", "expected 'quit'", False),
+    (b"put t 0 3 0 0 x\r\nabc", "opaque b'x' is not an integer", False),
+    (b"put t 0 x 0 0 1\r\nabc", "length b'x' is not an integer", True),
+    (b"put t 0 -3 0 0 1\r\n", "length -3 is out of range", True),
+    (b"put t 0 3 0 0\r\nabc", "expected 'put", True),
+    (b"put t 0 100 0 0 5\r\n" + b"x" * 100, "payload length 100 is over the limit 50", False),
+    (b"x" * 80, "no CRLF within 64 bytes", True),
+])
+def test_bad_requests_named(line, what, fatal):
+    follow = b"version 77\r\n"
+    parser = RequestParser(max_line=64, max_payload=50)
+    with pytest.raises(metaq.ProtocolError, match=what.replace("'", ".").replace("(", ".")):
+        parser.feed(line + follow)
+    if fatal:
+        with pytest.raises(metaq.ProtocolError, match="broken"):
+            parser.feed(b"")
+    else:
+        assert parser.feed(b"") == [VersionRequest(77)]
+    lenient = RequestParser(max_line=64, max_payload=50)
+    out = lenient.feed_lenient(line + follow)
+    assert isinstance(out[0], BadRequest) and out[0].fatal is fatal
+    assert out[1:] == ([] if fatal else [VersionRequest(77)])
+
+
+def test_oversize_payload_skipped_across_chunks():
+    parser = RequestParser(max_payload=10)
+    out = parser.feed_lenient(b"put t 0 1000 0 0 5\r\n" + b"x" * 100)
+    assert len(out) == 1 and out[0].opaque == 5 and not out[0].fatal
+    for _ in range(8):
+        assert parser.feed_lenient(b"y" * 100) == []
+    assert parser.feed_lenient(b"z" * 100 + b"version 6\r\n") == [VersionRequest(6)]
+
+
+def test_put_payload_exact_and_big_chunks():
+    payload = bytes(range(256)) * 4000
+    data = encode_put("big", 2, payload, 0, checksum(payload), 1) + encode_version(2)
+    parser = RequestParser(max_payload=len(payload))
+    got = []
+    for i in range(0, len(data), 4096):
+        got += parser.feed(data[i:i + 4096])
+    assert got[0].payload == payload and got[1] == VersionRequest(2)
+
+
+@pytest.mark.parametrize("data, what", [
+    (b"resul 200 0 1\r\n", "expected 'result"),
+    (b"result 200 x 1\r\n", "body length"),
+    (b"value 99999 1\r\n", "value length 99999 is out of range"),
+    (b"value -1 1\r\n", "out of range"),
+])
+def test_bad_replies_named(data, what):
+    parser = ReplyParser(max_body=1000)
+    with pytest.raises(metaq.ProtocolError, match=what):
+        parser.feed(data)
