@@ -1,0 +1,164 @@
+"""A blocking, one-request-at-a-time connection to a Metaq broker.
+
+Used by fetch runners (each owns its connections, so no locking), by tools
+that ask a broker for offsets, and by tests.  Replies are read into one
+reusable buffer: a ``get`` returns a memoryview into it that stays valid until
+the next request on the same connection.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+
+from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError
+from metaq._protocol import encode_get, encode_offset, encode_stats, encode_version
+
+__all__ = ["BrokerConnection", "parse_meta_uri"]
+
+_MAX_HEADER = 1024
+
+
+def parse_meta_uri(uri: str) -> tuple[str, int]:
+    """``meta://host:port`` (IPv6 in brackets) to ``(host, port)``."""
+    from zk_layout import decode_broker_uri
+
+    parsed = decode_broker_uri(uri.encode() if isinstance(uri, str) else uri)
+    return parsed.host, parsed.port
+
+
+class BrokerConnection:
+    """One TCP connection; ``get``/``offset``/``stats``/``version`` block until answered."""
+
+    def __init__(self, host: str, port: int, *, timeout: float = 10.0) -> None:
+        self.address = (host, port)
+        self._sock = socket.create_connection((host, port), timeout=timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        self._buf = bytearray(64 * 1024)
+        self._start = 0  # unread bytes are _buf[_start:_end]
+        self._end = 0
+        self._opaque = itertools.count(1)
+        self._closed = False
+
+    def __enter__(self) -> BrokerConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+
+    # -- requests ------------------------------------------------------------
+
+    def get(self, topic: str, group: str, partition: int, offset: int,
+            max_size: int) -> memoryview:
+        """Raw message bytes from ``offset``; raises BrokerError for a ``result``."""
+        opaque = next(self._opaque)
+        self._send(encode_get(topic, group, partition, offset, max_size, opaque))
+        return self._reply(opaque, want_value=True)
+
+    def offset(self, topic: str, group: str, partition: int, offset: int) -> int:
+        """The broker's nearest valid offset to ``offset`` (the ``offset`` command)."""
+        opaque = next(self._opaque)
+        self._send(encode_offset(topic, group, partition, offset, opaque))
+        body = bytes(self._reply(opaque, want_value=False))
+        try:
+            return int(body)
+        except ValueError:
+            raise ProtocolError(f"offset reply body is not a number: {body[:80]!r}") from None
+
+    def stats(self, item: str | None = None) -> str:
+        opaque = next(self._opaque)
+        self._send(encode_stats(item, opaque))
+        return bytes(self._reply(opaque, want_value=False)).decode("utf-8", "replace")
+
+    def version(self) -> str:
+        opaque = next(self._opaque)
+        self._send(encode_version(opaque))
+        return bytes(self._reply(opaque, want_value=False)).decode("utf-8", "replace")
+
+    # -- wire ----------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        if self._closed:
+            raise ConnectionClosedError(f"connection to {self._where()} is closed")
+        try:
+            self._sock.sendall(data)
+        except OSError:
+            self.close()
+            raise
+
+    def _where(self) -> str:
+        return f"{self.address[0]}:{self.address[1]}"
+
+    def _fill(self, need: int) -> None:
+        """Make at least ``need`` unread bytes available in the buffer."""
+        if self._end - self._start >= need:
+            return
+        if len(self._buf) - self._start < need:
+            # A fresh buffer rather than a resize: a caller may still hold a
+            # memoryview of the old one (a get reply being processed).
+            unread = self._end - self._start
+            new = bytearray(max(need, len(self._buf)) if need > len(self._buf) else
+                            len(self._buf))
+            new[:unread] = self._buf[self._start:self._end]
+            self._buf, self._start, self._end = new, 0, unread
+        view = memoryview(self._buf)
+        while self._end - self._start < need:
+            try:
+                n = self._sock.recv_into(view[self._end:])
+            except OSError:
+                self.close()
+                raise
+            if n == 0:
+                self.close()
+                raise ConnectionClosedError(f"{self._where()} closed the connection")
+            self._end += n
+
+    def _line(self) -> bytes:
+        while True:
+            i = self._buf.find(b"\r\n", self._start, self._end)
+            if i >= 0:
+                line = bytes(self._buf[self._start:i])
+                self._start = i + 2
+                return line
+            if self._end - self._start > _MAX_HEADER:
+                self.close()
+                raise ProtocolError(f"reply line from {self._where()} over {_MAX_HEADER} bytes")
+            self._fill(self._end - self._start + 1)
+
+    def _reply(self, opaque: int, *, want_value: bool) -> memoryview:
+        if self._start == self._end:
+            self._start = self._end = 0
+        line = self._line()
+        parts = line.split(b" ")
+        try:
+            if parts[0] == b"value" and len(parts) == 3:
+                code, length, got = 200, int(parts[1]), int(parts[2])
+            elif parts[0] == b"result" and len(parts) == 4:
+                code, length, got = int(parts[1]), int(parts[2]), int(parts[3])
+            else:
+                raise ValueError
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self.close()
+            raise ProtocolError(
+                f"malformed reply line from {self._where()}: {line[:120]!r}") from None
+        if got != opaque:
+            self.close()
+            raise ProtocolError(
+                f"reply opaque {got} from {self._where()} does not match request {opaque}")
+        self._fill(length)
+        body = memoryview(self._buf)[self._start:self._start + length]
+        self._start += length
+        if code == 200:
+            return body
+        raise BrokerError(code, bytes(body).decode("utf-8", "replace"), broker=self._where())

@@ -1,0 +1,10 @@
+"""Consumer side of metaq: ZooKeeper-coordinated consumer groups."""
+
+from metaq.consumer._assignors import STRATEGIES, Strategy, get_strategy
+from metaq.consumer._config import ConsumerConfig
+from metaq.consumer._consumer import MessageConsumer
+from metaq.consumer._coordinator import State
+from metaq.consumer._message import Message
+
+__all__ = ["MessageConsumer", "ConsumerConfig", "Message", "State", "Strategy", "STRATEGIES",
+           "get_strategy"]

@@ -1,0 +1,118 @@
+"""Consumer configuration: one frozen, validated, keyword-only dataclass.
+
+Defaults follow Metaq 1.4's client where it has one (in brackets in the
+field docs); the others are what a production service expects.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from metaq._errors import ConfigError
+
+__all__ = ["ConsumerConfig", "START_POSITIONS"]
+
+START_POSITIONS = ("earliest", "latest")
+_NAME = re.compile(r"^[A-Za-z0-9_.%\-]{1,200}$")
+MIB = 1024 * 1024
+
+
+def _positive(name: str, value: float, *, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name} must be a number, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{name} must be {'>= 0' if allow_zero else '> 0'}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerConfig:
+    """How a :class:`~metaq.MessageConsumer` behaves.
+
+    Every field is validated on construction; a wrong value raises
+    :class:`metaq.ConfigError` naming the field.
+    """
+
+    #: Consumer group name; consumers of one group share the partitions.
+    group: str
+    #: The part after ``<group>_`` in the consumer id; ``None`` builds ``ip-pid-uuid``.
+    consumer_id: str | None = None
+    #: ZooKeeper root of the Metaq tree [``/meta``].
+    zk_root: str = "/meta"
+    #: ZooKeeper session timeout in seconds [30].
+    zk_session_timeout: float = 30.0
+    #: ZooKeeper connection timeout for ``start()`` in seconds.
+    zk_connect_timeout: float = 15.0
+    #: Fetch runner threads shared by all partitions [CPU count].
+    fetch_runner_count: int = field(default_factory=lambda: os.cpu_count() or 1)
+    #: Socket timeout of one ``get`` in seconds [10].
+    fetch_timeout: float = 10.0
+    #: Largest delay between fetches of an idle or failing partition, seconds [5].
+    max_fetch_delay: float = 5.0
+    #: Period of the offset commit timer, seconds [5].
+    commit_period: float = 5.0
+    #: Times a listener may fail on one message before the reject policy [5].
+    max_fetch_retries: int = 5
+    #: Upper limit for the fetch size when a message is larger than max_size.
+    max_fetch_size: int = 16 * MIB
+    #: Assignment strategy: ``default``, ``consist``, ``roundrobin`` or ``sticky``.
+    strategy: str = "default"
+    #: Where a group with no committed offset starts: ``earliest`` or ``latest``.
+    start_position: str = "earliest"
+    #: Body codec for ``Message.body``: ``bytes``, ``str`` or ``msgpack``.
+    codec: str = "bytes"
+    #: Verify each message's CRC32 while consuming.
+    verify_checksums: bool = True
+    #: First and largest delay between attempts to claim a partition still held.
+    claim_backoff: float = 0.1
+    claim_backoff_max: float = 2.0
+    #: Deadline for ``close()`` to stop fetchers and release partitions, seconds.
+    close_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.group, str) or not _NAME.match(self.group):
+            raise ConfigError(f"group must be 1-200 of [A-Za-z0-9_.%-], got {self.group!r}")
+        if self.consumer_id is not None and (
+            not isinstance(self.consumer_id, str) or not _NAME.match(self.consumer_id)
+        ):
+            raise ConfigError(
+                f"consumer_id must be 1-200 of [A-Za-z0-9_.%-], got {self.consumer_id!r}")
+        if not isinstance(self.zk_root, str) or not self.zk_root.startswith("/") or (
+            self.zk_root != "/" and self.zk_root.endswith("/")
+        ):
+            raise ConfigError(f"zk_root must be an absolute ZooKeeper path, got {self.zk_root!r}")
+        for name in ("zk_session_timeout", "zk_connect_timeout", "fetch_timeout",
+                     "max_fetch_delay", "commit_period", "claim_backoff", "claim_backoff_max",
+                     "close_timeout"):
+            _positive(name, getattr(self, name))
+        if self.claim_backoff > self.claim_backoff_max:
+            raise ConfigError("claim_backoff must not exceed claim_backoff_max")
+        for name in ("fetch_runner_count", "max_fetch_retries", "max_fetch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name} must be an int, got {value!r}")
+        if not 1 <= self.fetch_runner_count <= 256:
+            raise ConfigError(f"fetch_runner_count must be 1..256, got {self.fetch_runner_count}")
+        if self.max_fetch_retries < 0:
+            raise ConfigError(f"max_fetch_retries must be >= 0, got {self.max_fetch_retries}")
+        if self.max_fetch_size < 1024:
+            raise ConfigError(f"max_fetch_size must be >= 1024, got {self.max_fetch_size}")
+        if self.start_position not in START_POSITIONS:
+            raise ConfigError(
+                f"start_position must be one of {START_POSITIONS}, got {self.start_position!r}")
+        from metaq._codec import get_codec
+        from metaq.consumer._assignors import get_strategy
+
+        get_codec(self.codec)
+        get_strategy(self.strategy)
+
+    @classmethod
+    def from_mapping(cls, group: str, options: dict[str, Any]) -> ConsumerConfig:
+        """Build from keyword options, naming any unknown one."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ConfigError(f"unknown consumer option(s): {', '.join(unknown)}")
+        return cls(group=group, **options)

@@ -1,0 +1,246 @@
+"""MessageConsumer: the public face of a consumer group member."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+
+from metaq._codec import get_codec
+from metaq._errors import ConfigError, ConsumerClosedError, ConsumerError, CoordinationError
+from metaq.consumer._config import MIB, ConsumerConfig
+from metaq.consumer._coordinator import Coordinator, State
+from metaq.consumer._fetcher import FetchManager
+from metaq.consumer._message import Message
+from metaq.consumer._processor import PartitionFetch
+from zk_layout import Layout, StoredOffset, build_consumer_id, check_topic, encode_topic_list
+
+__all__ = ["MessageConsumer"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[Message], Any]
+
+
+@dataclass(frozen=True)
+class _Subscription:
+    topic: str
+    listener: Listener | None
+    batch_listener: Callable[[list[Message]], Any] | None
+    max_size: int
+
+
+class MessageConsumer:
+    """A member of a Metaq consumer group.
+
+    ::
+
+        with MessageConsumer("my-group", "127.0.0.1:2181") as consumer:
+            consumer.subscribe("orders", lambda m: print(m.offset, m.body))
+            consumer.start()
+            ...
+
+    ``subscribe`` takes a callable called once per message, or an object with
+    ``on_messages(batch)`` called with every fetched batch of one partition.
+    ``start`` (Metaq's ``completeSubscribe``) joins the group.  ``close``
+    commits, releases its partitions and leaves the group; ZooKeeper is left
+    clean (no owner nodes, no id node).  Errors from background threads are
+    passed to ``on_error`` when given, else kept and raised by :meth:`check`.
+    """
+
+    def __init__(self, group: str, zk_connect: str | KazooClient, *,
+                 config: ConsumerConfig | None = None,
+                 on_error: Callable[[BaseException], None] | None = None,
+                 **options: Any) -> None:
+        if config is not None and options:
+            raise ConfigError("pass either config= or keyword options, not both")
+        self.config = config if config is not None else ConsumerConfig.from_mapping(group,
+                                                                                    options)
+        if self.config.group != group:
+            raise ConfigError(f"config.group {self.config.group!r} differs from {group!r}")
+        self.layout = Layout(self.config.zk_root)
+        self.consumer_id = build_consumer_id(group, self.config.consumer_id)
+        self._codec = get_codec(self.config.codec)
+        self._subs: dict[str, _Subscription] = {}
+        self._on_error = on_error
+        self._errors: list[BaseException] = []
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        if isinstance(zk_connect, KazooClient):
+            self._client, self._own_client = zk_connect, False
+        else:
+            self._client = KazooClient(hosts=zk_connect, timeout=self.config.zk_session_timeout)
+            self._own_client = True
+        self.fetcher = FetchManager(
+            group=group, runner_count=self.config.fetch_runner_count,
+            fetch_timeout=self.config.fetch_timeout, max_delay=self.config.max_fetch_delay,
+            max_fetch_size=self.config.max_fetch_size, on_error=self.report_error,
+            name=f"metaq-fetch-{self.consumer_id}")
+        self._coordinator = Coordinator(self, self._client)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def __enter__(self) -> MessageConsumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def subscribe(self, topic: str, listener: Any, *, max_size: int = MIB) -> MessageConsumer:
+        """Consume ``topic`` with ``listener``; call before :meth:`start`."""
+        self._check_open()
+        if self._started:
+            raise ConsumerError("subscribe() must be called before start()")
+        check_topic(topic)
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 32:
+            raise ConfigError(f"max_size must be an int >= 32, got {max_size!r}")
+        if max_size > self.config.max_fetch_size:
+            raise ConfigError(f"max_size {max_size} is over max_fetch_size "
+                              f"{self.config.max_fetch_size}")
+        batch = getattr(listener, "on_messages", None)
+        if batch is not None and callable(batch):
+            sub = _Subscription(topic, None, batch, max_size)
+        elif callable(listener):
+            sub = _Subscription(topic, listener, None, max_size)
+        else:
+            raise ConfigError("listener must be callable or have on_messages(batch)")
+        if topic in self._subs:
+            raise ConfigError(f"topic {topic!r} is already subscribed")
+        self._subs[topic] = sub
+        return self
+
+    def start(self) -> MessageConsumer:
+        """Join the group: register, rebalance, fetch (Metaq's completeSubscribe)."""
+        self._check_open()
+        if self._started:
+            return self
+        if not self._subs:
+            raise ConsumerError("subscribe() to at least one topic before start()")
+        if self._own_client:
+            try:
+                self._client.start(timeout=self.config.zk_connect_timeout)
+            except KazooTimeoutError:
+                self.fetcher.close()
+                raise CoordinationError(
+                    f"cannot connect to ZooKeeper at {self._client.hosts} within "
+                    f"{self.config.zk_connect_timeout}s") from None
+        self._started = True
+        self._coordinator.start()
+        return self
+
+    def close(self) -> None:
+        """Stop fetching, commit, release partitions, unregister; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        timeout = self.config.close_timeout
+        if self._started:
+            self._coordinator.close(timeout)
+        self.fetcher.close(timeout)
+        if self._own_client:
+            try:
+                self._client.stop()
+                self._client.close()
+            except Exception as e:  # noqa: BLE001 - closing anyway
+                log.debug("closing the ZooKeeper client: %r", e)
+        log.info("consumer %s closed", self.consumer_id)
+
+    # -- inspection ----------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        return self._coordinator.state
+
+    @property
+    def generation(self) -> int:
+        return self._coordinator.generation
+
+    def assignment(self) -> dict[str, list[str]]:
+        """Partitions this consumer owns now, per topic."""
+        return self._coordinator.assignment()
+
+    def waiting(self) -> dict[tuple[str, str], str | None]:
+        """Assigned partitions still held by another member: (topic, part) -> holder."""
+        return self._coordinator.waiting()
+
+    def wait_settled(self, timeout: float) -> bool:
+        """Block until every assigned partition is owned and fetching (or timeout)."""
+        return self._coordinator.settled.wait(timeout)
+
+    def commit(self) -> None:
+        """Ask for a commit at the next coordinator turn (the timer also commits)."""
+        self._check_open()
+        self._coordinator.request_commit()
+
+    def threads(self) -> list[threading.Thread]:
+        return [self._coordinator.thread, *self.fetcher.threads]
+
+    def errors(self) -> list[BaseException]:
+        with self._lock:
+            return list(self._errors)
+
+    def check(self) -> None:
+        """Raise the first background error not yet seen, as a ConsumerError."""
+        with self._lock:
+            if not self._errors:
+                return
+            err = self._errors.pop(0)
+        raise ConsumerError(f"background failure in consumer {self.consumer_id}: {err}") from err
+
+    # -- used by the coordinator and fetchers ----------------------------------
+
+    def report_error(self, error: BaseException, pf: PartitionFetch | None) -> None:
+        if self._on_error is not None:
+            try:
+                self._on_error(error)
+                return
+            except Exception:  # noqa: BLE001
+                log.exception("on_error callback failed")
+        with self._lock:
+            self._errors.append(error)
+            del self._errors[:-100]
+
+    def topics(self) -> list[str]:
+        return sorted(self._subs)
+
+    def topics_data(self) -> bytes:
+        return encode_topic_list(self.topics())
+
+    def new_fetch(self, topic: str, partition: str, broker_id: int,
+                  address: tuple[str, int] | None, stored: StoredOffset | None,
+                  epoch: int) -> PartitionFetch:
+        sub = self._subs[topic]
+        if stored is not None:
+            offset, msg_id = stored.offset, -1 if stored.msg_id is None else stored.msg_id
+        elif self.config.start_position == "latest":
+            offset, msg_id = -1, -1  # resolved by the fetcher from the broker's log end
+        else:
+            offset, msg_id = 0, -1
+        return PartitionFetch(
+            topic=topic, partition=partition, broker_id=broker_id,
+            index=int(partition.split("-", 1)[1]), broker_address=address, offset=offset,
+            msg_id=msg_id, max_size=sub.max_size, listener=sub.listener,
+            batch_listener=sub.batch_listener, codec=self._codec,
+            verify=self.config.verify_checksums, max_retries=self.config.max_fetch_retries,
+            reject=self._reject, epoch=epoch)
+
+    def _reject(self, message: Message, error: BaseException) -> None:
+        log.error("dropping %r after %d failed deliveries: %r", message,
+                  self.config.max_fetch_retries + 1, error)
+
+    def on_assigned(self, key: tuple[str, str]) -> None:
+        log.debug("consumer %s assigned %s/%s", self.consumer_id, *key)
+
+    def on_revoked(self, key: tuple[str, str]) -> None:
+        log.debug("consumer %s revoked %s/%s", self.consumer_id, *key)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerClosedError(f"consumer {self.consumer_id} is closed")

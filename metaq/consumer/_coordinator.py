@@ -1,0 +1,433 @@
+"""The coordinator: one thread per consumer that does every ZooKeeper write.
+
+States and transitions (``Coordinator.state``)::
+
+    INIT --start--> CONNECTING --session up--> REBALANCING
+    REBALANCING --every assigned partition claimed--> STABLE
+    REBALANCING --some still held by their old owner--> CLAIMING
+    CLAIMING --claim retry succeeds--> STABLE
+    STABLE | CLAIMING --member/topic/broker change--> REBALANCING
+    any live state --connection SUSPENDED--> SUSPENDED   (fetching stops)
+    SUSPENDED --CONNECTED, same session--> REBALANCING   (fetching resumes)
+    any --session LOST--> CONNECTING  (fetchers stopped, progress dropped,
+                                       nothing committed, generation bumped)
+    any --close()--> CLOSED
+
+ZooKeeper watch callbacks and the kazoo state listener only set a flag and
+notify (they never block); this thread coalesces bursts of events into one
+rebalance.  Each rebalance is a *generation*; its decisions are logged at INFO
+with the group, the consumer id and the generation.
+
+A rebalance is incremental: partitions that stay keep fetching; a leaving
+partition is stopped, its offset committed (fenced), then its owner node
+deleted; an arriving one is claimed with an ephemeral owner node.  A claim
+that finds the old owner still there watches that node and retries with
+backoff and jitter, forever, until the node goes or the assignment changes:
+no partition stays unowned while this member could take it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+
+from metaq._errors import CoordinationError, MetaqError
+from metaq.consumer._assignors import get_strategy
+from metaq.consumer._offsets import Ownership, SessionFence, StaleOwnershipError, ZkOffsetStore
+from metaq.consumer._processor import PartitionFetch
+from metaq.consumer._topology import read_topology
+
+__all__ = ["Coordinator", "State"]
+
+log = logging.getLogger(__name__)
+
+
+class State(enum.Enum):
+    INIT = "init"
+    CONNECTING = "connecting"
+    REBALANCING = "rebalancing"
+    CLAIMING = "claiming"
+    STABLE = "stable"
+    SUSPENDED = "suspended"
+    CLOSED = "closed"
+
+
+@dataclass
+class _Owned:
+    pf: PartitionFetch
+    ownership: Ownership
+    committed: tuple[int, int]  # (msg_id, offset) last written
+
+
+@dataclass
+class _Claim:
+    attempts: int = 0
+    next_try: float = 0.0
+    holder: str | None = None
+    since: float = field(default_factory=time.monotonic)
+
+
+class Coordinator:
+    """Membership, rebalance, ownership and commits for one consumer."""
+
+    def __init__(self, consumer, client: KazooClient) -> None:  # noqa: ANN001
+        self._c = consumer
+        self._cfg = consumer.config
+        self._client = client
+        self._layout = consumer.layout
+        self._group = self._cfg.group
+        self.consumer_id: str = consumer.consumer_id
+        self._strategy = get_strategy(self._cfg.strategy)
+        self.fence = SessionFence()
+        self.store = ZkOffsetStore(client, self._layout, self._group, self.fence)
+        self.state = State.INIT
+        self.generation = 0
+        self._owned: dict[tuple[str, str], _Owned] = {}
+        self._claims: dict[tuple[str, str], _Claim] = {}
+        self._cond = threading.Condition()
+        self._want_rebalance = False
+        self._lost = False
+        self._suspended = False
+        self._reconnected = False
+        self._claims_due = False
+        self._closing = False
+        self._registered_session: int | None = None
+        self._next_commit = time.monotonic() + self._cfg.commit_period
+        self._next_zk_retry = 0.0
+        self._zk_failures = 0
+        self.settled = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"metaq-coordinator-{self.consumer_id}")
+
+    # -- called from other threads (never block) ----------------------------
+
+    def start(self) -> None:
+        self.state = State.CONNECTING
+        self._client.add_listener(self._on_state)
+        self._thread.start()
+        self.request_rebalance()
+
+    def request_rebalance(self, *_: object) -> None:
+        """Watch callback: queue a rebalance (safe in the ZooKeeper event thread)."""
+        with self._cond:
+            self._want_rebalance = True
+            self._cond.notify()
+
+    def request_commit(self) -> None:
+        with self._cond:
+            self._next_commit = 0.0
+            self._cond.notify()
+
+    def _on_owner_event(self, *_: object) -> None:
+        """Watch on an owner node we wait for: try the claims now."""
+        with self._cond:
+            self._claims_due = True
+            self._want_rebalance = True
+            self._cond.notify()
+
+    def _on_state(self, state: str) -> None:
+        if state == KazooState.LOST:
+            self.fence.lost()
+            self._c.fetcher.suspend()
+            flag = "_lost"
+        elif state == KazooState.SUSPENDED:
+            self._c.fetcher.suspend()
+            flag = "_suspended"
+        else:
+            flag = "_reconnected"
+        with self._cond:
+            setattr(self, flag, True)
+            self._cond.notify()
+
+    def close(self, timeout: float) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        self._client.remove_listener(self._on_state)
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    def assignment(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for topic, part in sorted(self._owned):
+            out.setdefault(topic, []).append(part)
+        return out
+
+    def waiting(self) -> dict[tuple[str, str], str | None]:
+        return {k: c.holder for k, c in self._claims.items()}
+
+    # -- the coordinator thread ---------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._has_work():
+                        self._cond.wait(self._timeout())
+                    closing, lost = self._closing, self._lost
+                    suspended, reconnected = self._suspended, self._reconnected
+                    self._lost = self._suspended = self._reconnected = False
+                    rebalance = self._want_rebalance
+                    self._want_rebalance = False
+                    if self._claims_due:
+                        self._claims_due = False
+                        for c in self._claims.values():
+                            c.next_try = 0.0
+                if closing:
+                    self._shutdown()
+                    return
+                if lost:
+                    self._on_lost()
+                if suspended and not reconnected:
+                    self._set_state(State.SUSPENDED)
+                    self.settled.clear()
+                if reconnected and self._client.connected:
+                    self._c.fetcher.resume()
+                    rebalance = True
+                now = time.monotonic()
+                if any(c.next_try <= now for c in self._claims.values()):
+                    rebalance = True
+                if (rebalance or now >= self._next_zk_retry > 0) and self._client.connected:
+                    self._guarded(self._rebalance)
+                if time.monotonic() >= self._next_commit:
+                    self._next_commit = time.monotonic() + self._cfg.commit_period
+                    if self._client.connected:
+                        self._guarded(self.commit_all)
+        except BaseException as e:  # noqa: BLE001 - must reach the user
+            log.exception("coordinator of %s died", self.consumer_id)
+            self._c.report_error(e, None)
+
+    def _has_work(self) -> bool:
+        if self._closing or self._lost or self._suspended or self._reconnected:
+            return True
+        if self._want_rebalance:
+            return True
+        return self._timeout() <= 0
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        due = [self._next_commit]
+        due.extend(c.next_try for c in self._claims.values())
+        if self._next_zk_retry > 0:
+            due.append(self._next_zk_retry)
+        return max(0.0, min(due) - now)
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        """Run a ZooKeeper step; on a ZooKeeper failure retry it later with backoff."""
+        try:
+            step()
+            self._zk_failures = 0
+            self._next_zk_retry = 0.0
+        except (KazooException, CoordinationError, MetaqError, OSError) as e:
+            self._zk_failures += 1
+            wait = min(5.0, 0.05 * 2 ** min(self._zk_failures, 7)) * (0.5 + random.random())
+            self._next_zk_retry = time.monotonic() + wait
+            log.warning("group %s consumer %s gen %d: %s failed (%r); retrying in %.2fs",
+                        self._group, self.consumer_id, self.generation,
+                        getattr(step, "__name__", step), e, wait)
+
+    def _set_state(self, state: State) -> None:
+        if state is not self.state:
+            log.debug("consumer %s: %s -> %s", self.consumer_id, self.state.value, state.value)
+            self.state = state
+
+    # -- session events -------------------------------------------------------
+
+    def _on_lost(self) -> None:
+        """The session ended: stop everything, keep nothing from it, commit nothing."""
+        self.generation += 1
+        log.warning("group %s consumer %s gen %d: ZooKeeper session lost; dropping %d "
+                    "partitions without committing", self._group, self.consumer_id,
+                    self.generation, len(self._owned))
+        for owned in list(self._owned.values()):
+            self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout)
+        self._owned.clear()
+        self._claims.clear()
+        self._registered_session = None
+        self.settled.clear()
+        self._set_state(State.CONNECTING)
+        self._c.fetcher.resume()
+        self.request_rebalance()
+
+    # -- rebalance --------------------------------------------------------------
+
+    def _register(self) -> None:
+        session = self._client.client_id[0] if self._client.client_id else None
+        if session is not None and session == self._registered_session:
+            return
+        path = self._layout.consumer_id(self._group, self.consumer_id)
+        data = self._c.topics_data()
+        try:
+            self._client.create(path, data, ephemeral=True, makepath=True)
+        except NodeExistsError:
+            _, stat = self._client.get(path)
+            if stat.ephemeralOwner != session:
+                raise CoordinationError(
+                    f"consumer id {self.consumer_id} is registered by another session "
+                    f"(0x{stat.ephemeralOwner:x}); waiting for it to expire") from None
+            self._client.set(path, data)
+        self._registered_session = session
+        log.info("group %s consumer %s: registered in session 0x%x", self._group,
+                 self.consumer_id, session or 0)
+
+    def _rebalance(self) -> None:
+        self._register()
+        self.generation += 1
+        gen = self.generation
+        self._set_state(State.REBALANCING)
+        topo = read_topology(self._client, self._layout, self._group, self._c.topics(),
+                             watch=self.request_rebalance,
+                             with_owners=self._strategy.uses_previous)
+        target: dict[tuple[str, str], int] = {}  # (topic, partition) -> broker id
+        for topic in self._c.topics():
+            members = topo.members.get(topic, [])
+            parts = topo.partitions.get(topic, [])
+            share = self._strategy(members, parts, me=self.consumer_id,
+                                   previous=topo.owners.get(topic) or None)
+            for p in share:
+                target[(topic, p)] = int(p.split("-", 1)[0])
+        release = [k for k in self._owned if k not in target]
+        claim = [k for k in target if k not in self._owned]
+        for key in release:
+            self._release(key, gen)
+        for key in list(self._claims):
+            if key not in target:
+                del self._claims[key]
+        now = time.monotonic()
+        for key in claim:
+            c = self._claims.get(key)
+            if c is not None and c.next_try > now and c.holder is not None:
+                continue
+            self._claim(key, target[key], topo.brokers.get(target[key]), gen)
+        for owned in self._owned.values():  # brokers may move (restart on a new port)
+            addr = topo.brokers.get(owned.pf.broker_id)
+            if addr != owned.pf.broker_address:
+                owned.pf.broker_address = addr
+        if self._claims:
+            self._set_state(State.CLAIMING)
+            self.settled.clear()
+        else:
+            self._set_state(State.STABLE)
+            self.settled.set()
+        if release or claim:
+            log.info("group %s consumer %s gen %d: owns %d, released %s, claimed %s, "
+                     "waiting for %s", self._group, self.consumer_id, gen, len(self._owned),
+                     _names(release), _names([k for k in claim if k in self._owned]),
+                     _names(list(self._claims)))
+
+    def _release(self, key: tuple[str, str], gen: int) -> None:
+        owned = self._owned[key]
+        if not self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout):
+            raise CoordinationError(f"partition {key} still busy after close_timeout")
+        self._c.on_revoked(key)
+        self._commit_one(key, owned)
+        with self.fence.lock:
+            if self.fence.epoch == owned.ownership.epoch:
+                pending = self._client.delete_async(owned.ownership.owner_path,
+                                                    owned.ownership.version)
+            else:
+                pending = None
+        del self._owned[key]
+        if pending is not None:
+            try:
+                pending.get(timeout=self._cfg.zk_connect_timeout)
+            except NoNodeError:
+                pass
+        log.debug("group %s consumer %s gen %d: released %s/%s", self._group,
+                  self.consumer_id, gen, *key)
+
+    def _claim(self, key: tuple[str, str], broker_id: int,
+               address: tuple[str, int] | None, gen: int) -> None:
+        topic, part = key
+        path = self._layout.owner(self._group, topic, part)
+        epoch = self.fence.epoch
+        session = self._client.client_id[0]
+        data = self.consumer_id.encode("utf-8")
+        try:
+            self._client.create(path, data, ephemeral=True, makepath=True)
+            version = 0
+        except NodeExistsError:
+            try:
+                held, stat = self._client.get(path, watch=self._on_owner_event)
+            except NoNodeError:
+                self._retry_claim(key, None)
+                return
+            if held == data and stat.ephemeralOwner == session:
+                version = stat.version
+            else:
+                self._retry_claim(key, held.decode("utf-8", "replace"))
+                return
+        self._claims.pop(key, None)
+        stored = self.store.load(topic, part)
+        pf = self._c.new_fetch(topic, part, broker_id, address, stored, epoch)
+        ownership = Ownership(owner_path=path, version=version, epoch=epoch)
+        self._owned[key] = _Owned(pf, ownership, (pf.msg_id, pf.offset))
+        self._c.on_assigned(key)
+        self._c.fetcher.add(pf)
+
+    def _retry_claim(self, key: tuple[str, str], holder: str | None) -> None:
+        c = self._claims.setdefault(key, _Claim())
+        c.attempts += 1
+        c.holder = holder
+        base = min(self._cfg.claim_backoff_max,
+                   self._cfg.claim_backoff * 2 ** min(c.attempts - 1, 10))
+        c.next_try = time.monotonic() + base * (0.5 + random.random() / 2)
+        if c.attempts in (1, 10) or c.attempts % 50 == 0:
+            log.info("group %s consumer %s gen %d: %s/%s still owned by %s (attempt %d); "
+                     "waiting for its release", self._group, self.consumer_id,
+                     self.generation, key[0], key[1], holder, c.attempts)
+
+    # -- commits ----------------------------------------------------------------
+
+    def commit_all(self) -> None:
+        for key, owned in list(self._owned.items()):
+            self._commit_one(key, owned)
+
+    def _commit_one(self, key: tuple[str, str], owned: _Owned) -> None:
+        pf = owned.pf
+        now = (pf.msg_id, pf.offset)
+        if now == owned.committed or pf.offset < 0:
+            return
+        try:
+            self.store.commit(key[0], key[1], now[0], now[1], owned.ownership)
+        except StaleOwnershipError as e:
+            log.warning("group %s consumer %s: %s", self._group, self.consumer_id, e)
+            self.request_rebalance()
+            return
+        owned.committed = now
+
+    # -- shutdown ---------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """Metaq's order: stop fetchers, commit, delete owner nodes, delete the id node."""
+        for owned in self._owned.values():
+            self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout)
+        if self._client.connected:
+            for key in list(self._owned):
+                try:
+                    self._release(key, self.generation)
+                except (KazooException, MetaqError) as e:
+                    log.warning("releasing %s/%s at close failed: %r", *key, e)
+            try:
+                self._client.delete(self._layout.consumer_id(self._group, self.consumer_id))
+            except (NoNodeError, KazooException):
+                pass
+        self._owned.clear()
+        self._set_state(State.CLOSED)
+        self.settled.clear()
+
+
+def _names(keys: list[tuple[str, str]]) -> str:
+    return "[" + ", ".join(f"{t}/{p}" for t, p in keys) + "]" if keys else "[]"

@@ -1,0 +1,281 @@
+"""FetchManager: runner threads pulling owned partitions from their brokers.
+
+Metaq's design, kept: ``fetch_runner_count`` threads share one delay queue
+holding one :class:`PartitionFetch` per owned partition; a partition is
+re-queued only after its batch was handed to the listener, so each partition
+is processed serially and in offset order.
+
+What differs from Metaq:
+
+- a partition can be removed on its own (``remove``) while the others keep
+  fetching: a rebalance never pauses partitions that stay;
+- ``remove`` waits until a runner no longer holds the partition, so the
+  offset read afterwards is final and can be committed;
+- growth of the fetch size for a message bigger than ``max_size`` has its own
+  counter (the listener's retry counter is never touched by it);
+- each runner keeps one connection per broker; a broker failure backs off
+  only that broker's partitions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from metaq._connection import BrokerConnection
+from metaq._errors import BrokerError, ChecksumError, MessageError, MetaqError
+from metaq.consumer._processor import PartitionFetch, process_batch
+
+__all__ = ["FetchManager"]
+
+log = logging.getLogger(__name__)
+
+_LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
+
+ErrorHandler = Callable[[BaseException, "PartitionFetch | None"], None]
+
+
+class FetchManager:
+    """Runs the fetch loop for every partition added to it.
+
+    Thread-safety: ``add``/``remove``/``suspend``/``resume``/``close`` may be
+    called from any thread (the consumer's coordinator calls them).
+    """
+
+    def __init__(self, *, group: str, runner_count: int, fetch_timeout: float,
+                 max_delay: float, max_fetch_size: int, on_error: ErrorHandler,
+                 name: str = "metaq-fetch") -> None:
+        self._group = group
+        self._fetch_timeout = fetch_timeout
+        self._max_delay = max_delay
+        self._step = max_delay / 10.0
+        self._max_fetch_size = max_fetch_size
+        self._on_error = on_error
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, PartitionFetch]] = []
+        self._seq = itertools.count()
+        self._suspended = False
+        self._closed = False
+        self._threads = [
+            threading.Thread(target=self._run, name=f"{name}-{group}-{i}", daemon=True)
+            for i in range(runner_count)
+        ]
+        for t in self._threads:
+            t.start()
+
+    # -- control -----------------------------------------------------------
+
+    def add(self, pf: PartitionFetch) -> None:
+        with self._cond:
+            pf.active = True
+            self._push(pf, 0.0)
+            self._cond.notify()
+
+    def remove(self, pf: PartitionFetch, timeout: float | None = None) -> bool:
+        """Stop fetching ``pf``; wait until no runner holds it. True when idle."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            pf.active = False
+            self._cond.notify_all()
+            while pf.busy:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def suspend(self) -> None:
+        """Stop handing out partitions (ZooKeeper connection uncertain)."""
+        with self._cond:
+            self._suspended = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._suspended = False
+            self._cond.notify_all()
+
+    def wake(self, pf: PartitionFetch) -> None:
+        """Fetch ``pf`` now (after a seek or resume), if it is queued."""
+        with self._cond:
+            if pf.active and not pf.busy:
+                self._push(pf, 0.0)
+                self._cond.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return list(self._threads)
+
+    # -- internals ---------------------------------------------------------
+
+    def _push(self, pf: PartitionFetch, delay: float) -> None:
+        pf.due = time.monotonic() + delay
+        pf.queued_token = next(self._seq)
+        heapq.heappush(self._heap, (pf.due, pf.queued_token, pf))
+
+    def _take(self) -> PartitionFetch | None:
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                if self._heap and not self._suspended:
+                    due, token, pf = self._heap[0]
+                    if not pf.active or token != pf.queued_token or pf.busy:
+                        heapq.heappop(self._heap)  # stale entry
+                        continue
+                    now = time.monotonic()
+                    if due <= now and not pf.paused:
+                        heapq.heappop(self._heap)
+                        pf.busy = True
+                        return pf
+                    if pf.paused:
+                        heapq.heappop(self._heap)
+                        pf.parked = True  # re-queued by wake()/resume
+                        continue
+                    self._cond.wait(due - now)
+                else:
+                    self._cond.wait(1.0 if self._suspended else None)
+
+    def _release(self, pf: PartitionFetch, delay: float | None) -> None:
+        with self._cond:
+            pf.busy = False
+            if pf.active and delay is not None and not self._closed:
+                self._push(pf, delay)
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        connections: dict[tuple[str, int], BrokerConnection] = {}
+        try:
+            while True:
+                pf = self._take()
+                if pf is None:
+                    return
+                delay: float | None = self._max_delay
+                try:
+                    delay = self._fetch_once(pf, connections)
+                except BaseException as e:  # noqa: BLE001 - reported, runner survives
+                    log.exception("fetch runner failed on %s/%s", pf.topic, pf.partition)
+                    self._on_error(e, pf)
+                    delay = self._max_delay
+                finally:
+                    self._release(pf, delay)
+        finally:
+            for c in connections.values():
+                c.close()
+
+    def _backoff(self, pf: PartitionFetch) -> float:
+        pf.delay = min(self._max_delay, pf.delay + self._step)
+        return pf.delay
+
+    def _fetch_once(self, pf: PartitionFetch,
+                    connections: dict[tuple[str, int], BrokerConnection]) -> float:
+        address = pf.broker_address
+        if address is None:
+            return self._backoff(pf)  # broker unknown right now: wait
+        conn = connections.get(address)
+        try:
+            if conn is None:
+                conn = BrokerConnection(address[0], address[1], timeout=self._fetch_timeout)
+                connections[address] = conn
+            if pf.offset < 0:  # start_position="latest": the broker's log end
+                pf.offset = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+            data = conn.get(pf.topic, self._group, pf.index, pf.offset, pf.max_size)
+        except BrokerError as e:
+            return self._on_broker_error(pf, e)
+        except (OSError, MetaqError) as e:
+            if conn is not None:
+                conn.close()
+            connections.pop(address, None)
+            pf.failures += 1
+            if pf.failures in (1, 10) or pf.failures % 100 == 0:
+                log.warning("fetch %s/%s from %s:%s failed (%d in a row): %s",
+                            pf.topic, pf.partition, address[0], address[1], pf.failures, e)
+            return self._backoff(pf)
+        pf.failures = 0
+        try:
+            result = process_batch(pf, data)
+        except ChecksumError as e:
+            return self._resync(pf, conn, e)
+        if result.consumed:
+            pf.delay = 0.0
+            pf.grow_size_streak = 0
+            return 0.0 if pf.retry_delay is None else pf.retry_delay
+        if pf.retry_delay is not None:
+            return pf.retry_delay  # listener failed on the first message: retry later
+        if result.needed_size:
+            return self._grow(pf, result.needed_size)
+        return self._backoff(pf)
+
+    def _grow(self, pf: PartitionFetch, needed: int) -> float:
+        if needed > self._max_fetch_size:
+            err = MessageError(
+                f"message at {pf.topic}/{pf.partition} offset {pf.offset} needs "
+                f"{needed} bytes, over max_fetch_size={self._max_fetch_size}; partition stalls")
+            if pf.grow_size_streak == 0:
+                self._on_error(err, pf)
+            pf.grow_size_streak += 1
+            return self._max_delay
+        new = min(self._max_fetch_size, max(needed, pf.max_size * 2))
+        log.info("fetch size of %s/%s grows %d -> %d for a message of %d bytes",
+                 pf.topic, pf.partition, pf.max_size, new, needed)
+        pf.max_size = new
+        pf.grow_size_streak += 1
+        return 0.0
+
+    def _on_broker_error(self, pf: PartitionFetch, e: BrokerError) -> float:
+        if e.code == 404:
+            return self._backoff(pf)  # nothing new (or unknown partition)
+        if e.code == 301:
+            try:
+                moved = int(e.detail.strip())
+            except ValueError:
+                self._on_error(e, pf)
+                return self._backoff(pf)
+            log.warning("broker moved %s/%s from offset %d to %d", pf.topic, pf.partition,
+                        pf.offset, moved)
+            pf.offset = moved
+            return 0.0
+        log.warning("fetch %s/%s: %s", pf.topic, pf.partition, e)
+        return self._backoff(pf)
+
+    def _resync(self, pf: PartitionFetch, conn: BrokerConnection, err: Exception) -> float:
+        """A checksum mismatch: ask the broker for a valid position (Metaq's rule)."""
+        bad = getattr(err, "offset", pf.offset)
+        try:
+            valid = conn.offset(pf.topic, self._group, pf.index, bad)
+        except (OSError, MetaqError) as e:
+            log.warning("offset resync of %s/%s failed: %s", pf.topic, pf.partition, e)
+            return self._backoff(pf)
+        if valid <= bad:
+            pf.checksum_failures += 1
+            if pf.checksum_failures < 3:
+                return self._backoff(pf)  # maybe damaged in transit: read again
+            skip_to = getattr(err, "next_offset", None)
+            if skip_to is None:
+                self._on_error(err, pf)
+                return self._max_delay
+            valid = skip_to
+            self._on_error(err, pf)
+        pf.checksum_failures = 0
+        log.error("checksum error in %s/%s at %d; resuming at %d", pf.topic, pf.partition,
+                  bad, valid)
+        pf.offset = valid
+        return 0.0
+
+    def describe(self) -> dict[str, Any]:
+        with self._cond:
+            return {"queued": len(self._heap), "suspended": self._suspended,
+                    "threads": [t.name for t in self._threads if t.is_alive()]}

@@ -1,0 +1,139 @@
+"""Offset stores: where a group's consumed positions live.
+
+The ZooKeeper store writes Metaq's ``<msgId>-<offset>`` strings under
+``consumers/<group>/offsets/<topic>/<brokerId>-<part>`` and reads Java Metaq's
+(legacy bare offsets included).  A commit is *fenced*: it is sent in one
+ZooKeeper transaction with a check of this consumer's owner node, and only
+while the ZooKeeper session that created that owner node is still the
+current one (see :class:`SessionFence`), so a consumer whose ownership moved
+(a zombie) can never overwrite the new owner's progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Protocol
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
+
+from metaq._errors import CoordinationError
+from zk_layout import Layout, StoredOffset, decode_offset, encode_offset
+
+__all__ = ["OffsetStore", "ZkOffsetStore", "SessionFence", "Ownership", "StaleOwnershipError"]
+
+log = logging.getLogger(__name__)
+
+
+class StaleOwnershipError(CoordinationError):
+    """A commit was refused because this consumer no longer owns the partition."""
+
+
+class SessionFence:
+    """Counts ZooKeeper sessions; lets a write go out only in the session it belongs to.
+
+    The consumer's kazoo state listener calls :meth:`lost` when a session
+    ends.  kazoo calls listeners *before* it fails the requests still queued
+    for the dead session, so a request enqueued under :attr:`lock` while the
+    epoch still matched either reaches the server in the old session (which
+    then refuses it as expired) or is failed by kazoo; it is never sent in
+    the next session.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.epoch = 0
+
+    def lost(self) -> None:
+        with self.lock:  # held only around an enqueue: never blocks for long
+            self.epoch += 1
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """Proof of ownership for fenced writes: the owner node and its session."""
+
+    owner_path: str
+    version: int
+    epoch: int
+
+
+class OffsetStore(Protocol):
+    """Where committed offsets are kept (ZooKeeper by default; issue 5 adds more)."""
+
+    def load(self, topic: str, partition: str) -> StoredOffset | None: ...
+
+    def commit(self, topic: str, partition: str, msg_id: int, offset: int,
+               ownership: Ownership | None) -> None: ...
+
+
+class ZkOffsetStore:
+    """Metaq's ZooKeeper offset storage with fenced commits."""
+
+    def __init__(self, client: KazooClient, layout: Layout, group: str,
+                 fence: SessionFence, *, timeout: float = 10.0) -> None:
+        self._client = client
+        self._layout = layout
+        self._group = group
+        self._fence = fence
+        self._timeout = timeout
+        self._dirs: set[str] = set()
+
+    def load(self, topic: str, partition: str) -> StoredOffset | None:
+        path = self._layout.offset(self._group, topic, partition)
+        try:
+            data, _ = self._client.get(path)
+        except NoNodeError:
+            return None
+        return decode_offset(data, path)
+
+    def commit(self, topic: str, partition: str, msg_id: int, offset: int,
+               ownership: Ownership | None) -> None:
+        path = self._layout.offset(self._group, topic, partition)
+        data = encode_offset(StoredOffset(offset=offset, msg_id=msg_id))
+        if ownership is None:  # unfenced (tools, group reset): plain write
+            self._write_plain(topic, path, data)
+            return
+        exists = self._client.exists(path) is not None
+        if not exists:
+            self._ensure_dir(topic)
+        with self._fence.lock:
+            if self._fence.epoch != ownership.epoch:
+                raise StaleOwnershipError(
+                    f"not committing {path}: the ZooKeeper session that owned it has ended")
+            tx = self._client.transaction()
+            tx.check(ownership.owner_path, ownership.version)
+            if exists:
+                tx.set_data(path, data)
+            else:
+                tx.create(path, data)
+            pending = tx.commit_async()
+        results = pending.get(timeout=self._timeout)
+        if results and isinstance(results[0], (BadVersionError, NoNodeError)):
+            raise StaleOwnershipError(
+                f"not committing {path}: owner node {ownership.owner_path} is gone or changed")
+        failure = next((r for r in results if isinstance(r, Exception)
+                        and not isinstance(r, RolledBackError)), None)
+        if isinstance(failure, NodeExistsError | NoNodeError):
+            # raced with another writer creating/deleting the offset node: once more
+            return self.commit(topic, partition, msg_id, offset, ownership)
+        if failure is not None:
+            raise CoordinationError(f"committing {path} failed: {failure!r}")
+
+    def _ensure_dir(self, topic: str) -> None:
+        d = self._layout.offsets_dir(self._group, topic)
+        if d not in self._dirs:
+            self._client.ensure_path(d)
+            self._dirs.add(d)
+
+    def _write_plain(self, topic: str, path: str, data: bytes) -> None:
+        try:
+            self._client.set(path, data)
+        except NoNodeError:
+            self._ensure_dir(topic)
+            try:
+                self._client.create(path, data)
+            except NodeExistsError:
+                self._client.set(path, data)

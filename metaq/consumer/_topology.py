@@ -1,0 +1,149 @@
+"""Read what a rebalance needs from ZooKeeper, arming the watches that trigger the next.
+
+Everything is read through ``zk_layout``: group members and their topics
+(``consumers/<group>/ids``), each topic's partitions (``topics-sub/<topic>``),
+the brokers' addresses (``brokers/ids/<id>/master`` or a slave) and, for the
+sticky strategy, the current owners.  Damaged nodes are logged and skipped,
+as Metaq does, so one bad node never stops a group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from zk_layout import (
+    Layout,
+    NodeDataError,
+    decode_broker_uri,
+    decode_owner,
+    decode_topic_list,
+    parse_broker_child,
+    partitions_for_topic,
+    sort_consumer_ids,
+)
+
+__all__ = ["Topology", "read_topology", "broker_address"]
+
+log = logging.getLogger(__name__)
+
+Watch = Callable[..., object]
+
+
+@dataclass
+class Topology:
+    members: dict[str, list[str]] = field(default_factory=dict)  # topic -> sorted ids
+    partitions: dict[str, list[str]] = field(default_factory=dict)  # topic -> sorted names
+    brokers: dict[int, tuple[str, int] | None] = field(default_factory=dict)
+    owners: dict[str, dict[str, str]] = field(default_factory=dict)  # topic -> part -> owner
+
+
+def _children(client: KazooClient, path: str, watch: Watch | None) -> list[str]:
+    try:
+        return client.get_children(path, watch=watch)
+    except NoNodeError:
+        if watch is not None and client.exists(path, watch=watch) is not None:
+            return client.get_children(path, watch=watch)  # created meanwhile
+        return []
+
+
+def _data(client: KazooClient, path: str) -> bytes | None:
+    try:
+        return client.get(path)[0]
+    except NoNodeError:
+        return None
+
+
+def _skip(e: NodeDataError) -> None:
+    log.warning("skipping damaged node: %s", e)
+
+
+def read_members(client: KazooClient, layout: Layout, group: str,
+                 watch: Watch | None = None) -> dict[str, tuple[str, ...]]:
+    """consumer id -> subscribed topics, for every live member of ``group``."""
+    ids_dir = layout.consumer_ids(group)
+    out: dict[str, tuple[str, ...]] = {}
+    for cid in _children(client, ids_dir, watch):
+        path = f"{ids_dir}/{cid}"
+        data = _data(client, path)
+        if data is None:
+            continue  # left while we read
+        try:
+            out[cid] = decode_topic_list(data, path)
+        except NodeDataError as e:
+            _skip(e)
+    return out
+
+
+def read_partitions(client: KazooClient, layout: Layout, topic: str,
+                    watch: Watch | None = None) -> list[str]:
+    """A topic's partition names in Metaq's order, from ``topics-sub``."""
+    sub_dir = layout.topic_sub_dir(topic)
+    children = {}
+    for name in _children(client, sub_dir, watch):
+        data = _data(client, f"{sub_dir}/{name}")
+        if data is not None:
+            children[name] = data
+    return [str(p) for p in partitions_for_topic(children, dir_path=sub_dir, on_damaged=_skip)]
+
+
+def broker_address(client: KazooClient, layout: Layout, broker_id: int) -> tuple[str, int] | None:
+    """The address to fetch from: the master, else the lowest-numbered slave."""
+    master = layout.broker_master(broker_id)
+    data = _data(client, master)
+    if data is not None:
+        try:
+            return decode_broker_uri(data, master).address
+        except NodeDataError as e:
+            _skip(e)
+    slaves = []
+    for name in _children(client, layout.broker_id(broker_id), None):
+        if name.startswith("slave") and name[5:].isdigit():
+            slaves.append(int(name[5:]))
+    for n in sorted(slaves):
+        path = layout.broker_slave(broker_id, n)
+        data = _data(client, path)
+        if data is not None:
+            try:
+                return decode_broker_uri(data, path).address
+            except NodeDataError as e:
+                _skip(e)
+    return None
+
+
+def read_owners(client: KazooClient, layout: Layout, group: str, topic: str) -> dict[str, str]:
+    owners_dir = layout.owners_dir(group, topic)
+    out = {}
+    for part in _children(client, owners_dir, None):
+        path = f"{owners_dir}/{part}"
+        data = _data(client, path)
+        if data is None:
+            continue
+        try:
+            out[part] = decode_owner(data, path)
+        except NodeDataError as e:
+            _skip(e)
+    return out
+
+
+def read_topology(client: KazooClient, layout: Layout, group: str, topics: Iterable[str],
+                  *, watch: Watch | None = None, with_owners: bool = False) -> Topology:
+    topo = Topology()
+    members = read_members(client, layout, group, watch)
+    broker_ids: set[int] = set()
+    for topic in topics:
+        topo.members[topic] = sort_consumer_ids(
+            cid for cid, subscribed in members.items() if topic in subscribed)
+        parts = read_partitions(client, layout, topic, watch)
+        topo.partitions[topic] = parts
+        broker_ids.update(parse_broker_child(p.split("-", 1)[0] + "-m").broker_id
+                          for p in parts)
+        if with_owners:
+            topo.owners[topic] = read_owners(client, layout, group, topic)
+    for bid in sorted(broker_ids):
+        topo.brokers[bid] = broker_address(client, layout, bid)
+    return topo
