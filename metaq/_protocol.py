@@ -67,6 +67,7 @@ _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 _MAX_NAME = 255
 _REPR_MAX = 120
+_NUMERIC = b"-0123456789 "
 
 
 class PutRequest(NamedTuple):
@@ -394,6 +395,9 @@ class RequestParser(_Buffered):
         pos = self._pos
         end = len(buf)
         max_line = self.max_line
+        max_payload = self.max_payload
+        topic_cache = _topic_cache
+        new_tuple = tuple.__new__
         append = out.append
         try:
             while pos < end or self._put is not None:
@@ -405,7 +409,7 @@ class RequestParser(_Buffered):
                         self._wait_for(head[2])
                         return
                     self._put = None
-                    append(PutRequest(*head, buf[pos:stop]))
+                    append(new_tuple(PutRequest, (*head, buf[pos:stop])))
                     pos = stop
                     continue
                 eol = buf.find(b"\r\n", pos, pos + max_line + 2)
@@ -421,6 +425,27 @@ class RequestParser(_Buffered):
                     return
                 line = buf[pos:eol]
                 pos = eol + 2
+                if line[:4] == b"put " and b"  " not in line and line[-1:] != b" ":
+                    # fast path: the common, valid put without transaction key
+                    sp = line.find(b" ", 4)
+                    topic = topic_cache.get(line[4:sp])
+                    tail = line[sp + 1:]
+                    if topic is not None and not tail.translate(None, _NUMERIC):
+                        try:
+                            partition, length, flag, check, opaque = map(int, tail.split())
+                        except ValueError:
+                            length = -1
+                        if (0 <= length <= max_payload and pos + length <= end
+                                and _INT32_MIN <= partition <= _INT32_MAX
+                                and _INT32_MIN <= flag <= _INT32_MAX
+                                and _INT32_MIN <= check <= _INT32_MAX
+                                and _INT32_MIN <= opaque <= _INT32_MAX):
+                            stop = pos + length
+                            append(new_tuple(PutRequest, (
+                                topic, partition, length, flag, check, None, opaque,
+                                buf[pos:stop])))
+                            pos = stop
+                            continue
                 parts = line.split(b" ")
                 cmd = parts[0]
                 if cmd == b"put":
