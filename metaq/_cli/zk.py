@@ -14,7 +14,8 @@ __all__ = ["default_data_dir", "register"]
 
 
 def default_data_dir() -> Path:
-    """``$METAQ_ZK_DATA_DIR``, else ``$XDG_STATE_HOME/metaq/zk``, else ``~/.local/state/metaq/zk``."""
+    """``$METAQ_ZK_DATA_DIR``, else ``$XDG_STATE_HOME/metaq/zk``, else ``~/.local/state/metaq/zk``.
+    """
     explicit = os.environ.get("METAQ_ZK_DATA_DIR")
     if explicit:
         return Path(explicit).expanduser()

@@ -295,11 +295,27 @@ class ZooKeeperServer:
         if self._data_dir is None:
             self._data_dir = Path(tempfile.mkdtemp(prefix="metaq-zk-")).resolve()
         self._data_dir.mkdir(parents=True, exist_ok=True)
-        current = status(self._data_dir)
+        try:
+            self._start_in_data_dir(java, classpath, wait)
+        except BaseException:
+            self._kill_quietly()
+            if self._owns_dir and self._data_dir is not None:
+                shutil.rmtree(self._data_dir, ignore_errors=True)
+                self._data_dir = None
+            raise
+        return self
+
+    def _start_in_data_dir(self, java: Path, classpath: list[Path], wait: bool) -> None:
+        current = status(self.data_dir)
         if current.running:
             raise LauncherError(
-                f"a ZooKeeper server already runs on data dir {self._data_dir}: "
+                f"a ZooKeeper server already runs on data dir {self.data_dir}: "
                 f"pid {current.pid}, {current.hosts}")
+        if not self._fixed_port and self._port is None:
+            # Restarting on an old data dir: keep its port (and so its connect string) if free.
+            previous = _read_client_port(self.data_dir / CONFIG_FILE)
+            if previous and port_is_free(previous):
+                self._port = previous
         attempts = 1 if self._fixed_port else 3
         for attempt in range(1, attempts + 1):
             if not self._fixed_port and (self._port is None or attempt > 1):
@@ -310,20 +326,16 @@ class ZooKeeperServer:
                 raise LauncherError(f"port {self.port} on {HOST} is already in use")
             self._launch(java, classpath)
             if not wait:
-                return self
+                return
             try:
                 self.wait_serving(self.config.start_timeout)
-                return self
+                return
             except _PortTaken:
                 self._kill_quietly()
                 if attempt == attempts:
                     raise LauncherError(
                         f"port {self.port} was taken while ZooKeeper started:\n"
                         f"{self.log_tail()}") from None
-            except BaseException:
-                self._kill_quietly()
-                raise
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _write_config(self) -> Path:
         d = self.data_dir
@@ -446,8 +458,15 @@ class ZooKeeperServer:
                 self._proc.wait(timeout=5)
             except subprocess.TimeoutExpired:  # pragma: no cover
                 pass
-        if self._data_dir is not None:
-            (self._data_dir / PID_FILE).unlink(missing_ok=True)
+        self._remove_own_pidfile()
+
+    def _remove_own_pidfile(self) -> None:
+        """Remove the pid file if it names our JVM (never another server's)."""
+        if self._data_dir is None or self._proc is None:
+            return
+        path = self._data_dir / PID_FILE
+        if read_pidfile(path) == self._proc.pid:
+            path.unlink(missing_ok=True)
 
     def stop(self, *, clean: bool | None = None) -> None:
         """Stop the JVM (SIGTERM, then SIGKILL after ``config.stop_timeout``).
@@ -463,8 +482,7 @@ class ZooKeeperServer:
             except subprocess.TimeoutExpired:  # pragma: no cover - stop_pid killed it
                 pass
             log.info("ZooKeeper on port %s stopped (exit code %s)", self._port, proc.returncode)
-        if self._data_dir is not None:
-            (self._data_dir / PID_FILE).unlink(missing_ok=True)
+        self._remove_own_pidfile()
         if clean is None:
             clean = self._owns_dir
         if clean and self._data_dir is not None:
