@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import zk_layout
 from metaq._errors import ProtocolError
 from metaq._message import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE
 
@@ -154,15 +155,17 @@ def _name_problem(s: str) -> str | None:
 def check_topic(topic: str) -> str:
     """Return ``topic`` if it is a usable topic name, else raise ProtocolError.
 
-    A topic names a directory ``<topic>-<partition>`` and ZooKeeper nodes: 1 to
-    255 printable characters, no whitespace, no ``/`` or ``\\``, not starting
-    with ``.``.
+    A topic names ZooKeeper nodes (``zk_layout.check_topic``: no ``/``, ``,``,
+    whitespace or control characters) and a directory ``<topic>-<partition>``:
+    at most 255 characters, no ``\\``, not starting with ``.``.
     """
-    if not isinstance(topic, str):
-        raise ProtocolError(f"topic must be a str, not {type(topic).__name__}")
+    try:
+        zk_layout.check_topic(topic)
+    except zk_layout.InvalidNameError as e:
+        raise ProtocolError(f"bad topic {str(topic)[:_REPR_MAX]!r}: {e.reason}") from None
     problem = _name_problem(topic)
-    if problem is None and ("/" in topic or "\\" in topic):
-        problem = "contains '/' or '\\'"
+    if problem is None and "\\" in topic:
+        problem = "contains '\\'"
     if problem is None and topic.startswith("."):
         problem = "starts with '.'"
     if problem is not None:
@@ -172,8 +175,10 @@ def check_topic(topic: str) -> str:
 
 def check_group(group: str) -> str:
     """Return ``group`` if usable as a consumer group name, else raise ProtocolError."""
-    if not isinstance(group, str):
-        raise ProtocolError(f"group must be a str, not {type(group).__name__}")
+    try:
+        zk_layout.check_group(group)
+    except zk_layout.InvalidNameError as e:
+        raise ProtocolError(f"bad group {str(group)[:_REPR_MAX]!r}: {e.reason}") from None
     problem = _name_problem(group)
     if problem is not None:
         raise ProtocolError(f"bad group {group[:_REPR_MAX]!r}: {problem}")
