@@ -5,6 +5,15 @@ from metaq.consumer._config import ConsumerConfig
 from metaq.consumer._consumer import MessageConsumer
 from metaq.consumer._coordinator import State
 from metaq.consumer._message import Message
+from metaq.consumer._processor import Rewind
 
-__all__ = ["MessageConsumer", "ConsumerConfig", "Message", "State", "Strategy", "STRATEGIES",
-           "get_strategy"]
+__all__ = [
+    "MessageConsumer",
+    "ConsumerConfig",
+    "Message",
+    "Rewind",
+    "State",
+    "Strategy",
+    "STRATEGIES",
+    "get_strategy",
+]

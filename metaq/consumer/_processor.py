@@ -20,7 +20,7 @@ from metaq._codec import Codec
 from metaq._errors import ChecksumError
 from metaq.consumer._message import Message
 
-__all__ = ["PartitionFetch", "BatchResult", "process_batch"]
+__all__ = ["PartitionFetch", "BatchResult", "process_batch", "Rewind"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,11 @@ class _ChecksumAt(ChecksumError):
         self.next_offset = next_offset
         super().__init__(f"checksum mismatch in {topic}/{partition} at offset {offset}: "
                          f"header says {expected}, payload has {actual}")
+
+
+class Rewind(Exception):  # noqa: N818 - a control signal, not an error
+    """Raise from a listener to leave this message (and the rest of the batch)
+    for a later delivery without counting a failure, e.g. while shutting down."""
 
 
 class PartitionFetch:
@@ -129,6 +134,9 @@ def _split_batch(pf: PartitionFetch, data: bytes | memoryview) -> tuple[list[Mes
 
 def _fail(pf: PartitionFetch, msg: Message, exc: BaseException) -> bool:
     """Count a listener failure on ``msg``; True when it must be rejected now."""
+    if isinstance(exc, Rewind):
+        pf.retry_delay = pf.retry_backoff
+        return False
     if pf.retry_offset == msg.offset:
         pf.retry_count += 1
     else:

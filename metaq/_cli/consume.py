@@ -1,0 +1,92 @@
+"""``metaq consume``: one group member from the command line."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+
+from metaq.consumer import ConsumerConfig, Message, MessageConsumer, Rewind
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "consume", help="join a consumer group and consume a topic",
+        description="Join GROUP and consume TOPIC until --count messages (or forever). "
+                    "SIGTERM/SIGINT close cleanly: commit, release partitions, unregister.")
+    p.add_argument("--zk", required=True, metavar="HOST:PORT[/chroot]",
+                   help="ZooKeeper connect string")
+    p.add_argument("--group", required=True)
+    p.add_argument("--topic", required=True, action="append",
+                   help="topic to consume (repeatable)")
+    p.add_argument("--count", type=int, default=None, metavar="N",
+                   help="stop after N messages (default: run until signalled)")
+    p.add_argument("--print", dest="print_", action="store_true",
+                   help="write '<partition> <offset> <msgId> <body>' per message")
+    p.add_argument("--root", default="/meta", help="ZooKeeper root of the Metaq tree")
+    p.add_argument("--consumer-id", default=None,
+                   help="suffix of the consumer id (default ip-pid-uuid)")
+    p.add_argument("--strategy", default="default",
+                   choices=["default", "consist", "roundrobin", "sticky"])
+    p.add_argument("--start", default="earliest", choices=["earliest", "latest"],
+                   help="where a group with no committed offset starts")
+    p.add_argument("--session-timeout", type=float, default=30.0, metavar="SECONDS")
+    p.add_argument("--commit-period", type=float, default=5.0, metavar="SECONDS")
+    p.add_argument("--fetch-runners", type=int, default=None, metavar="N")
+    p.add_argument("--max-size", type=int, default=1024 * 1024, metavar="BYTES",
+                   help="fetch size per request")
+    p.set_defaults(func=run)
+
+
+def _line(m: Message) -> bytes:
+    body = m.raw_body.replace(b"\\", b"\\\\").replace(b"\n", b"\\n").replace(b"\r", b"\\r")
+    return b"%s %d %d %s\n" % (m.partition.encode(), m.offset, m.msg_id, body)
+
+
+def run(args: argparse.Namespace) -> int:
+    options = dict(consumer_id=args.consumer_id, zk_root=args.root, strategy=args.strategy,
+                   start_position=args.start, zk_session_timeout=args.session_timeout,
+                   commit_period=args.commit_period)
+    if args.fetch_runners is not None:
+        options["fetch_runner_count"] = args.fetch_runners
+    if args.count is not None and args.count < 1:
+        print("metaq consume: error: --count must be >= 1", file=sys.stderr)
+        return 2
+    config = ConsumerConfig(group=args.group, **options)
+    done = threading.Event()
+    lock = threading.Lock()
+    state = {"n": 0}
+    out = sys.stdout.buffer
+
+    def listener(m: Message) -> None:
+        with lock:
+            if args.count is not None and state["n"] >= args.count:
+                done.set()
+                raise Rewind()  # leave it for the next member: not acked, not committed
+            state["n"] += 1
+            if args.print_:
+                out.write(_line(m))
+                out.flush()
+            if args.count is not None and state["n"] >= args.count:
+                done.set()
+
+    def on_signal(signum: int, frame: object) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    errors: list[BaseException] = []
+    consumer = MessageConsumer(args.group, args.zk, config=config, on_error=errors.append)
+    with consumer:
+        for topic in args.topic:
+            consumer.subscribe(topic, listener, max_size=args.max_size)
+        consumer.start()
+        while not done.wait(0.5):
+            pass
+    for e in errors:
+        print(f"metaq consume: background error: {e}", file=sys.stderr)
+    print(f"consumed {state['n']} messages", file=sys.stderr)
+    return 0
