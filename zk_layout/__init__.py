@@ -49,6 +49,20 @@ from zk_layout._names import (
 )
 from zk_layout._nodes import decode_node, partitions_for_topic
 from zk_layout._paths import DEFAULT_ROOT, Layout, NodeKind, NodeRef
+from zk_layout._snapshot import (
+    BrokerInfo,
+    Damage,
+    GroupInfo,
+    GroupTopic,
+    MemberInfo,
+    PartitionState,
+    Snapshot,
+    TopicBrokerEntry,
+    TopicInfo,
+    TreeNode,
+    read_tree,
+    take_snapshot,
+)
 
 __all__ = [
     # errors
@@ -91,4 +105,17 @@ __all__ = [
     "encode_owner",
     "encode_topic_broker",
     "encode_topic_list",
+    # snapshot of a live tree
+    "BrokerInfo",
+    "Damage",
+    "GroupInfo",
+    "GroupTopic",
+    "MemberInfo",
+    "PartitionState",
+    "Snapshot",
+    "TopicBrokerEntry",
+    "TopicInfo",
+    "TreeNode",
+    "read_tree",
+    "take_snapshot",
 ]

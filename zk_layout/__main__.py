@@ -1,0 +1,183 @@
+"""``python -m zk_layout``: inspect a Metaq tree in ZooKeeper (read-only).
+
+::
+
+    python -m zk_layout --zk HOST:PORT[,HOST:PORT...][/chroot] [--root /meta] [--timeout 10]
+                        {tree,brokers,topics,groups,group NAME} [--json]
+
+Exit codes: 0 done (also when the tree is empty or has damaged nodes, which
+are shown), 1 ZooKeeper unreachable or failing, or no such group, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from collections.abc import Sequence
+
+from zk_layout._errors import InvalidNameError
+from zk_layout._names import check_group
+from zk_layout._paths import DEFAULT_ROOT, Layout
+from zk_layout._render import (
+    render_brokers,
+    render_group,
+    render_groups,
+    render_topics,
+    render_tree,
+    to_json,
+    to_jsonable,
+)
+from zk_layout._snapshot import read_tree, take_snapshot
+
+__all__ = ["build_parser", "main", "parse_zk_hosts"]
+
+PROG = "python -m zk_layout"
+DEFAULT_TIMEOUT = 10.0
+
+_HOST_PORT = re.compile(r"(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):([0-9]{1,5})")
+
+
+def parse_zk_hosts(text: str) -> str:
+    """Validate a kazoo connection string ``host:port[,host:port...][/chroot]``."""
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty")
+    hosts, slash, chroot = text.partition("/")
+    for item in hosts.split(","):
+        m = _HOST_PORT.fullmatch(item)
+        if m is None:
+            raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {item!r} in {text!r}")
+        if not 1 <= int(m.group(1)) <= 65535:
+            raise argparse.ArgumentTypeError(f"port out of range 1..65535 in {item!r}")
+    if slash:
+        try:
+            Layout("/" + chroot)
+        except InvalidNameError as e:
+            raise argparse.ArgumentTypeError(f"bad chroot in {text!r}: {e.reason}") from None
+    return text
+
+
+def _layout(text: str) -> Layout:
+    try:
+        return Layout(text)
+    except InvalidNameError as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 3600 seconds, got {text}")
+    return value
+
+
+def _group_name(text: str) -> str:
+    try:
+        return check_group(text)
+    except InvalidNameError as e:
+        raise argparse.ArgumentTypeError(e.reason) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Inspect Metaq's ZooKeeper tree (read-only).")
+    parser.add_argument("--zk", required=True, type=parse_zk_hosts, metavar="HOST:PORT[/chroot]",
+                        help="ZooKeeper connection string (kazoo syntax)")
+    parser.add_argument("--root", type=_layout, default=Layout(DEFAULT_ROOT), metavar="PATH",
+                        help=f"Metaq's zkRoot (default: {DEFAULT_ROOT})")
+    parser.add_argument("--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="SECONDS",
+                        help=f"connect and session timeout (default: {DEFAULT_TIMEOUT:g}s)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log kazoo's chatter")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    helps = {
+        "tree": "every node under the root with its data, damaged nodes flagged",
+        "brokers": "brokers: master and slave URIs",
+        "topics": "topics: brokers with numParts per registry, and partition lists",
+        "groups": "consumer groups: members and counts",
+        "group": "one consumer group: per partition its owner, committed offset and msgId",
+    }
+    for name, help_text in helps.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        # SUPPRESS: a --json given before the sub-command is not reset to False here.
+        p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                       help="print machine-readable JSON")
+        if name == "group":
+            p.add_argument("name", type=_group_name, metavar="NAME", help="the group name")
+    return parser
+
+
+def _run(args: argparse.Namespace, client: object) -> int:
+    layout: Layout = args.root
+    out = sys.stdout
+    if args.command == "tree":
+        nodes = read_tree(client, layout)
+        if args.json:
+            out.write(to_json({"root": layout.root, "exists": bool(nodes), "nodes": nodes}))
+        else:
+            out.write(render_tree(nodes, layout.root))
+        out.write("\n")
+        return 0
+    snap = take_snapshot(client, layout)
+    if args.command == "group":
+        group = snap.group(args.name)
+        if group is None:
+            print(f"{PROG}: error: no consumer group {args.name!r} under "
+                  f"{layout.consumer_groups()}", file=sys.stderr)
+            return 1
+        out.write(to_json(group) if args.json else render_group(group))
+        out.write("\n")
+        return 0
+    if args.json:
+        doc = {"root": snap.root, "exists": snap.exists}
+        doc[args.command] = to_jsonable(getattr(snap, args.command))
+        if args.command == "brokers":
+            doc["damaged"] = to_jsonable([d for b in snap.brokers for d in b.damaged])
+        elif args.command == "topics":
+            doc["damaged"] = to_jsonable([d for t in snap.topics for d in t.damaged])
+        else:
+            doc["damaged"] = to_jsonable([d for g in snap.groups for d in g.damaged])
+        out.write(to_json(doc))
+    else:
+        render = {"brokers": render_brokers, "topics": render_topics, "groups": render_groups}
+        out.write(render[args.command](snap))
+    out.write("\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # exits 2 on bad arguments
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    client = KazooClient(hosts=args.zk, timeout=args.timeout, read_only=True)
+    try:
+        try:
+            client.start(timeout=args.timeout)
+        except KazooTimeoutError:
+            print(f"{PROG}: error: cannot connect to ZooKeeper at {args.zk} within "
+                  f"{args.timeout:g}s", file=sys.stderr)
+            return 1
+        return _run(args, client)
+    except KazooException as e:
+        print(f"{PROG}: error: ZooKeeper at {args.zk} failed: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+    finally:
+        client.stop()
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

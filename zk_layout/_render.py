@@ -1,0 +1,186 @@
+"""Rendering a :class:`Snapshot` / :func:`read_tree` result as aligned text or JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from zk_layout._codecs import BrokerUri, StoredOffset
+from zk_layout._names import Partition
+from zk_layout._paths import NodeRef
+from zk_layout._snapshot import Damage, GroupInfo, Snapshot, TreeNode
+
+__all__ = [
+    "format_table",
+    "render_brokers",
+    "render_group",
+    "render_groups",
+    "render_topics",
+    "render_tree",
+    "show_data",
+    "to_json",
+    "to_jsonable",
+]
+
+
+def show_data(data: bytes | str | None) -> str:
+    """Node data for humans: quoted text (escapes for control characters), or
+    ``<no data>``; bytes that are not UTF-8 are shown with ``\\x`` escapes."""
+    if data is None:
+        return "<no data>"
+    if isinstance(data, bytes):
+        data = data.decode("utf-8", "backslashreplace")
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _data_text(data: bytes | None) -> str | None:
+    return None if data is None else data.decode("utf-8", "backslashreplace")
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Plain JSON values for snapshots, tree nodes and their parts."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, BrokerUri | Partition):
+        return str(obj)
+    if isinstance(obj, StoredOffset):
+        return {"msg_id": obj.msg_id, "offset": obj.offset}
+    if isinstance(obj, bytes):
+        return _data_text(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, NodeRef):
+        return obj.kind.value
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in obj]
+    return str(obj)
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(to_jsonable(obj), indent=2, ensure_ascii=False, sort_keys=False)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Left-aligned columns separated by two spaces; ``None`` cells print as ``-``."""
+    cells = [[str(h) for h in headers]]
+    cells += [["-" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+             for r in cells]
+    return "\n".join(lines)
+
+
+def _damage_section(damaged: Iterable[Damage]) -> str:
+    damaged = list(damaged)
+    if not damaged:
+        return ""
+    lines = [f"\n{len(damaged)} damaged node(s):"]
+    lines += [f"  {d.path}: {d.error}" for d in damaged]
+    return "\n".join(lines)
+
+
+def _missing_root(snap: Snapshot) -> str:
+    return f"(no Metaq tree: {snap.root} does not exist)"
+
+
+def render_tree(nodes: Sequence[TreeNode], root: str) -> str:
+    """An indented tree: one node per line with its data, ``(ephemeral)``,
+    ``[not a Metaq node]`` and ``!! DAMAGED: ...`` markers."""
+    if not nodes:
+        return f"(no Metaq tree: {root} does not exist)"
+    lines = []
+    for node in nodes:
+        name = node.path if node.depth == 0 else node.path.rsplit("/", 1)[1]
+        text = "  " * node.depth + name
+        if node.data:
+            text += " = " + show_data(node.data)
+        if node.ephemeral:
+            text += "  (ephemeral)"
+        if node.ref is None and node.depth > 0:
+            text += "  [not a Metaq node]"
+        if node.error:
+            text += f"  !! DAMAGED: {node.error}"
+        lines.append(text)
+    damaged = sum(1 for n in nodes if n.error)
+    lines.append(f"\n{len(nodes)} node(s), {damaged} damaged")
+    return "\n".join(lines)
+
+
+def render_brokers(snap: Snapshot) -> str:
+    if not snap.exists:
+        return _missing_root(snap)
+    rows = []
+    for b in snap.brokers:
+        rows.append((b.broker_id, "master", b.master if b.master else "(down)",
+                     b.legacy_uri, b.config_checksum))
+        for slave_no, uri in b.slaves:
+            rows.append((b.broker_id, f"slave{slave_no}", uri, None, None))
+        for d in b.damaged:
+            rows.append((b.broker_id, "DAMAGED", d.path, None, d.error))
+    table = format_table(("BROKER", "ROLE", "URI", "LEGACY URI", "CHECKSUM / ERROR"), rows)
+    damaged = [d for b in snap.brokers for d in b.damaged]
+    return table + _damage_section(damaged)
+
+
+def _role(slave_no: int | None) -> str:
+    return "master" if slave_no is None else f"slave{slave_no}"
+
+
+def render_topics(snap: Snapshot) -> str:
+    if not snap.exists:
+        return _missing_root(snap)
+    rows = []
+    for t in snap.topics:
+        for e in t.brokers:
+            rows.append((t.topic, e.broker_id, _role(e.slave_no), e.pub_parts, e.sub_parts,
+                         e.legacy_parts))
+    out = [format_table(("TOPIC", "BROKER", "ROLE", "PUB", "SUB", "LEGACY"), rows)]
+    prow = [(t.topic, len(t.partitions), " ".join(str(p) for p in t.partitions))
+            for t in snap.topics]
+    out.append(format_table(("TOPIC", "PARTS", "PARTITIONS (consumer order)"), prow))
+    return "\n\n".join(out) + _damage_section(d for t in snap.topics for d in t.damaged)
+
+
+def render_groups(snap: Snapshot) -> str:
+    if not snap.exists:
+        return _missing_root(snap)
+    rows = []
+    for g in snap.groups:
+        parts = [p for t in g.topics for p in t.partitions]
+        rows.append((g.group, len(g.members), ",".join(t.topic for t in g.topics) or None,
+                     len(parts), sum(1 for p in parts if p.owner),
+                     sum(1 for p in parts if p.offset), len(g.damaged)))
+    table = format_table(
+        ("GROUP", "MEMBERS", "TOPICS", "PARTITIONS", "OWNED", "COMMITTED", "DAMAGED"), rows)
+    mrows = [(g.group, m.consumer_id, ",".join(m.topics) or None, m.error)
+             for g in snap.groups for m in g.members]
+    members = format_table(("GROUP", "CONSUMER ID", "TOPICS", "ERROR"), mrows)
+    return table + "\n\n" + members + _damage_section(d for g in snap.groups for d in g.damaged)
+
+
+def _msg_id(offset: StoredOffset | None) -> object:
+    if offset is None:
+        return None
+    return "(legacy)" if offset.msg_id is None else offset.msg_id
+
+
+def render_group(group: GroupInfo) -> str:
+    mrows = [(m.consumer_id, ",".join(m.topics) or None, m.error) for m in group.members]
+    out = [f"group {group.group}: {len(group.members)} member(s)",
+           format_table(("CONSUMER ID", "TOPICS", "ERROR"), mrows)]
+    prows = []
+    for t in group.topics:
+        for p in t.partitions:
+            prows.append((t.topic, p.partition, p.owner,
+                          None if p.offset is None else p.offset.offset,
+                          _msg_id(p.offset),
+                          "DAMAGED: " + "; ".join(p.errors) if p.errors else None))
+    out.append(format_table(("TOPIC", "PARTITION", "OWNER", "OFFSET", "MSGID", "NOTE"), prows))
+    return "\n\n".join(out) + _damage_section(group.damaged)
