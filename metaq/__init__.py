@@ -2,7 +2,9 @@
 
 from metaq._errors import *  # noqa: F403
 from metaq._errors import __all__ as _errors_all
+from metaq.consumer import ConsumerConfig, Message, MessageConsumer, Rewind
 
 __version__ = "0.1.0"
 
-__all__ = [*_errors_all, "__version__"]
+__all__ = [*_errors_all, "MessageConsumer", "ConsumerConfig", "Message", "Rewind",
+           "__version__"]
