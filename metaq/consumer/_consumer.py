@@ -51,11 +51,17 @@ class MessageConsumer:
     commits, releases its partitions and leaves the group; ZooKeeper is left
     clean (no owner nodes, no id node).  Errors from background threads are
     passed to ``on_error`` when given, else kept and raised by :meth:`check`.
+    ``on_assigned(topic, partition)`` runs after a partition is claimed and
+    before it is fetched; ``on_revoked(topic, partition)`` after its fetching
+    stopped and before its offset is committed and its owner node deleted
+    (not after a lost session: then nothing of it is committed).
     """
 
     def __init__(self, group: str, zk_connect: str | KazooClient, *,
                  config: ConsumerConfig | None = None,
                  on_error: Callable[[BaseException], None] | None = None,
+                 on_assigned: Callable[[str, str], None] | None = None,
+                 on_revoked: Callable[[str, str], None] | None = None,
                  **options: Any) -> None:
         if config is not None and options:
             raise ConfigError("pass either config= or keyword options, not both")
@@ -68,6 +74,8 @@ class MessageConsumer:
         self._codec = get_codec(self.config.codec)
         self._subs: dict[str, _Subscription] = {}
         self._on_error = on_error
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
         self._errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._started = False
@@ -236,10 +244,21 @@ class MessageConsumer:
                   self.config.max_fetch_retries + 1, error)
 
     def on_assigned(self, key: tuple[str, str]) -> None:
-        log.debug("consumer %s assigned %s/%s", self.consumer_id, *key)
+        """Called by the coordinator after a partition was claimed, before fetching."""
+        if self._on_assigned is not None:
+            self._callback(self._on_assigned, key)
 
     def on_revoked(self, key: tuple[str, str]) -> None:
-        log.debug("consumer %s revoked %s/%s", self.consumer_id, *key)
+        """Called after fetching stopped, before the offset is committed and released."""
+        if self._on_revoked is not None:
+            self._callback(self._on_revoked, key)
+
+    def _callback(self, fn: Callable[[str, str], None], key: tuple[str, str]) -> None:
+        try:
+            fn(*key)
+        except Exception as e:  # noqa: BLE001 - a user callback must not stop a rebalance
+            log.exception("callback %r failed for %s/%s", fn, *key)
+            self.report_error(e, None)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -1,0 +1,259 @@
+"""Group membership, rebalance and ownership against the real ZooKeeper.
+
+These tests exercise coordination only: topics are published in ZooKeeper the
+way a broker publishes them (``topics-sub`` nodes), without a broker process,
+so the fetchers have nothing to pull and every observation is about the tree.
+End-to-end consumption with broker processes is in test_consumer_e2e.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from kazoo.client import KazooClient
+
+from metaq import MessageConsumer
+from metaq.consumer import State, get_strategy
+from metaq.consumer._offsets import Ownership, SessionFence, StaleOwnershipError, ZkOffsetStore
+from metaq.testing import expire_session, wait_until
+from zk_layout import Layout, TopicBroker, encode_topic_broker
+
+L = Layout()
+TOPIC = "orders"
+
+
+def publish(client: KazooClient, topic: str, broker_id: int, parts: int) -> None:
+    client.create(L.topic_sub(topic, broker_id),
+                  encode_topic_broker(TopicBroker(num_parts=parts, broker_id=broker_id)),
+                  makepath=True)
+
+
+def all_parts(brokers=(0, 1), parts=4) -> list[str]:
+    return [f"{b}-{i}" for b in brokers for i in range(parts)]
+
+
+class OwnerAudit:
+    """Watches every owner node of a topic; records who owned what, when."""
+
+    def __init__(self, client: KazooClient, group: str, topic: str) -> None:
+        self.client = client
+        self.dir = L.owners_dir(group, topic)
+        self.lock = threading.Lock()
+        self.events: list[tuple[float, str, str | None]] = []
+        self.watched: set[str] = set()
+        client.ensure_path(self.dir)
+        client.ChildrenWatch(self.dir, self._children)
+
+    def _children(self, children):
+        for c in children:
+            if c not in self.watched:
+                self.watched.add(c)
+                self.client.DataWatch(f"{self.dir}/{c}", self._data_for(c))
+
+    def _data_for(self, part):
+        def watch(data, stat):
+            with self.lock:
+                self.events.append((time.monotonic(), part,
+                                    None if data is None else data.decode()))
+        return watch
+
+    def owners(self) -> dict[str, str]:
+        out = {}
+        for c in self.client.get_children(self.dir):
+            try:
+                out[c] = self.client.get(f"{self.dir}/{c}")[0].decode()
+            except Exception:
+                pass
+        return out
+
+    def changes(self) -> dict[str, list[str | None]]:
+        with self.lock:
+            out: dict[str, list[str | None]] = defaultdict(list)
+            for _, part, owner in self.events:
+                out[part].append(owner)
+            return out
+
+
+def settled(consumers, parts) -> bool:
+    owned = [p for c in consumers for p in c.assignment().get(TOPIC, [])]
+    return (sorted(owned) == sorted(parts)
+            and all(c.state is State.STABLE for c in consumers))
+
+
+def make(zk_connect, name, **kw):
+    kw.setdefault("zk_session_timeout", 4.0)
+    kw.setdefault("commit_period", 0.5)
+    revoked: list[str] = []
+    c = MessageConsumer("g1", zk_connect, consumer_id=name,
+                        on_revoked=lambda t, p: revoked.append(p), **kw)
+    c.revoked = revoked  # type: ignore[attr-defined]
+    c.subscribe(TOPIC, lambda m: None)
+    return c
+
+
+def test_single_consumer_registers_and_owns_every_partition(zk_connect, zk_client):
+    publish(zk_client, TOPIC, 0, 4)
+    publish(zk_client, TOPIC, 1, 4)
+    with make(zk_connect, "a") as c:
+        c.start()
+        wait_until(lambda: settled([c], all_parts()), timeout=20, what="one member settled")
+        cid = c.consumer_id
+        assert cid == "g1_a"
+        assert zk_client.get(L.consumer_id("g1", cid))[0] == TOPIC.encode()
+        owners = {p: zk_client.get(L.owner("g1", TOPIC, p))[0].decode() for p in all_parts()}
+        assert set(owners.values()) == {cid}
+    # close leaves ZooKeeper clean: no owners, no id
+    assert zk_client.get_children(L.consumer_ids("g1")) == []
+    assert zk_client.get_children(L.owners_dir("g1", TOPIC)) == []
+    assert not [t for t in threading.enumerate() if t.name.startswith("metaq-") and
+                "g1_a" in t.name and t.is_alive()]
+
+
+def test_three_members_split_partitions_exactly_as_metaq_default(zk_connect, zk_client):
+    publish(zk_client, TOPIC, 0, 4)
+    publish(zk_client, TOPIC, 1, 4)
+    audit = OwnerAudit(zk_client, "g1", TOPIC)
+    consumers = [make(zk_connect, n) for n in ("c1", "c2", "c3")]
+    try:
+        for c in consumers:
+            c.start()
+        wait_until(lambda: settled(consumers, all_parts()), timeout=30, what="group settled")
+        expected = get_strategy("default").assign_all([c.consumer_id for c in consumers],
+                                                      all_parts())
+        for c in consumers:
+            assert c.assignment()[TOPIC] == sorted(expected[c.consumer_id])
+        assert audit.owners() == {p: cid for cid, ps in expected.items() for p in ps}
+    finally:
+        for c in consumers:
+            c.close()
+    # every owner change seen by the audit was either a release (None) or a live member
+    ids = {c.consumer_id for c in consumers}
+    for part, seq in audit.changes().items():
+        assert all(o is None or o in ids for o in seq), (part, seq)
+
+
+def test_join_and_leave_one_at_a_time_settles_and_never_pauses_stayers(zk_connect, zk_client):
+    parts = all_parts(parts=6)
+    publish(zk_client, TOPIC, 0, 6)
+    publish(zk_client, TOPIC, 1, 6)
+    members: list[MessageConsumer] = []
+    try:
+        for i in range(6):
+            before = {c.consumer_id: set(c.assignment().get(TOPIC, [])) for c in members}
+            revoked_before = {c.consumer_id: len(c.revoked) for c in members}
+            c = make(zk_connect, f"m{i}", strategy="sticky")
+            members.append(c)
+            c.start()
+            wait_until(lambda: settled(members, parts), timeout=30,
+                       what=f"settled with {len(members)} members")
+            for m in members[:-1]:
+                # a partition that stayed with m was never revoked during the change
+                new_revokes = set(m.revoked[revoked_before[m.consumer_id]:])
+                kept = before[m.consumer_id] & set(m.assignment()[TOPIC])
+                assert not (kept & new_revokes)
+        while len(members) > 1:
+            leaving = members.pop(0)
+            before = {c.consumer_id: set(c.assignment().get(TOPIC, [])) for c in members}
+            revoked_before = {c.consumer_id: len(c.revoked) for c in members}
+            leaving.close()
+            wait_until(lambda: settled(members, parts), timeout=30,
+                       what=f"settled with {len(members)} members")
+            for m in members:
+                assert len(m.revoked) == revoked_before[m.consumer_id], "a stayer was paused"
+                assert before[m.consumer_id] <= set(m.assignment()[TOPIC])
+    finally:
+        for c in members:
+            c.close()
+
+
+def test_claim_waits_for_a_partition_still_held_and_takes_it_when_released(
+        zk_connect, zk_client):
+    publish(zk_client, TOPIC, 0, 2)
+    # an old owner (e.g. a Java consumer mid-shutdown) still holds 0-1
+    zk_client.create(L.owner("g1", TOPIC, "0-1"), b"g1_old", makepath=True)
+    with make(zk_connect, "new") as c:
+        c.start()
+        wait_until(lambda: c.assignment().get(TOPIC) == ["0-0"], timeout=20,
+                   what="the free partition claimed")
+        assert c.state is State.CLAIMING
+        assert c.waiting() == {(TOPIC, "0-1"): "g1_old"}
+        zk_client.delete(L.owner("g1", TOPIC, "0-1"))
+        wait_until(lambda: c.assignment().get(TOPIC) == ["0-0", "0-1"], timeout=10,
+                   what="the released partition claimed")
+        assert c.state is State.STABLE
+
+
+def test_broker_partitions_appearing_and_vanishing_rebalance(zk_connect, zk_client):
+    publish(zk_client, TOPIC, 0, 2)
+    with make(zk_connect, "a") as c:
+        c.start()
+        wait_until(lambda: settled([c], ["0-0", "0-1"]), timeout=20, what="first broker")
+        publish(zk_client, TOPIC, 1, 2)
+        wait_until(lambda: settled([c], ["0-0", "0-1", "1-0", "1-1"]), timeout=20,
+                   what="second broker's partitions")
+        zk_client.delete(L.topic_sub(TOPIC, 0))
+        wait_until(lambda: settled([c], ["1-0", "1-1"]), timeout=20,
+                   what="first broker's partitions dropped")
+        assert zk_client.get_children(L.owners_dir("g1", TOPIC)) == ["1-0", "1-1"] or \
+            sorted(zk_client.get_children(L.owners_dir("g1", TOPIC))) == ["1-0", "1-1"]
+
+
+def test_session_expiry_drops_ownership_and_rejoins(zk_connect, zk_client, zk_server):
+    publish(zk_client, TOPIC, 0, 4)
+    client = KazooClient(hosts=zk_connect, timeout=4.0)
+    client.start(timeout=20)
+    consumer = MessageConsumer("g1", client, consumer_id="x", zk_session_timeout=4.0,
+                               commit_period=0.2)
+    consumer.subscribe(TOPIC, lambda m: None)
+    try:
+        consumer.start()
+        wait_until(lambda: settled([consumer], all_parts((0,))), timeout=20, what="settled")
+        gen = consumer.generation
+        old_session = client.client_id[0]
+        expire_session(client, zk_server.hosts)
+        wait_until(lambda: client.client_id and client.client_id[0] != old_session
+                   and settled([consumer], all_parts((0,))), timeout=30,
+                   what="re-registered in a new session and settled")
+        assert consumer.generation > gen
+        # the owner nodes belong to the new session
+        for p in all_parts((0,)):
+            _, stat = zk_client.get(L.owner("g1", TOPIC, p))
+            assert stat.ephemeralOwner == client.client_id[0]
+    finally:
+        consumer.close()
+        client.stop()
+        client.close()
+
+
+def test_fenced_commit_refused_after_the_session_that_claimed_ended(zk_connect, zk_client):
+    fence = SessionFence()
+    store = ZkOffsetStore(zk_client, L, "g1", fence)
+    owner = L.owner("g1", TOPIC, "0-0")
+    zk_client.create(owner, b"g1_me", ephemeral=True, makepath=True)
+    own = Ownership(owner_path=owner, version=0, epoch=fence.epoch)
+    store.commit(TOPIC, "0-0", 7, 100, own)
+    assert zk_client.get(L.offset("g1", TOPIC, "0-0"))[0] == b"7-100"
+    fence.lost()  # what the LOST listener does
+    with pytest.raises(StaleOwnershipError):
+        store.commit(TOPIC, "0-0", 8, 200, own)
+    # a zombie whose owner node was deleted (ownership moved) is refused by the check
+    zk_client.delete(owner)
+    own2 = Ownership(owner_path=owner, version=0, epoch=fence.epoch)
+    with pytest.raises(StaleOwnershipError):
+        store.commit(TOPIC, "0-0", 9, 300, own2)
+    assert zk_client.get(L.offset("g1", TOPIC, "0-0"))[0] == b"7-100"
+    assert store.load(TOPIC, "0-0").offset == 100
+
+
+def test_offsets_written_by_java_metaq_are_read(zk_connect, zk_client):
+    store = ZkOffsetStore(zk_client, L, "g1", SessionFence())
+    zk_client.create(L.offset("g1", TOPIC, "0-0"), b"-1-0", makepath=True)
+    zk_client.create(L.offset("g1", TOPIC, "0-1"), b"4096", makepath=True)
+    zk_client.create(L.offset("g1", TOPIC, "0-10"), b"123-4096", makepath=True)
+    assert store.load(TOPIC, "0-0").offset == 0
+    assert store.load(TOPIC, "0-1").offset == 4096 and store.load(TOPIC, "0-1").msg_id is None
+    assert store.load(TOPIC, "0-10").msg_id == 123
+    assert store.load(TOPIC, "1-0") is None
