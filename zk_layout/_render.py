@@ -81,8 +81,8 @@ def _damage_section(damaged: Iterable[Damage]) -> str:
     damaged = list(damaged)
     if not damaged:
         return ""
-    lines = [f"\n{len(damaged)} damaged node(s):"]
-    lines += [f"  {d.path}: {d.error}" for d in damaged]
+    lines = [f"\n\n{len(damaged)} damaged node(s):"]
+    lines += [f"  {d.path}: {d.error} (data: {show_data(d.data)})" for d in damaged]
     return "\n".join(lines)
 
 

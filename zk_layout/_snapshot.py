@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class Damage:
-    """A node whose data is not what Metaq writes there."""
+    """A node whose data is not what Metaq writes there: its raw ``data`` and
+    ``error``, what is wrong with it (:attr:`NodeDataError.reason`)."""
 
     path: str
     data: bytes | None
@@ -195,7 +196,7 @@ class _Reader:
         try:
             return decode_node(ref, data), None
         except NodeDataError as e:
-            damage = Damage(path=path, data=data, error=str(e))
+            damage = Damage(path=path, data=data, error=e.reason)
             self.damaged.append(damage)
             log.debug("damaged node %s: %s", path, e)
             return None, damage
@@ -289,7 +290,7 @@ class _Reader:
 
     def _damage_from(self, e: NodeDataError) -> Damage:
         data = e.data if isinstance(e.data, bytes) else None
-        damage = Damage(path=e.path, data=data, error=str(e))
+        damage = Damage(path=e.path, data=data, error=e.reason)
         self.damaged.append(damage)
         return damage
 
@@ -417,7 +418,7 @@ def read_tree(client: Any, layout: Layout | None = None) -> tuple[TreeNode, ...]
             try:
                 value = decode_node(ref, data)
             except NodeDataError as e:
-                error = str(e)
+                error = e.reason
         out.append(TreeNode(path=path, depth=depth, data=data,
                             ephemeral=bool(stat.ephemeralOwner), ref=ref, value=value,
                             error=error))
