@@ -19,6 +19,7 @@ from metaq._zk import (
     find_zookeeper_classpath,
     four_letter_word,
     status,
+    stop,
 )
 from metaq._zk._process import pid_alive
 from metaq.testing import free_port, wait_until
@@ -245,3 +246,15 @@ def test_cli_rejects_bad_port(tmp_path: Path) -> None:
     result = _cli("zk", "start", "--port", "99999", "--data-dir", str(tmp_path))
     assert result.returncode == 2
     assert "port must be in 1..65535" in result.stderr
+
+
+def test_status_ignores_a_stale_or_foreign_pid_file(tmp_path: Path) -> None:
+    (tmp_path / "zoo.cfg").write_text("clientPort=2\n")
+    (tmp_path / "zookeeper.pid").write_text(f"{os.getpid()}\n")  # alive, but not ZooKeeper
+    st = status(tmp_path)
+    assert not st.running and st.pid is None and st.port == 2
+    assert not stop(tmp_path, timeout=1.0)  # must not signal that process
+    assert pid_alive(os.getpid())
+    (tmp_path / "zookeeper.pid").write_text("garbage\n")
+    assert not status(tmp_path).running
+

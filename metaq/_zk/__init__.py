@@ -14,8 +14,9 @@ from metaq._zk._classpath import (
     pyspark_jars_dir,
 )
 from metaq._zk._ensemble import ZooKeeperEnsemble
-from metaq._zk._launcher import ZooKeeperConfig, ZooKeeperServer, ZooKeeperStatus, status, stop
+from metaq._zk._launcher import ZooKeeperServer
 from metaq._zk._process import four_letter_word, free_port, server_mode
+from metaq._zk._state import ZooKeeperConfig, ZooKeeperStatus, status, stop
 
 __all__ = [
     "DEBIAN_JAVA_DIR",

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from metaq._errors import ConfigError, LauncherError
 from metaq._zk._classpath import find_java, find_zookeeper_classpath
-from metaq._zk._launcher import HOST, ZooKeeperConfig, ZooKeeperServer
+from metaq._zk._launcher import ZooKeeperServer
 from metaq._zk._process import free_port, server_mode
+from metaq._zk._state import HOST, ZooKeeperConfig
 
 __all__ = ["ZooKeeperEnsemble"]
 
