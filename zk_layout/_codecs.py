@@ -156,6 +156,8 @@ def decode_broker_uri(data: bytes | str | None, path: str = "") -> BrokerUri:
     if m is None:
         raise NodeDataError(path, data, "expected a broker URI 'meta://host:port'")
     host = m.group("v6") or m.group("host")
+    if m.group("v6") is not None and ":" not in host:
+        raise NodeDataError(path, data, "only IPv6 addresses go in brackets")
     slave = m.group("slave")
     try:
         return BrokerUri(host, int(m.group("port")), None if slave is None else int(slave))
