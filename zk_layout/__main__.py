@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -174,6 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: ZooKeeper at {args.zk} failed: {type(e).__name__}: {e}",
               file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into e.g. head, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        return 130
     finally:
         client.stop()
         client.close()
