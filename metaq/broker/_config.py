@@ -1,0 +1,226 @@
+"""Broker configuration: a frozen, validated dataclass, loadable from a TOML file.
+
+Defaults follow Metaq 1.4 (reference section 7): port 8123, one partition per
+topic, 1 GiB segments, flush after 1000 messages or 10 s, 168 h retention,
+1 MiB max transfer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import zk_layout
+from metaq._errors import ConfigError, ProtocolError
+from metaq._protocol import DEFAULT_MAX_PAYLOAD, MAX_LINE, check_topic
+
+__all__ = ["BrokerConfig", "load_config", "parse_topic_spec"]
+
+GiB = 1024 * 1024 * 1024
+MiB = 1024 * 1024
+MAX_PARTITIONS = 1024
+
+
+def _int(name: str, value: object, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an int, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{name} must be {rng}, got {value}")
+    return value
+
+
+def _num(name: str, value: object, lo: float, *, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value!r}")
+    if value < lo or (strict and value == lo):
+        raise ConfigError(f"{name} must be {'>' if strict else '>='} {lo}, got {value}")
+    return float(value)
+
+
+def _bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be true or false, got {value!r}")
+    return value
+
+
+def _str(name: str, value: object, *, empty: bool = False) -> str:
+    if not isinstance(value, str) or (not empty and not value):
+        raise ConfigError(f"{name} must be a{'' if empty else ' non-empty'} string, "
+                          f"got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    """Everything a broker needs.  Every field is validated; a bad one raises
+    :class:`metaq.ConfigError` naming it."""
+
+    #: Broker id, 0..1023 (it goes into every msgId).
+    broker_id: int
+    #: Directory holding ``<topic>-<partition>/`` logs; created if missing.
+    data_dir: str | Path
+    #: Address to listen on.
+    host: str = "127.0.0.1"
+    #: TCP port; 0 picks a free one (see ``Broker.port``).
+    port: int = 8123
+    #: Host written into ZooKeeper (``meta://host:port``); default ``host``, or this
+    #: machine's name when ``host`` is a wildcard address.
+    advertised_host: str | None = None
+    #: Topics served from the start: name -> number of partitions.
+    topics: Mapping[str, int] = field(default_factory=dict)
+    #: Partitions of a topic created without a count (auto-created topics).
+    num_partitions: int = 1
+    #: Create an unknown topic on its first ``put`` (Metaq can; off by default).
+    auto_create_topics: bool = False
+    #: A new segment file is started once the current one reaches this size.
+    max_segment_size: int = GiB
+    #: fsync after this many unflushed messages of a partition; 0 = group commit
+    #: (fsync before every put is acknowledged, batched across connections).
+    unflush_threshold: int = 1000
+    #: fsync pending messages at least this often (seconds).
+    unflush_interval: float = 10.0
+    #: Delete whole segments older than this many hours (never the writable one).
+    retention_hours: float = 168.0
+    #: How often the retention check runs (seconds).
+    retention_check_interval: float = 300.0
+    #: Largest reply body of one ``get`` (bytes).
+    max_transfer_size: int = MiB
+    #: Largest put payload (attribute section + body) accepted.
+    max_message_size: int = DEFAULT_MAX_PAYLOAD
+    #: Answer a ``get`` above the end with 301 and the end instead of 404.
+    correct_offsets: bool = False
+    #: ZooKeeper connect string (``host:port[,host:port][/chroot]``); None = no registration.
+    zk_connect: str | None = None
+    #: Metaq's root node in ZooKeeper.
+    zk_root: str = zk_layout.DEFAULT_ROOT
+    #: ZooKeeper session timeout (seconds).
+    zk_session_timeout: float = 10.0
+    #: Longest request line accepted (bytes).
+    max_line: int = MAX_LINE
+    #: Stop reading from a connection while this many reply bytes wait to be sent.
+    max_pending_bytes: int = 16 * MiB
+    #: Stop reading from a connection while this many requests wait for an answer.
+    max_inflight_requests: int = 100_000
+    #: Most simultaneous client connections; more are closed at once.
+    max_connections: int = 10_000
+
+    def __post_init__(self) -> None:
+        _int("broker_id", self.broker_id, 0, 1023)
+        if isinstance(self.data_dir, str):
+            _str("data_dir", self.data_dir)
+        elif not isinstance(self.data_dir, Path):
+            raise ConfigError(f"data_dir must be a path, got {self.data_dir!r}")
+        object.__setattr__(self, "data_dir", Path(self.data_dir))
+        _str("host", self.host)
+        _int("port", self.port, 0, 65535)
+        if self.advertised_host is not None:
+            _str("advertised_host", self.advertised_host)
+            try:
+                zk_layout.BrokerUri(self.advertised_host, self.port or 1)
+            except ValueError as e:
+                raise ConfigError(f"advertised_host {self.advertised_host!r}: {e}") from None
+        _int("num_partitions", self.num_partitions, 1, MAX_PARTITIONS)
+        if not isinstance(self.topics, Mapping):
+            raise ConfigError(f"topics must be a mapping of name to partitions, "
+                              f"got {self.topics!r}")
+        topics = {}
+        for name, parts in self.topics.items():
+            try:
+                check_topic(name)
+            except ProtocolError as e:
+                raise ConfigError(f"topics: {e}") from None
+            topics[name] = _int(f"topics[{name!r}]", parts, 1, MAX_PARTITIONS)
+        object.__setattr__(self, "topics", MappingProxyType(topics))
+        _bool("auto_create_topics", self.auto_create_topics)
+        _int("max_segment_size", self.max_segment_size, 4096)
+        _int("unflush_threshold", self.unflush_threshold, 0)
+        _num("unflush_interval", self.unflush_interval, 0, strict=True)
+        _num("retention_hours", self.retention_hours, 0, strict=True)
+        _num("retention_check_interval", self.retention_check_interval, 0, strict=True)
+        _int("max_transfer_size", self.max_transfer_size, 1024, 2**31 - 1)
+        _int("max_message_size", self.max_message_size, 1, 2**31 - 1)
+        _bool("correct_offsets", self.correct_offsets)
+        if self.zk_connect is not None:
+            _str("zk_connect", self.zk_connect)
+        try:
+            zk_layout.Layout(self.zk_root)
+        except ValueError as e:
+            raise ConfigError(f"zk_root: {e}") from None
+        _num("zk_session_timeout", self.zk_session_timeout, 0, strict=True)
+        _int("max_line", self.max_line, 64, 1024 * 1024)
+        _int("max_pending_bytes", self.max_pending_bytes, 64 * 1024)
+        _int("max_inflight_requests", self.max_inflight_requests, 1)
+        _int("max_connections", self.max_connections, 1)
+
+    @property
+    def group_commit(self) -> bool:
+        """True when every put is fsynced before it is acknowledged."""
+        return self.unflush_threshold == 0
+
+    def replace(self, **changes: Any) -> BrokerConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+_FIELDS = {f.name for f in dataclasses.fields(BrokerConfig)}
+
+
+def parse_topic_spec(spec: str, default_partitions: int = 1) -> tuple[str, int]:
+    """``NAME`` or ``NAME:PARTITIONS`` (as given to ``--topic``)."""
+    name, sep, count = spec.rpartition(":")
+    if not sep:
+        name, count = spec, str(default_partitions)
+    if not count.isdigit():
+        raise ConfigError(f"--topic {spec!r}: expected NAME or NAME:PARTITIONS")
+    try:
+        check_topic(name)
+    except ProtocolError as e:
+        raise ConfigError(f"--topic {spec!r}: {e}") from None
+    return name, _int(f"--topic {spec!r} partitions", int(count), 1, MAX_PARTITIONS)
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> BrokerConfig:
+    """Read a TOML file of :class:`BrokerConfig` fields, then apply ``overrides``.
+
+    The file holds top-level keys named like the fields and a ``[topics]``
+    table of ``name = partitions``.  Overrides whose value is None are ignored;
+    an override ``topics`` is merged into the file's topics.
+    """
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                values = tomllib.load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+        unknown = sorted(set(values) - _FIELDS)
+        if unknown:
+            raise ConfigError(f"config file {path}: unknown keys {', '.join(unknown)} "
+                              f"(known: {', '.join(sorted(_FIELDS))})")
+        if "topics" in values and not isinstance(values["topics"], dict):
+            raise ConfigError(f"config file {path}: topics must be a table name = partitions")
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise ConfigError(f"unknown broker option {key}")
+        if key == "topics":
+            merged = dict(values.get("topics", {}))
+            merged.update(value)
+            values["topics"] = merged
+        else:
+            values[key] = value
+    for required in ("broker_id", "data_dir"):
+        if required not in values:
+            raise ConfigError(f"{required} is required (flag or config file)")
+    return BrokerConfig(**values)

@@ -1,0 +1,455 @@
+"""The broker's message store (reference section 7).
+
+``<data_dir>/<topic>-<partition>/<20-digit start offset>.meta``: offsets are
+absolute byte positions in the partition's log; a new segment starts once the
+current one reaches ``max_segment_size``; only the last segment is written and
+it is recovered at open (checksums scanned, cut at the first torn or corrupt
+message).  fsyncs run on a small thread pool: after ``unflush_threshold``
+messages, every ``unflush_interval`` (driven by the broker), or for group
+commit (threshold 0) once per batch of puts, coalescing every put that arrived
+while the previous fsync ran.  Retention deletes whole old segments.
+
+Everything except the fsync jobs runs on one thread (the broker's event loop,
+or the caller's thread when used without a loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import fcntl
+import logging
+import os
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import NamedTuple
+
+from metaq._errors import StorageError
+from metaq.broker._segment import Segment, check_contiguous, parse_segment_name, segment_name
+
+__all__ = ["Storage", "PartitionLog", "LogSlice"]
+
+log = logging.getLogger(__name__)
+
+
+class LogSlice(NamedTuple):
+    """``length`` bytes of the log at ``position`` of ``file`` (for ``os.sendfile``).
+
+    Use ``with log.pinned(slice)`` (or :meth:`PartitionLog.pin`) around an
+    asynchronous send so retention does not close the file meanwhile.
+    """
+
+    file: object
+    position: int
+    length: int
+    segment: Segment
+
+
+def _fsync_job(sealed: list[int], fd: int | None, dir_path: Path | None) -> None:
+    """Run on a flush thread: fsync and close sealed segments, fsync the live one."""
+    for sfd in sealed:
+        try:
+            os.fsync(sfd)
+        finally:
+            os.close(sfd)
+    if fd is not None:
+        os.fsync(fd)
+    if dir_path is not None:
+        dfd = os.open(dir_path, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+class PartitionLog:
+    """The log of one partition of one topic."""
+
+    def __init__(self, storage: Storage, topic: str, partition: int) -> None:
+        self.storage = storage
+        self.topic = topic
+        self.partition = partition
+        self.dir = storage.data_dir / f"{topic}-{partition}"
+        self.closed = False          # closed partition: puts and gets answer 403
+        self.unflushed = 0           # messages written since the last fsync started
+        self.messages_appended = 0
+        self.last_flush = time.monotonic()
+        self._sealed: list[int] = []   # write fds of rolled segments, to fsync and close
+        self._dir_dirty = False
+        self._inflight: Future | None = None         # running fsync job
+        self._waiters: asyncio.Future | None = None  # resolved when the running job ends
+        self._next: asyncio.Future | None = None     # for puts written while it runs
+        self._want_flush = False
+        self._retired: list[Segment] = []
+        self.segments: list[Segment] = []
+        self._starts: list[int] = []
+        self._open()
+        self.durable_end = self.end
+
+    # -- open / recovery -------------------------------------------------------------------
+    def _open(self) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            names = os.listdir(self.dir)
+        except OSError as e:
+            raise StorageError(f"cannot open log directory {self.dir}: {e}") from e
+        starts = []
+        for name in names:
+            start = parse_segment_name(name)
+            if start is None:
+                if ".meta.cut-" not in name:
+                    log.warning("ignoring stray file %s in %s", name, self.dir)
+                continue
+            starts.append(start)
+        starts.sort()
+        if not starts:
+            starts = [0]
+            self._dir_dirty = True
+        try:
+            for i, start in enumerate(starts):
+                last = i == len(starts) - 1
+                self.segments.append(Segment(self.dir / segment_name(start), start,
+                                             writable=last))
+            check_contiguous(self.segments, self.dir)
+            kept, cut = self.segments[-1].recover()
+            if cut or kept:
+                log.info("opened %s: offsets %d..%d, %d messages in the writable segment",
+                         self.dir, self.min_offset, self.end, kept)
+            os.fsync(self.segments[-1].wfd)
+        except OSError as e:
+            self._close_files()
+            raise StorageError(f"cannot open log {self.dir}: {e}") from e
+        except BaseException:
+            self._close_files()
+            raise
+        self._starts = [s.start for s in self.segments]
+
+    # -- offsets ---------------------------------------------------------------------------
+    @property
+    def min_offset(self) -> int:
+        """Offset of the first byte still stored."""
+        return self.segments[0].start
+
+    @property
+    def end(self) -> int:
+        """Offset right after the last message written (``max_offset``)."""
+        return self.segments[-1].end
+
+    max_offset = end
+
+    @property
+    def readable_end(self) -> int:
+        """End of what ``get`` may serve: with group commit only fsynced messages."""
+        return self.durable_end if self.storage.unflush_threshold == 0 else self.end
+
+    # -- writing ---------------------------------------------------------------------------
+    def append(self, data: bytes, count: int) -> int:
+        """Append ``count`` whole messages in one write; return the offset of the first.
+
+        Rolls to a new segment first when the current one would pass
+        ``max_segment_size``.  Raises StorageError (nothing written) on failure.
+        """
+        if self.closed:
+            raise StorageError(f"partition {self.topic}-{self.partition} is closed")
+        seg = self.segments[-1]
+        if seg.size and seg.size + len(data) > self.storage.max_segment_size:
+            seg = self._roll()
+        start = seg.end
+        seg.write(data)
+        self.unflushed += count
+        self.messages_appended += count
+        threshold = self.storage.unflush_threshold
+        if threshold and self.unflushed >= threshold:
+            self.flush_soon()
+        return start
+
+    def _roll(self) -> Segment:
+        old = self.segments[-1]
+        new = Segment(self.dir / segment_name(old.end), old.end, writable=True)
+        fd = old.seal()
+        if fd is not None:
+            self._sealed.append(fd)
+        self._dir_dirty = True
+        self.segments.append(new)
+        self._starts.append(new.start)
+        log.info("rolled %s to a new segment %s", self.dir, new.path.name)
+        return new
+
+    # -- flushing --------------------------------------------------------------------------
+    def _submit_flush(self) -> tuple[Future, int]:
+        sealed, self._sealed = self._sealed, []
+        dir_path = self.dir if self._dir_dirty else None
+        self._dir_dirty = False
+        target = self.end
+        self.unflushed = 0
+        self.last_flush = time.monotonic()
+        cf = self.storage.executor.submit(_fsync_job, sealed, self.segments[-1].wfd, dir_path)
+        return cf, target
+
+    def request_flush(self) -> asyncio.Future:
+        """(In the event loop) a future done once everything written so far is on disk.
+
+        Every caller between two fsyncs shares one: this is group commit.
+        """
+        loop = asyncio.get_running_loop()
+        if self._inflight is None:
+            waiters = loop.create_future()
+            self._start(waiters)
+            return waiters
+        if self._next is None:
+            self._next = loop.create_future()
+        return self._next
+
+    def _start(self, waiters: asyncio.Future) -> None:
+        cf, target = self._submit_flush()
+        self._inflight = cf
+        self._waiters = waiters
+        loop = asyncio.get_running_loop()
+        cf.add_done_callback(
+            lambda f: loop.call_soon_threadsafe(self._flush_done, f, target))
+
+    def _flush_done(self, cf: Future, target: int) -> None:
+        if self._inflight is not cf:  # closed meanwhile: close() already waited for it
+            return
+        waiters, self._waiters, self._inflight = self._waiters, None, None
+        err = cf.exception()
+        if err is None:
+            self.durable_end = max(self.durable_end, target)
+            if waiters is not None and not waiters.done():
+                waiters.set_result(target)
+        else:
+            self.storage.flush_errors += 1
+            log.error("fsync of %s failed: %s", self.dir, err)
+            if waiters is not None and not waiters.done():
+                waiters.set_exception(StorageError(f"fsync of {self.dir} failed: {err}"))
+                waiters.exception()  # retrieved here; puts waiting on it see it too
+        nxt, self._next = self._next, None
+        if nxt is not None:
+            self._start(nxt)
+        elif self._want_flush and (self.unflushed or self._sealed):
+            self.flush_soon()
+        self._want_flush = False
+        self._reap_retired()
+
+    def flush_soon(self) -> None:
+        """Start an fsync without waiting for it (threshold and interval flushes)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        if self._inflight is not None:
+            self._want_flush = True
+            return
+        fut = self.request_flush()
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def flush(self) -> None:
+        """fsync everything written so far, blocking (outside the event loop)."""
+        if self._inflight is not None:
+            self._inflight.result()
+        cf, target = self._submit_flush()
+        try:
+            cf.result()
+        except OSError as e:
+            self.storage.flush_errors += 1
+            raise StorageError(f"fsync of {self.dir} failed: {e}") from e
+        self.durable_end = max(self.durable_end, target)
+
+    def needs_flush(self, now: float, interval: float) -> bool:
+        return bool(self.unflushed or self._sealed) and now - self.last_flush >= interval
+
+    # -- reading ---------------------------------------------------------------------------
+    def _segment_for(self, offset: int) -> Segment | None:
+        if offset < self.min_offset or offset >= self.end:
+            return None
+        return self.segments[bisect.bisect_right(self._starts, offset) - 1]
+
+    def read(self, offset: int, max_size: int) -> LogSlice | None:
+        """Up to ``max_size`` bytes from ``offset`` (within one segment, never past
+        :attr:`readable_end`), or None when ``offset`` is outside ``[min, readable_end)``."""
+        end = self.readable_end
+        if offset >= end:
+            return None
+        seg = self._segment_for(offset)
+        if seg is None:
+            return None
+        length = min(max_size, seg.end - offset, end - offset)
+        return LogSlice(seg.rfile, offset - seg.start, length, seg)
+
+    def read_bytes(self, offset: int, max_size: int) -> bytes:
+        """Like :meth:`read` but returns the bytes (empty when nothing is there)."""
+        s = self.read(offset, max_size)
+        if s is None:
+            return b""
+        return s.segment.pread(offset, s.length)
+
+    @staticmethod
+    def pin(s: LogSlice) -> None:
+        s.segment.pins += 1
+
+    def unpin(self, s: LogSlice) -> None:
+        s.segment.pins -= 1
+        if s.segment.retired and s.segment.pins <= 0:
+            self._reap_retired()
+
+    def nearest_valid_offset(self, offset: int) -> int:
+        """The message boundary to resume from for ``offset`` (the ``offset`` command).
+
+        Below the log: the start; at or past the end: the end; inside: the start
+        of the message holding ``offset``, or, if the bytes there are corrupt,
+        the next offset where a valid message starts.  May read the segment.
+        """
+        if offset <= self.min_offset:
+            return self.min_offset
+        if offset >= self.end:
+            return self.end
+        seg = self._segment_for(offset)
+        assert seg is not None
+        return seg.boundary_at_or_before(offset)
+
+    # -- retention -------------------------------------------------------------------------
+    def delete_older_than(self, cutoff: float) -> list[Path]:
+        """Delete whole segments last modified before ``cutoff`` (epoch seconds), oldest
+        first and never the writable one; return the deleted paths."""
+        deleted = []
+        while len(self.segments) > 1:
+            seg = self.segments[0]
+            try:
+                mtime = os.stat(seg.path).st_mtime
+            except FileNotFoundError:
+                mtime = 0.0
+            if mtime >= cutoff:
+                break
+            try:
+                seg.path.unlink(missing_ok=True)
+            except OSError as e:
+                log.error("retention could not delete %s: %s", seg.path, e)
+                break
+            self.segments.pop(0)
+            self._starts.pop(0)
+            seg.retired = True
+            self._retired.append(seg)
+            deleted.append(seg.path)
+            log.info("retention deleted %s (offsets %d..%d)", seg.path, seg.start, seg.end)
+        self._reap_retired()
+        return deleted
+
+    def _reap_retired(self) -> None:
+        keep = []
+        for seg in self._retired:
+            if seg.pins > 0:
+                keep.append(seg)
+            else:
+                seg.rfile.close()
+        self._retired = keep
+
+    # -- closing ---------------------------------------------------------------------------
+    def _close_files(self) -> None:
+        for seg in self.segments + self._retired:
+            try:
+                seg.close()
+            except OSError:
+                log.exception("closing %s", seg.path)
+        self._retired = []
+
+    def close(self) -> None:
+        """fsync what is pending (blocking), answer waiting group commits, close files."""
+        error: Exception | None = None
+        try:
+            if self._inflight is not None:
+                try:
+                    self._inflight.result()
+                except OSError as e:
+                    error = e
+                self._inflight = None
+            try:
+                _fsync_job(self._sealed, self.segments[-1].wfd,
+                           self.dir if self._dir_dirty else None)
+                self.durable_end = self.end
+            except OSError as e:
+                error = e
+                log.error("final fsync of %s failed: %s", self.dir, e)
+            self._sealed = []
+            for fut in (self._waiters, self._next):
+                if fut is not None and not fut.done():
+                    if error is None:
+                        fut.set_result(self.durable_end)
+                    else:
+                        fut.set_exception(StorageError(f"fsync of {self.dir} failed: {error}"))
+                        fut.exception()
+            self._waiters = self._next = None
+        finally:
+            self._close_files()
+
+
+class Storage:
+    """Every partition log of a broker under one data directory (locked while open)."""
+
+    def __init__(self, data_dir: str | Path, *, max_segment_size: int = 1024 ** 3,
+                 unflush_threshold: int = 1000, flush_threads: int = 2) -> None:
+        self.data_dir = Path(data_dir)
+        self.max_segment_size = max_segment_size
+        self.unflush_threshold = unflush_threshold
+        self.flush_errors = 0
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self.topics: dict[str, int] = {}
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StorageError(f"cannot use data directory {self.data_dir}: {e}") from e
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock_fd)
+            raise StorageError(f"data directory {self.data_dir} is in use by another "
+                               f"broker (lock on {self.data_dir / '.lock'})") from None
+        self.executor = ThreadPoolExecutor(max_workers=flush_threads,
+                                           thread_name_prefix="metaq-broker-flush")
+
+    def open_topic(self, topic: str, partitions: int) -> list[PartitionLog]:
+        """Open (creating if needed) partitions ``0..partitions-1`` of ``topic``."""
+        have = self.topics.get(topic, 0)
+        for p in range(have, partitions):
+            self._logs[(topic, p)] = PartitionLog(self, topic, p)
+        self.topics[topic] = max(have, partitions)
+        return [self._logs[(topic, p)] for p in range(self.topics[topic])]
+
+    def get(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
+
+    def logs(self) -> list[PartitionLog]:
+        return list(self._logs.values())
+
+    def delete_expired(self, retention_seconds: float, now: float | None = None) -> list[Path]:
+        cutoff = (time.time() if now is None else now) - retention_seconds
+        deleted: list[Path] = []
+        for plog in self._logs.values():
+            deleted += plog.delete_older_than(cutoff)
+        return deleted
+
+    def flush_due(self, interval: float, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for plog in self._logs.values():
+            if plog.needs_flush(now, interval):
+                plog.flush_soon()
+
+    def close(self) -> None:
+        try:
+            for plog in self._logs.values():
+                plog.close()
+        finally:
+            self._logs.clear()
+            self.executor.shutdown(wait=True)
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._lock_fd)
+
+    def __enter__(self) -> Storage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
