@@ -18,6 +18,7 @@ from metaq._errors import ConfigError, MetaqError
 # One line per sub-command module, in the order they appear in --help.
 _COMMAND_MODULES = [
     "metaq._cli.zk",
+    "metaq._cli.broker",
     "metaq._cli.consume",
 ]
 

@@ -1,0 +1,119 @@
+"""``metaq broker start``: run a Metaq-compatible broker in the foreground.
+
+Runs until SIGTERM or SIGINT, then unregisters from ZooKeeper, fsyncs the
+logs and exits 0.  Once serving it prints one line to stdout::
+
+    metaq broker <id> serving on <host>:<port>
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from metaq._errors import ConfigError
+from metaq.broker import Broker, load_config, parse_topic_spec
+
+__all__ = ["register"]
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G suffix (powers of 1024)."""
+    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    mult = 1
+    if t and t[-1] in units:
+        mult = units[t[-1]]
+        t = t[:-1]
+    try:
+        return int(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size (e.g. 1048576, 64K, 1G): {text!r}") \
+            from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "broker", help="run a Metaq 1.4-compatible broker",
+        description="Run a Metaq 1.4-compatible broker (text protocol, segmented logs, "
+                    "ZooKeeper registration).")
+    sub = parser.add_subparsers(dest="broker_command", metavar="ACTION")
+    sub.required = True
+    start = sub.add_parser(
+        "start", help="serve in the foreground until SIGTERM/SIGINT",
+        description="Serve in the foreground until SIGTERM or SIGINT, then unregister and "
+                    "exit 0.  Flags override the config file (TOML, keys named like the "
+                    "flags with underscores, topics in a [topics] table).")
+    start.add_argument("--config", metavar="FILE", help="TOML config file")
+    start.add_argument("--id", dest="broker_id", type=_int, help="broker id, 0..1023")
+    start.add_argument("--zk", dest="zk_connect", metavar="HOST:PORT[/CHROOT]",
+                       help="ZooKeeper connect string (omit: do not register)")
+    start.add_argument("--zk-root", help="Metaq's root node (default /meta)")
+    start.add_argument("--host", help="listen address (default 127.0.0.1)")
+    start.add_argument("--port", type=_int, help="listen port (default 8123; 0 = any free)")
+    start.add_argument("--advertised-host",
+                       help="host written to ZooKeeper (default: --host, or this machine)")
+    start.add_argument("--data-dir", help="directory of the topic logs")
+    start.add_argument("--topic", dest="topics", action="append", default=[],
+                       metavar="NAME[:PARTITIONS]", help="serve a topic (repeatable)")
+    start.add_argument("--num-partitions", type=_int,
+                       help="partitions of a topic given without a count (default 1)")
+    start.add_argument("--auto-create-topics", action="store_true", default=None,
+                       help="create unknown topics on their first put")
+    start.add_argument("--group-commit", action="store_true",
+                       help="fsync every put before acknowledging it (unflush threshold 0)")
+    start.add_argument("--unflush-threshold", type=_int,
+                       help="fsync after this many messages per partition (default 1000)")
+    start.add_argument("--unflush-interval", type=_float,
+                       help="fsync pending messages at least every N seconds (default 10)")
+    start.add_argument("--max-segment-size", type=_size, help="segment file size (default 1G)")
+    start.add_argument("--retention-hours", type=_float,
+                       help="delete segments older than this (default 168)")
+    start.add_argument("--max-transfer-size", type=_size,
+                       help="largest get reply (default 1M)")
+    start.add_argument("--max-message-size", type=_size,
+                       help="largest put payload accepted")
+    start.add_argument("--correct-offsets", action="store_true", default=None,
+                       help="answer gets past the end with 301 and the end")
+    start.set_defaults(func=_start)
+
+
+def _start(args: argparse.Namespace) -> int:
+    if args.group_commit and args.unflush_threshold not in (None, 0):
+        raise ConfigError("--group-commit and --unflush-threshold N > 0 contradict each other")
+    topics = {}
+    for spec in args.topics:
+        name, n = parse_topic_spec(spec, args.num_partitions or 1)
+        topics[name] = n
+    config = load_config(
+        args.config,
+        broker_id=args.broker_id, zk_connect=args.zk_connect, zk_root=args.zk_root,
+        host=args.host, port=args.port, advertised_host=args.advertised_host,
+        data_dir=args.data_dir, topics=topics or None, num_partitions=args.num_partitions,
+        auto_create_topics=args.auto_create_topics,
+        unflush_threshold=0 if args.group_commit else args.unflush_threshold,
+        unflush_interval=args.unflush_interval, max_segment_size=args.max_segment_size,
+        retention_hours=args.retention_hours, max_transfer_size=args.max_transfer_size,
+        max_message_size=args.max_message_size, correct_offsets=args.correct_offsets)
+
+    def ready(broker: Broker) -> None:
+        print(f"metaq broker {config.broker_id} serving on {config.host}:{broker.port}",
+              flush=True)
+
+    Broker(config).run_forever(on_ready=ready)
+    print(f"metaq broker {config.broker_id} stopped", file=sys.stderr, flush=True)
+    return 0
