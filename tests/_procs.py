@@ -1,0 +1,242 @@
+"""Broker processes for integration tests: start, wait until registered, kill, restart.
+
+::
+
+    from _procs import start_broker   # tests/ is on sys.path under pytest
+
+    with start_broker(zk_connect, 0, tmp_path / "b0", {"orders": 4}) as broker:
+        ...                     # `metaq broker start` runs, registered in ZooKeeper
+        broker.kill()           # SIGKILL; its ephemeral nodes go when its session ends
+        broker.restart()        # same id, port, data dir and flags
+    # stopped (SIGTERM, then SIGKILL) on exit
+
+Each broker is a real ``python -m metaq broker start`` subprocess on a port
+picked with :func:`metaq.testing.free_port` (kept across restarts, so clients
+can reconnect to the same address).  Its stdout and stderr go to
+``<data_dir>.log``; :meth:`BrokerProc.log_tail` shows the end in assertion
+messages.  Every wait has a deadline (:func:`metaq.testing.wait_until`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from metaq._connection import BrokerConnection
+from metaq.testing import free_port, wait_until
+from zk_layout import Layout, decode_broker_uri, decode_topic_broker
+
+__all__ = ["BrokerProc", "start_broker", "stop_all"]
+
+_STARTUP_TIMEOUT = 30.0
+
+
+class BrokerProc:
+    """One ``metaq broker start`` subprocess (see the module doc)."""
+
+    def __init__(self, zk_connect: str, broker_id: int, data_dir: str | os.PathLike,
+                 topics: Mapping[str, int], *, port: int | None = None,
+                 group_commit: bool = False, unflush_threshold: int | None = None,
+                 zk_root: str = "/meta", extra_args: Iterable[str] = ()) -> None:
+        self.zk_connect = zk_connect
+        self.broker_id = broker_id
+        self.data_dir = Path(data_dir)
+        self.topics = dict(topics)
+        self.port = port or free_port()
+        self.zk_root = zk_root
+        self.layout = Layout(zk_root)
+        self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
+        args = [sys.executable, "-m", "metaq", "broker", "start",
+                "--zk", zk_connect, "--zk-root", zk_root, "--id", str(broker_id),
+                "--host", "127.0.0.1", "--port", str(self.port),
+                "--data-dir", str(self.data_dir)]
+        for name, n in self.topics.items():
+            args += ["--topic", f"{name}:{n}"]
+        if group_commit:
+            args.append("--group-commit")
+        if unflush_threshold is not None:
+            args += ["--unflush-threshold", str(unflush_threshold)]
+        args += list(extra_args)
+        self.args = args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self, *, wait: bool = True, timeout: float = _STARTUP_TIMEOUT) -> BrokerProc:
+        """Spawn the process; with ``wait``, return once it serves and is registered."""
+        if self.alive:
+            raise RuntimeError(f"broker {self.broker_id} is already running")
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.starts += 1
+        with open(self.log_path, "ab") as logf:
+            logf.write(f"\n=== start #{self.starts}: {' '.join(self.args)}\n".encode())
+            logf.flush()
+            self._log_mark = logf.tell()
+            self.proc = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL)
+        if wait:
+            self.wait_serving(timeout)
+            self.wait_registered(timeout)
+        return self
+
+    def restart(self, *, timeout: float = _STARTUP_TIMEOUT) -> BrokerProc:
+        """Start again after :meth:`kill` or :meth:`stop` (same id, port, data, flags)."""
+        if self.alive:
+            self.stop()
+        return self.start(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no flush, no unregistration."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM (the broker unregisters and fsyncs), SIGKILL after ``timeout``."""
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return None if proc is None else proc.returncode
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait(30)
+
+    def pause(self) -> None:
+        """SIGSTOP: the process stays connected but answers nothing."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def __enter__(self) -> BrokerProc:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.resume()
+            self.stop()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    # -- waiting ---------------------------------------------------------------------------
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text("utf-8", "replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def _serving(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"broker {self.broker_id} exited with {self.proc.returncode} "
+                                 f"while starting:\n{self.log_tail()}")
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_mark)
+            return b"serving on" in f.read()
+
+    def wait_serving(self, timeout: float = _STARTUP_TIMEOUT) -> None:
+        """Wait for the broker's ``serving on host:port`` line."""
+        wait_until(self._serving, timeout, 0.02,
+                   what=f"broker {self.broker_id} to print 'serving on' "
+                        f"(log {self.log_path})")
+
+    def registered(self, client: KazooClient) -> bool:
+        """True when ZooKeeper has this process's master node and every topic's
+        ``topics-pub`` node with the right partition count."""
+        layout = self.layout
+        try:
+            data, _ = client.get(layout.broker_master(self.broker_id))
+            if decode_broker_uri(data).port != self.port:
+                return False
+            for topic, n in self.topics.items():
+                data, _ = client.get(layout.topic_pub(topic, self.broker_id))
+                if decode_topic_broker(data).num_parts != n:
+                    return False
+        except NoNodeError:
+            return False
+        return True
+
+    def wait_registered(self, timeout: float = _STARTUP_TIMEOUT) -> None:
+        with _kazoo(self.zk_connect) as client:
+            wait_until(lambda: self._alive_or_fail() and self.registered(client), timeout, 0.02,
+                       what=f"broker {self.broker_id} to register in ZooKeeper")
+
+    def wait_unregistered(self, timeout: float = _STARTUP_TIMEOUT) -> None:
+        """Wait until its master node is gone (after kill: when its session expires)."""
+        path = self.layout.broker_master(self.broker_id)
+        with _kazoo(self.zk_connect) as client:
+            wait_until(lambda: client.exists(path) is None, timeout, 0.02,
+                       what=f"broker {self.broker_id}'s master node to go away")
+
+    def _alive_or_fail(self) -> bool:
+        if not self.alive:
+            code = None if self.proc is None else self.proc.returncode
+            raise AssertionError(f"broker {self.broker_id} is not running (exit {code}):\n"
+                                 f"{self.log_tail()}")
+        return True
+
+    # -- clients ---------------------------------------------------------------------------
+
+    def connection(self, timeout: float = 10.0) -> BrokerConnection:
+        """A blocking :class:`BrokerConnection` to this broker (for ``get``)."""
+        return BrokerConnection("127.0.0.1", self.port, timeout=timeout)
+
+
+class _kazoo:
+    def __init__(self, hosts: str) -> None:
+        self.client = KazooClient(hosts=hosts, timeout=10.0)
+
+    def __enter__(self) -> KazooClient:
+        self.client.start(timeout=30)
+        return self.client
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.stop()
+        self.client.close()
+
+
+def start_broker(zk_connect: str, broker_id: int, data_dir: str | os.PathLike,
+                 topics: Mapping[str, int], *, port: int | None = None,
+                 group_commit: bool = False, unflush_threshold: int | None = None,
+                 zk_root: str = "/meta", extra_args: Iterable[str] = (),
+                 wait: bool = True, timeout: float = _STARTUP_TIMEOUT) -> BrokerProc:
+    """Start a broker subprocess; see :class:`BrokerProc`.  Use it as a context
+    manager (or call :func:`stop_all`) so it never outlives the test."""
+    proc = BrokerProc(zk_connect, broker_id, data_dir, topics, port=port,
+                      group_commit=group_commit, unflush_threshold=unflush_threshold,
+                      zk_root=zk_root, extra_args=extra_args)
+    try:
+        return proc.start(wait=wait, timeout=timeout)
+    except BaseException:
+        proc.kill()
+        raise
+
+
+def stop_all(procs: Iterable[BrokerProc]) -> None:
+    """Stop every broker (SIGCONT first, in case one was paused); never raises."""
+    for p in procs:
+        try:
+            if p.alive:
+                p.resume()
+                p.stop()
+        except Exception:
+            p.kill()
