@@ -20,6 +20,7 @@ _COMMAND_MODULES = [
     "metaq._cli.zk",
     "metaq._cli.broker",
     "metaq._cli.consume",
+    "metaq._cli.produce",
 ]
 
 
