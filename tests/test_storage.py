@@ -1,0 +1,325 @@
+"""Broker storage (reference section 7): segments, recovery, flush policy, retention."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import metaq
+from metaq._message import encode_message, iter_messages, scan_messages
+from metaq.broker import Storage
+
+
+def rec(i: int, size: int = 100) -> bytes:
+    """Message ``i`` of ``20 + size`` bytes."""
+    return encode_message(i, 0, ((b"%08d" % i) * (size // 8 + 1))[:size])
+
+
+def read_all(plog) -> list:
+    """Every message of the log, read segment by segment through read()."""
+    out, off = [], plog.min_offset
+    while off < plog.end:
+        s = plog.read(off, 1 << 30)
+        data = s.segment.pread(off, s.length)
+        msgs = list(iter_messages(data, off))
+        assert msgs and msgs[-1].next_offset == off + s.length, "a read ends between messages"
+        out += msgs
+        off += s.length
+    return out
+
+
+def seg_files(plog) -> list[str]:
+    return sorted(n for n in os.listdir(plog.dir) if n.endswith(".meta"))
+
+
+def test_append_read_and_segment_roll(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 2)[1]
+        assert plog.dir == tmp_path / "t-1"
+        offsets = [plog.append(rec(i), 1) for i in range(100)]
+        assert offsets == [i * 120 for i in range(100)]
+        assert plog.min_offset == 0 and plog.end == 12000
+        names = seg_files(plog)
+        assert names[0] == "00000000000000000000.meta"
+        # every segment starts at an absolute offset equal to the previous end
+        starts = [int(n[:20]) for n in names]
+        assert all(len(n) == 25 for n in names) and len(names) == 3
+        sizes = [os.path.getsize(plog.dir / n) for n in names]
+        assert [a + b for a, b in zip(starts, sizes, strict=True)][:-1] == starts[1:]
+        assert all(size <= 4096 for size in sizes)
+        msgs = read_all(plog)
+        assert [m.msg_id for m in msgs] == list(range(100))
+        assert [m.offset for m in msgs] == offsets
+        # a read never crosses a segment end
+        s = plog.read(starts[1] - 120, 10_000)
+        assert s.length == 120
+        assert plog.read(12000, 100) is None and plog.read(-1, 100) is None
+        assert plog.read_bytes(120, 50) == rec(1)[:50]
+
+
+def test_batch_append_is_one_unit(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        batch = b"".join(rec(i) for i in range(50))  # 6000 bytes > segment size
+        assert plog.append(batch, 50) == 0
+        assert plog.append(rec(50), 1) == 6000      # rolled: the batch stays whole
+        assert seg_files(plog) == ["00000000000000000000.meta", "00000000000000006000.meta"]
+
+
+def test_reopen_keeps_everything(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(77):
+            plog.append(rec(i, 64), 1)
+        end = plog.end
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.end == end
+        assert [m.msg_id for m in read_all(plog)] == list(range(77))
+        assert plog.append(rec(77, 64), 1) == end
+
+
+@pytest.mark.parametrize("damage", ["garbage", "torn_header", "torn_payload"])
+def test_recovery_cuts_torn_tail(tmp_path, caplog, damage):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(60):
+            plog.append(rec(i), 1)
+        end = plog.end
+        last = plog.dir / seg_files(plog)[-1]
+    start = int(last.name[:20])
+    if damage == "garbage":
+        with open(last, "ab") as f:
+            f.write(b"\x00\x00\x00\x10garbage!garbage!garbage")
+        cut = 27
+    elif damage == "torn_header":
+        with open(last, "ab") as f:
+            f.write(rec(60)[:11])
+        cut = 11
+    else:
+        with open(last, "ab") as f:
+            f.write(rec(60)[:90])
+        cut = 90
+    caplog.set_level(logging.WARNING)
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.end == end
+        assert os.path.getsize(last) == end - start
+        assert [m.msg_id for m in read_all(plog)] == list(range(60))
+        assert plog.append(rec(60), 1) == end
+    text = caplog.text
+    assert f"at offset {end}" in text and f"cut {cut} bytes" in text
+    saved = last.with_name(f"{last.name}.cut-{end}")
+    assert saved.read_bytes()[:cut] == saved.read_bytes() and len(saved.read_bytes()) == cut
+
+
+def test_recovery_cuts_at_corrupt_byte_in_the_middle(tmp_path, caplog):
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(50):
+            plog.append(rec(i), 1)
+        path = plog.dir / seg_files(plog)[0]
+    data = bytearray(path.read_bytes())
+    data[20 * 120 + 60] ^= 0xFF  # a payload byte of message 20
+    path.write_bytes(bytes(data))
+    caplog.set_level(logging.WARNING)
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.end == 20 * 120
+        assert [m.msg_id for m in read_all(plog)] == list(range(20))
+        assert scan_messages(path.read_bytes()) == (2400, 20, None)
+    assert re.search(r"checksum mismatch .* at offset 2400; cut 3600 bytes", caplog.text)
+
+
+def test_recovery_of_a_message_bigger_than_the_scan_chunk(tmp_path, monkeypatch):
+    import metaq.broker._segment as segmod
+    monkeypatch.setattr(segmod, "_SCAN_CHUNK", 1000)
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        plog.append(rec(0, 100), 1)
+        plog.append(rec(1, 5000), 1)
+        plog.append(rec(2, 100), 1)
+        end = plog.end
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.end == end
+        assert [m.msg_id for m in read_all(plog)] == [0, 1, 2]
+
+
+def test_inconsistent_segments_refused(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(60):
+            plog.append(rec(i), 1)
+        first = plog.dir / seg_files(plog)[0]
+    with open(first, "r+b") as f:
+        f.truncate(1200)
+    with pytest.raises(metaq.StorageError, match="inconsistent.*ends at offset 1200"):
+        Storage(tmp_path, max_segment_size=4096).open_topic("t", 1)
+
+
+def test_stray_files_ignored_and_dir_locked(tmp_path, caplog):
+    (tmp_path / "t-0").mkdir()
+    (tmp_path / "t-0" / "README").write_text("hi")
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.end == 0
+        with pytest.raises(metaq.StorageError, match="in use by another broker"):
+            Storage(tmp_path)
+    assert "ignoring stray file README" in caplog.text
+    Storage(tmp_path).close()  # lock released
+
+
+def test_retention_deletes_whole_old_segments_never_the_writable_one(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(120):
+            plog.append(rec(i), 1)
+        names = seg_files(plog)
+        assert len(names) == 4
+        old = time.time() - 10 * 3600
+        for n in names:  # all old, even the writable one
+            os.utime(plog.dir / n, (old, old))
+        os.utime(plog.dir / names[2], None)  # the third is recent: stops the deletion there
+        deleted = storage.delete_expired(5 * 3600)
+        assert [p.name for p in deleted] == names[:2]
+        assert seg_files(plog) == names[2:]
+        assert plog.min_offset == int(names[2][:20])
+        assert plog.read(0, 100) is None
+        os.utime(plog.dir / names[2], (old, old))
+        assert [p.name for p in storage.delete_expired(5 * 3600)] == [names[2]]
+        assert seg_files(plog) == names[3:]  # the writable one stays
+        assert storage.delete_expired(5 * 3600) == []
+        assert plog.append(rec(999), 1) == 120 * 120
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.min_offset == int(names[3][:20]) and plog.end == 121 * 120
+
+
+def test_retention_keeps_pinned_file_open(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(60):
+            plog.append(rec(i), 1)
+        s = plog.read(0, 1000)
+        plog.pin(s)
+        old = time.time() - 10 * 3600
+        os.utime(s.segment.path, (old, old))
+        assert storage.delete_expired(3600) == [s.segment.path]
+        # the file is gone from the directory but a pinned read still works
+        assert os.pread(s.file.fileno(), s.length, s.position) == rec(0) + rec(1) + rec(2) + \
+            rec(3) + rec(4) + rec(5) + rec(6) + rec(7) + rec(8)[:40]
+        plog.unpin(s)
+        assert s.file.closed
+
+
+def test_threshold_flush(tmp_path):
+    with Storage(tmp_path, unflush_threshold=3) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        plog.append(rec(0), 1)
+        plog.append(rec(1), 1)
+        assert plog.unflushed == 2 and plog.durable_end == 0
+        plog.append(rec(2), 1)  # reaches the threshold: fsync (synchronous outside a loop)
+        assert plog.unflushed == 0 and plog.durable_end == 360
+        assert plog.needs_flush(time.monotonic() + 100, 10) is False
+        plog.append(rec(3), 1)
+        assert plog.needs_flush(time.monotonic() + 100, 10) is True
+        assert plog.needs_flush(time.monotonic(), 10) is False
+
+
+def test_group_commit_batches_fsyncs(tmp_path, monkeypatch):
+    import metaq.broker._storage as stmod
+    calls = []
+    real = stmod._fsync_job
+
+    def counting(sealed, fd, dir_path):
+        calls.append(fd)
+        real(sealed, fd, dir_path)
+
+    monkeypatch.setattr(stmod, "_fsync_job", counting)
+
+    async def main():
+        with Storage(tmp_path, unflush_threshold=0, max_segment_size=4096) as storage:
+            plog = storage.open_topic("t", 1)[0]
+            futs = []
+            for i in range(100):
+                plog.append(rec(i), 1)
+                futs.append(plog.request_flush())
+                assert plog.readable_end <= plog.durable_end
+            # the first append started an fsync; all later ones share the next one
+            assert len({id(f) for f in futs[1:]}) == 1
+            await asyncio.gather(*futs)
+            assert plog.durable_end == plog.end == 12000
+            assert plog.readable_end == 12000
+            assert len(calls) == 2
+
+    asyncio.run(main())
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.integers(0, 700), min_size=1, max_size=5), min_size=1, max_size=30),
+       st.integers(512, 3000), st.data())
+def test_any_appends_survive_reopen_and_any_truncation(tmp_path_factory, batches, seg_size, data):
+    path = tmp_path_factory.mktemp("h")
+    expected = []
+    with Storage(path, max_segment_size=seg_size) as storage:
+        plog = storage.open_topic("h", 1)[0]
+        n = 0
+        for sizes in batches:
+            recs = []
+            for size in sizes:
+                recs.append(encode_message(n, 0, os.urandom(size)))
+                n += 1
+            start = plog.append(b"".join(recs), len(recs))
+            for r in recs:
+                expected.append((start, r))
+                start += len(r)
+        last = plog.dir / seg_files(plog)[-1]
+        seg_start = int(last.name[:20])
+    # cut the writable segment anywhere: recovery keeps exactly the whole messages before it
+    size = os.path.getsize(last)
+    cut = data.draw(st.integers(0, size))
+    with open(last, "r+b") as f:
+        f.truncate(cut)
+    keep = [(o, r) for o, r in expected if o + len(r) <= seg_start + cut]
+    with Storage(path, max_segment_size=seg_size) as storage:
+        plog = storage.open_topic("h", 1)[0]
+        got = read_all(plog)
+        assert [(m.offset, m.msg_id) for m in got] == [
+            (o, i) for i, (o, _r) in enumerate(keep)]
+        assert plog.end == (keep[-1][0] + len(keep[-1][1]) if keep else 0)
+
+
+def test_nearest_valid_offset(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(100):
+            plog.append(rec(i), 1)
+        assert plog.nearest_valid_offset(-5) == 0
+        assert plog.nearest_valid_offset(0) == 0
+        assert plog.nearest_valid_offset(120) == 120
+        assert plog.nearest_valid_offset(121) == 120
+        assert plog.nearest_valid_offset(239) == 120
+        assert plog.nearest_valid_offset(12000) == 12000
+        assert plog.nearest_valid_offset(10 ** 9) == 12000
+        second = plog.segments[1]
+        assert plog.nearest_valid_offset(second.start + 5) == second.start
+        first_path = plog.segments[0].path
+    # corrupt message 3 of a sealed segment: it is skipped, resume at message 4
+    data = bytearray(first_path.read_bytes())
+    data[3 * 120 + 30] ^= 0x55
+    first_path.write_bytes(bytes(data))
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.nearest_valid_offset(3 * 120) == 4 * 120
+        assert plog.nearest_valid_offset(3 * 120 + 50) == 4 * 120
+        assert plog.nearest_valid_offset(2 * 120 + 1) == 2 * 120
+        assert plog.nearest_valid_offset(10 * 120 + 7) == 10 * 120
