@@ -37,11 +37,13 @@ def settled(consumers: list[MessageConsumer], parts: set[str]) -> bool:
             and all(c.state is State.STABLE for c in consumers))
 
 
-def wait_settled(consumers: list[MessageConsumer], parts: set[str], timeout: float = 60) -> float:
+def wait_settled(consumers: list[MessageConsumer], parts: set[str], timeout: float = 20) -> float:
     start = time.perf_counter()
     while not settled(consumers, parts):
         if time.perf_counter() - start > timeout:
-            raise TimeoutError("group did not settle")
+            state = {c.consumer_id: (c.state.value, c.generation, c.assignment(), c.waiting())
+                     for c in consumers}
+            raise TimeoutError(f"group did not settle: {state}")
         time.sleep(0.001)
     return time.perf_counter()
 

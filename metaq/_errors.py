@@ -31,15 +31,16 @@ builtin type.
 
 ``zk_layout`` does not import ``metaq``, so its :class:`zk_layout.NodeDataError`
 (a ``ValueError``) is registered here as a virtual subclass of
-:class:`CoordinationError` (and so of :class:`MetaqError`): ``except
-metaq.MetaqError`` catches garbage found in ZooKeeper too.
+:class:`CoordinationError` (and so of :class:`MetaqError`), and its
+:class:`zk_layout.InvalidNameError` (a bad topic, group or id) as one of
+:class:`ConfigError`: ``except metaq.MetaqError`` catches both.
 """
 
 from __future__ import annotations
 
 from abc import ABCMeta
 
-from zk_layout import NodeDataError
+from zk_layout import InvalidNameError, NodeDataError
 
 __all__ = [
     "MetaqError",
@@ -153,3 +154,4 @@ class ConsumerClosedError(ConsumerError):
 
 
 CoordinationError.register(NodeDataError)
+ConfigError.register(InvalidNameError)

@@ -306,11 +306,9 @@ class Coordinator:
             if key not in target:
                 del self._claims[key]
         now = time.monotonic()
-        for key in claim:
-            c = self._claims.get(key)
-            if c is not None and c.next_try > now and c.holder is not None:
-                continue
-            self._claim(key, target[key], topo.brokers.get(target[key]), gen)
+        due = [k for k in claim if not ((c := self._claims.get(k)) is not None
+                                        and c.next_try > now and c.holder is not None)]
+        self._claim_many(due, target, topo.brokers)
         for owned in self._owned.values():  # brokers may move (restart on a new port)
             addr = topo.brokers.get(owned.pf.broker_id)
             if addr != owned.pf.broker_address:
@@ -348,34 +346,47 @@ class Coordinator:
         log.debug("group %s consumer %s gen %d: released %s/%s", self._group,
                   self.consumer_id, gen, *key)
 
-    def _claim(self, key: tuple[str, str], broker_id: int,
-               address: tuple[str, int] | None, gen: int) -> None:
-        topic, part = key
-        path = self._layout.owner(self._group, topic, part)
+    def _claim_many(self, keys: list[tuple[str, str]], target: dict[tuple[str, str], int],
+                    brokers: dict[int, tuple[str, int] | None]) -> None:
+        """Claim partitions with ephemeral owner nodes, pipelined on the one connection."""
+        if not keys:
+            return
         epoch = self.fence.epoch
         session = self._client.client_id[0]
         data = self.consumer_id.encode("utf-8")
-        try:
-            self._client.create(path, data, ephemeral=True, makepath=True)
-            version = 0
-        except NodeExistsError:
+        paths = {k: self._layout.owner(self._group, *k) for k in keys}
+        creates = {k: self._client.create_async(paths[k], data, ephemeral=True, makepath=True)
+                   for k in keys}
+        won: dict[tuple[str, str], int] = {}
+        held: dict[tuple[str, str], object] = {}
+        for k, pending in creates.items():
             try:
-                held, stat = self._client.get(path, watch=self._on_owner_event)
+                pending.get()
+                won[k] = 0
+            except NodeExistsError:
+                held[k] = self._client.get_async(paths[k], watch=self._on_owner_event)
+        for k, pending in held.items():
+            try:
+                holder, stat = pending.get()
             except NoNodeError:
-                self._retry_claim(key, None)
-                return
-            if held == data and stat.ephemeralOwner == session:
-                version = stat.version
+                self._retry_claim(k, None)  # released meanwhile: try again at once-ish
+                continue
+            if holder == data and stat.ephemeralOwner == session:
+                won[k] = stat.version  # ours already (a rebalance retried after a failure)
             else:
-                self._retry_claim(key, held.decode("utf-8", "replace"))
-                return
-        self._claims.pop(key, None)
-        stored = self.store.load(topic, part)
-        pf = self._c.new_fetch(topic, part, broker_id, address, stored, epoch)
-        ownership = Ownership(owner_path=path, version=version, epoch=epoch)
-        self._owned[key] = _Owned(pf, ownership, (pf.msg_id, pf.offset))
-        self._c.on_assigned(key)
-        self._c.fetcher.add(pf)
+                self._retry_claim(k, holder.decode("utf-8", "replace"))
+        stored = self.store.load_many([k for k in keys if k in won])
+        for k in keys:
+            if k not in won:
+                continue
+            self._claims.pop(k, None)
+            broker_id = target[k]
+            pf = self._c.new_fetch(k[0], k[1], broker_id, brokers.get(broker_id),
+                                   stored.get(k), epoch)
+            ownership = Ownership(owner_path=paths[k], version=won[k], epoch=epoch)
+            self._owned[k] = _Owned(pf, ownership, (pf.msg_id, pf.offset))
+            self._c.on_assigned(k)
+            self._c.fetcher.add(pf)
 
     def _retry_claim(self, key: tuple[str, str], holder: str | None) -> None:
         c = self._claims.setdefault(key, _Claim())

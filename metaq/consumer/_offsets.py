@@ -89,6 +89,19 @@ class ZkOffsetStore:
             return None
         return decode_offset(data, path)
 
+    def load_many(self, keys: list[tuple[str, str]]
+                  ) -> dict[tuple[str, str], StoredOffset]:
+        """``load`` for many (topic, partition) keys, pipelined."""
+        paths = {k: self._layout.offset(self._group, *k) for k in keys}
+        pending = {k: self._client.get_async(p) for k, p in paths.items()}
+        out = {}
+        for k, r in pending.items():
+            try:
+                out[k] = decode_offset(r.get()[0], paths[k])
+            except NoNodeError:
+                pass
+        return out
+
     def commit(self, topic: str, partition: str, msg_id: int, offset: int,
                ownership: Ownership | None) -> None:
         path = self._layout.offset(self._group, topic, partition)

@@ -58,6 +58,18 @@ def _data(client: KazooClient, path: str) -> bytes | None:
         return None
 
 
+def _data_many(client: KazooClient, paths: list[str]) -> list[bytes | None]:
+    """Read many nodes pipelined on the one connection (not one round trip each)."""
+    pending = [client.get_async(p) for p in paths]
+    out: list[bytes | None] = []
+    for r in pending:
+        try:
+            out.append(r.get()[0])
+        except NoNodeError:
+            out.append(None)  # gone while we read
+    return out
+
+
 def _skip(e: NodeDataError) -> None:
     log.warning("skipping damaged node: %s", e)
 
@@ -67,9 +79,10 @@ def read_members(client: KazooClient, layout: Layout, group: str,
     """consumer id -> subscribed topics, for every live member of ``group``."""
     ids_dir = layout.consumer_ids(group)
     out: dict[str, tuple[str, ...]] = {}
-    for cid in _children(client, ids_dir, watch):
+    cids = _children(client, ids_dir, watch)
+    for cid, data in zip(cids, _data_many(client, [f"{ids_dir}/{c}" for c in cids]),
+                         strict=True):
         path = f"{ids_dir}/{cid}"
-        data = _data(client, path)
         if data is None:
             continue  # left while we read
         try:
@@ -83,11 +96,9 @@ def read_partitions(client: KazooClient, layout: Layout, topic: str,
                     watch: Watch | None = None) -> list[str]:
     """A topic's partition names in Metaq's order, from ``topics-sub``."""
     sub_dir = layout.topic_sub_dir(topic)
-    children = {}
-    for name in _children(client, sub_dir, watch):
-        data = _data(client, f"{sub_dir}/{name}")
-        if data is not None:
-            children[name] = data
+    names = _children(client, sub_dir, watch)
+    datas = _data_many(client, [f"{sub_dir}/{n}" for n in names])
+    children = {n: d for n, d in zip(names, datas, strict=True) if d is not None}
     return [str(p) for p in partitions_for_topic(children, dir_path=sub_dir, on_damaged=_skip)]
 
 
@@ -115,12 +126,15 @@ def broker_address(client: KazooClient, layout: Layout, broker_id: int) -> tuple
     return None
 
 
-def read_owners(client: KazooClient, layout: Layout, group: str, topic: str) -> dict[str, str]:
+def read_owners(client: KazooClient, layout: Layout, group: str, topic: str,
+                watch: Watch | None = None) -> dict[str, str]:
+    """partition -> owner id.  With ``watch``, any claim or release re-triggers it."""
     owners_dir = layout.owners_dir(group, topic)
     out = {}
-    for part in _children(client, owners_dir, None):
+    parts = _children(client, owners_dir, watch)
+    for part, data in zip(parts, _data_many(client, [f"{owners_dir}/{p}" for p in parts]),
+                          strict=True):
         path = f"{owners_dir}/{part}"
-        data = _data(client, path)
         if data is None:
             continue
         try:
@@ -143,7 +157,9 @@ def read_topology(client: KazooClient, layout: Layout, group: str, topics: Itera
         broker_ids.update(parse_broker_child(p.split("-", 1)[0] + "-m").broker_id
                           for p in parts)
         if with_owners:
-            topo.owners[topic] = read_owners(client, layout, group, topic)
+            # A plan that depends on the owners must be redone whenever they change,
+            # or members that planned at different moments can disagree for good.
+            topo.owners[topic] = read_owners(client, layout, group, topic, watch)
     for bid in sorted(broker_ids):
         topo.brokers[bid] = broker_address(client, layout, bid)
     return topo
