@@ -307,23 +307,22 @@ class BrokerServer:
                 bad += 1
                 continue
             t_log = target[0]
+            if t_log is None:  # partition -1: the broker picks
+                p = self._pick_partition(target[1])
+                t_log = self.storage.get(target[1], p) if p is not None else None
+                if t_log is None:
+                    add_reply(_result(404, f"topic {target[1]} not found", int(opaque)))
+                    bad += 1
+                    continue
             if t_log is not plog:
-                if t_log is None:  # partition -1: the broker picks
-                    p = self._pick_partition(target[1])
-                    t_log = self.storage.get(target[1], p) if p is not None else None
-                    if t_log is None:
-                        add_reply(_result(404, f"topic {target[1]} not found", int(opaque)))
-                        bad += 1
-                        continue
-                if t_log is not plog:
-                    if plog is not None:
-                        groups[plog] = [parts, base, size, idxs, pbytes, off_len, next_pow]
-                    g = groups.get(t_log)
-                    if g is None:
-                        g = [[], t_log.end, 0, [], b"%d" % t_log.partition, 0, 0]
-                    parts, base, size, idxs, pbytes, off_len, next_pow = g
-                    add = parts.append
-                    plog = t_log
+                if plog is not None:
+                    groups[plog] = [parts, base, size, idxs, pbytes, off_len, next_pow]
+                g = groups.get(t_log)
+                if g is None:
+                    g = [[], t_log.end, 0, [], b"%d" % t_log.partition, 0, 0]
+                parts, base, size, idxs, pbytes, off_len, next_pow = g
+                add = parts.append
+                plog = t_log
             if plog.closed:
                 add_reply(_result(403, f"partition {plog.topic}-{plog.partition} is closed",
                                   int(opaque)))
@@ -449,7 +448,8 @@ class BrokerServer:
                 f"flush_errors {self.storage.flush_errors}",
             ]
             for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes",
-                        "cmd_offset", "cmd_stats", "bad_requests", "connections_total"):
+                        "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_stats",
+                        "bad_requests", "connections_total"):
                 lines.append(f"{key} {self.stats[key]}")
         elif item == "topics":
             for topic, n in sorted(self.storage.topics.items()):
@@ -622,9 +622,11 @@ class _Connection(asyncio.Protocol):
             try:
                 await asyncio.get_running_loop().sendfile(
                     self.transport, s.file, s.position, s.length, fallback=False)
+                self.server.stats["get_sendfile"] += 1
             except (asyncio.SendfileNotAvailableError, RuntimeError) as e:
                 if self.transport.is_closing():
                     raise ConnectionResetError("connection closed during sendfile") from e
+                self.server.stats["get_sendfile_fallback"] += 1
                 self.transport.write(s.segment.pread(s.segment.start + s.position, s.length))
             if self._read_paused:
                 self.transport.pause_reading()
