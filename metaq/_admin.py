@@ -1,0 +1,170 @@
+"""Operator views that join ZooKeeper's tree with the brokers' log ends.
+
+``python -m zk_layout`` shows what ZooKeeper holds; these functions add what
+only a broker knows (where each partition's log ends) and derive lag and a
+state in the spirit of Burrow:
+
+- ``ok``: nothing to consume (lag 0);
+- ``lagging``: lag > 0 and the committed offset moved between two samples
+  (or only one sample was taken);
+- ``stalled``: lag > 0 and the committed offset did not move between samples;
+- ``unowned``: lag > 0 and no live member owns the partition;
+- ``unknown``: the broker could not be asked.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from metaq._connection import BrokerConnection
+from metaq._errors import ConfigError, MetaqError
+from metaq.consumer._topology import broker_address, read_partitions
+from zk_layout import Layout, StoredOffset, encode_offset, take_snapshot
+
+__all__ = ["PartitionLag", "GroupReport", "describe_group", "log_ends", "reset_offsets"]
+
+log = logging.getLogger(__name__)
+_LOG_END = 2**63 - 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartitionLag:
+    topic: str
+    partition: str
+    owner: str | None
+    committed: int | None
+    msg_id: int | None
+    log_start: int | None
+    log_end: int | None
+    lag: int | None
+    state: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupReport:
+    group: str
+    members: tuple[str, ...]
+    partitions: tuple[PartitionLag, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"group": self.group, "members": list(self.members),
+                "partitions": [asdict(p) for p in self.partitions],
+                "total_lag": sum(p.lag or 0 for p in self.partitions)}
+
+
+def log_ends(client: KazooClient, layout: Layout, topic: str, *, group: str = "metaq-admin",
+             timeout: float = 5.0) -> dict[str, tuple[int | None, int | None]]:
+    """partition -> (log start, log end), asked of each partition's broker."""
+    out: dict[str, tuple[int | None, int | None]] = {}
+    by_broker: dict[int, list[str]] = {}
+    for p in read_partitions(client, layout, topic):
+        by_broker.setdefault(int(p.split("-", 1)[0]), []).append(p)
+    for bid, parts in by_broker.items():
+        address = broker_address(client, layout, bid)
+        if address is None:
+            out.update({p: (None, None) for p in parts})
+            continue
+        try:
+            with BrokerConnection(*address, timeout=timeout) as conn:
+                for p in parts:
+                    index = int(p.split("-", 1)[1])
+                    out[p] = (conn.offset(topic, group, index, 0),
+                              conn.offset(topic, group, index, _LOG_END))
+        except (OSError, MetaqError) as e:
+            log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
+            out.update({p: (None, None) for p in parts if p not in out})
+    return out
+
+
+def _sample(client: KazooClient, layout: Layout, group: str):
+    snap = take_snapshot(client, layout)
+    info = snap.group(group)
+    if info is None:
+        raise ConfigError(f"no consumer group {group!r} under {layout.root}")
+    return info
+
+
+def describe_group(client: KazooClient, layout: Layout, group: str, *, interval: float = 0.0,
+                   timeout: float = 5.0) -> GroupReport:
+    """Per partition: owner, committed offset and msgId, log end, lag and state.
+
+    With ``interval`` > 0 the committed offsets are sampled twice that far
+    apart, which tells ``stalled`` from ``lagging``.
+    """
+    first = _sample(client, layout, group)
+    if interval > 0:
+        time.sleep(interval)  # the sampling interval itself, not synchronisation
+        info = _sample(client, layout, group)
+    else:
+        info = first
+    before = {(gt.topic, str(ps.partition)): ps.offset for gt in first.topics
+              for ps in gt.partitions}
+    rows: list[PartitionLag] = []
+    for gt in info.topics:
+        ends = log_ends(client, layout, gt.topic, timeout=timeout)
+        for ps in gt.partitions:
+            name = str(ps.partition)
+            start, end = ends.get(name, (None, None))
+            committed = ps.offset.offset if ps.offset else None
+            msg_id = ps.offset.msg_id if ps.offset else None
+            position = committed if committed is not None else (start or 0)
+            lag = None if end is None else max(0, end - position)
+            prev = before.get((gt.topic, name))
+            moved = interval <= 0 or prev is None or (committed or 0) > prev.offset
+            if lag is None:
+                state = "unknown"
+            elif lag == 0:
+                state = "ok"
+            elif ps.owner is None:
+                state = "unowned"
+            else:
+                state = "lagging" if moved else "stalled"
+            rows.append(PartitionLag(topic=gt.topic, partition=name, owner=ps.owner,
+                                     committed=committed, msg_id=msg_id, log_start=start,
+                                     log_end=end, lag=lag, state=state))
+    return GroupReport(group=group, members=tuple(m.consumer_id for m in info.members),
+                       partitions=tuple(rows))
+
+
+def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *,
+                  to: str | int, timeout: float = 5.0) -> dict[str, int]:
+    """Set every partition's committed offset to earliest, latest or a number.
+
+    Refused while the group has live members: a running member would
+    overwrite the reset with its own progress at its next commit.
+    """
+    members = client.get_children(layout.consumer_ids(group)) if client.exists(
+        layout.consumer_ids(group)) else []
+    if members:
+        raise ConfigError(f"group {group!r} has {len(members)} live member(s) "
+                          f"({', '.join(sorted(members))}); stop them before resetting offsets")
+    ends = log_ends(client, layout, topic, timeout=timeout)
+    if not ends:
+        raise ConfigError(f"topic {topic!r} has no partitions in ZooKeeper")
+    out: dict[str, int] = {}
+    for part, (start, end) in sorted(ends.items()):
+        if to == "earliest":
+            value = start
+        elif to == "latest":
+            value = end
+        elif isinstance(to, int) and to >= 0:
+            value = to
+        else:
+            raise ConfigError(f"reset target must be earliest, latest or an offset >= 0, "
+                              f"got {to!r}")
+        if value is None:
+            raise MetaqError(f"broker of {topic}/{part} did not answer; nothing was reset")
+        out[part] = value
+    for part, value in out.items():
+        path = layout.offset(group, topic, part)
+        data = encode_offset(StoredOffset(offset=value, msg_id=-1))
+        if client.exists(path):
+            client.set(path, data)
+        else:
+            client.create(path, data, makepath=True)
+    return out
