@@ -103,6 +103,8 @@ class BrokerConfig:
     zk_root: str = zk_layout.DEFAULT_ROOT
     #: ZooKeeper session timeout (seconds).
     zk_session_timeout: float = 10.0
+    #: How long start() waits for the first ZooKeeper connection (seconds).
+    zk_connect_timeout: float = 15.0
     #: Longest request line accepted (bytes).
     max_line: int = MAX_LINE
     #: Stop reading from a connection while this many reply bytes wait to be sent.
@@ -155,6 +157,7 @@ class BrokerConfig:
         except ValueError as e:
             raise ConfigError(f"zk_root: {e}") from None
         _num("zk_session_timeout", self.zk_session_timeout, 0, strict=True)
+        _num("zk_connect_timeout", self.zk_connect_timeout, 0, strict=True)
         _int("max_line", self.max_line, 64, 1024 * 1024)
         _int("max_pending_bytes", self.max_pending_bytes, 64 * 1024)
         _int("max_inflight_requests", self.max_inflight_requests, 1)
