@@ -252,3 +252,51 @@ def test_bad_replies_named(data, what):
     parser = ReplyParser(max_body=1000)
     with pytest.raises(metaq.ProtocolError, match=what):
         parser.feed(data)
+
+
+FAST = {b"t 0": "T0", b"t 12": "T12", b"t -1": "T?", "ü 3".encode(): "U3"}
+_FAST_NAMES = {v: k for k, v in FAST.items()}
+
+
+def _unfast(r):
+    """A fast-path tuple back to the PutRequest the slow path makes."""
+    if type(r) is not tuple:
+        return r
+    target, length, flag, check, opaque, payload = r
+    topic, part = _FAST_NAMES[target].decode().rsplit(" ", 1)
+    return PutRequest(topic, int(part), length, flag, check, None, int(opaque), payload)
+
+
+fast_puts = st.builds(
+    lambda t, p, pl, f, c, o: PutRequest(t, p, len(pl), f, c, None, o, pl),
+    st.sampled_from(["t", "ü", "x"]), st.sampled_from([0, 12, -1, 3, 7]),
+    st.binary(max_size=50), int32, st.integers(0, 2**31 - 1), int32)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(fast_puts, requests), max_size=20),
+       st.lists(st.integers(0, 3000), max_size=6), st.binary(max_size=30))
+def test_fast_put_path_agrees_with_the_slow_path(reqs, cuts, junk):
+    data = b"".join(map(encode_request, reqs)) + junk
+    fast = RequestParser(fast_puts=FAST, max_payload=60)
+    slow = RequestParser(max_payload=60)
+    got_fast, got_slow = [], []
+    for chunk in chunked(data, cuts):
+        got_fast += [_unfast(r) for r in fast.feed_lenient(chunk)]
+        got_slow += slow.feed_lenient(chunk)
+    norm = [(type(r.error), str(r.error), r.opaque, r.fatal) if isinstance(r, BadRequest) else r
+            for r in got_slow]
+    assert [(type(r.error), str(r.error), r.opaque, r.fatal) if isinstance(r, BadRequest) else r
+            for r in got_fast] == norm
+    assert got_slow[:len(reqs)] == reqs[:len(got_slow)]
+
+
+def test_fast_put_path_exact_bytes():
+    parser = RequestParser(fast_puts=FAST)
+    out = parser.feed(b"put t 12 3 1 99 -7\r\nabcput t 0 0 0 0 2147483647\r\n")
+    assert out[0] == ("T12", 3, 1, 99, b"-7", b"abc")
+    assert out[1] == ("T0", 0, 0, 0, b"2147483647", b"")
+    # an opaque out of int32 range is not fast: the slow path names it
+    parser = RequestParser(fast_puts=FAST)
+    with pytest.raises(metaq.ProtocolError, match="opaque 2147483648 is out of range"):
+        parser.feed(b"put t 0 1 0 0 2147483648\r\nz")
