@@ -1,0 +1,238 @@
+"""One client connection of the broker: parse reads, send replies in request order.
+
+Replies queue behind a group-commit batch waiting for its fsync (:class:`Gate`)
+or a ``get`` going out with ``sendfile`` (:class:`FileReply`); everything else
+is written at once, coalesced per read.  Reading pauses while the client does
+not read its replies (transport buffer or queue over the configured limits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import socket
+from typing import TYPE_CHECKING
+
+from metaq._errors import ProtocolError
+from metaq._protocol import RequestParser, encode_result
+from metaq.broker._storage import LogSlice, PartitionLog
+
+if TYPE_CHECKING:
+    from metaq.broker._server import BrokerServer
+
+__all__ = ["Connection", "FileReply", "Gate", "result"]
+
+log = logging.getLogger(__name__)
+
+_CLOSE = object()
+
+
+def result(code: int, text: str, opaque: int | None) -> bytes:
+    """A ``result`` reply with a text body (opaque 0 when the request's is unknown)."""
+    return encode_result(code, text.encode("utf-8", "replace"), 0 if opaque is None else opaque)
+
+
+class Gate:
+    """Replies that may leave only once ``fut`` is done (group commit)."""
+
+    __slots__ = ("fut", "data", "opaques")
+
+    def __init__(self, fut: asyncio.Future, data: bytes, opaques: list[int]) -> None:
+        self.fut = fut
+        self.data = data
+        self.opaques = opaques
+
+    def render(self) -> bytes:
+        if self.fut.cancelled() or self.fut.exception() is not None:
+            err = "cancelled" if self.fut.cancelled() else str(self.fut.exception())
+            return b"".join(result(500, f"message written but not synced: {err}", o)
+                            for o in self.opaques)
+        res = self.fut.result()
+        return res if type(res) is bytes else self.data
+
+
+class FileReply:
+    """A ``value`` reply whose bytes go out with sendfile from a pinned log slice."""
+
+    __slots__ = ("header", "slice", "plog")
+
+    def __init__(self, header: bytes, s: LogSlice, plog: PartitionLog) -> None:
+        self.header = header
+        self.slice = s
+        self.plog = plog
+
+
+class Connection(asyncio.Protocol):
+    """One client: parse, hand to the server, send replies in order."""
+
+    def __init__(self, server: BrokerServer) -> None:
+        self.server = server
+        cfg = server.config
+        self.parser = RequestParser(max_line=cfg.max_line, max_payload=cfg.max_message_size,
+                                    fast_puts=server.fast_keys)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._outq: collections.deque = collections.deque()
+        self._busy = False            # a sendfile is running
+        self._closing = False
+        self._quit = False            # no more requests are read (quit, fatal error, EOF)
+        self._write_paused = False
+        self._read_paused = False
+
+    # -- asyncio callbacks -----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport.set_write_buffer_limits(high=4 * 1024 * 1024)  # type: ignore[attr-defined]
+        srv = self.server
+        srv.stats["connections_total"] += 1
+        if len(srv.connections) >= srv.config.max_connections:
+            log.warning("refusing connection from %s: %d connections open", self.peer,
+                        len(srv.connections))
+            transport.close()
+            return
+        srv.connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        if self._closing or self._quit:
+            return
+        try:
+            reqs = self.parser.feed_lenient(data)
+        except ProtocolError as e:  # stream broken earlier; nothing more to parse
+            self.abort(str(e))
+            return
+        if reqs:
+            try:
+                self.server.handle(self, reqs)
+            except Exception:
+                log.exception("internal error serving %s; closing its connection", self.peer)
+                self.send(result(500, "internal broker error", 0))
+                self.close_after_replies()
+        self._check_backpressure()
+
+    def eof_received(self) -> bool:
+        self.close_after_replies()
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self.server.connections.discard(self)
+        for item in self._outq:
+            if type(item) is FileReply:
+                item.plog.unpin(item.slice)
+        self._outq.clear()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._check_backpressure()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._check_backpressure()
+
+    # -- output ----------------------------------------------------------------------------
+    def _check_backpressure(self) -> None:
+        t = self.transport
+        if t is None or self._closing:
+            return
+        cfg = self.server.config
+        over = (self._write_paused or len(self._outq) > cfg.max_inflight_requests
+                or t.get_write_buffer_size() > cfg.max_pending_bytes)
+        if over and not self._read_paused:
+            self._read_paused = True
+            t.pause_reading()
+        elif not over and self._read_paused:
+            self._read_paused = False
+            t.resume_reading()
+
+    def send(self, data: bytes) -> None:
+        if self._outq or self._busy:
+            self._outq.append(data)
+        elif not self._closing:
+            self.transport.write(data)
+
+    def send_gated(self, gate: Gate) -> None:
+        self._outq.append(gate)
+        gate.fut.add_done_callback(lambda _f: self._drain())
+
+    def send_file(self, item: FileReply) -> None:
+        item.plog.pin(item.slice)
+        self._outq.append(item)
+        if not self._busy:
+            self._drain()
+
+    def close_after_replies(self) -> None:
+        if not self._closing and not self._quit:
+            self._quit = True
+            self._outq.append(_CLOSE)
+            self._drain()
+
+    def abort(self, why: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            log.debug("closing connection from %s: %s", self.peer, why)
+            self.transport.close()
+        self._closing = True
+
+    def _drain(self) -> None:
+        if self._busy or self._closing:
+            return
+        q = self._outq
+        chunks = []
+        while q:
+            item = q[0]
+            t = type(item)
+            if t is bytes:
+                chunks.append(item)
+            elif t is Gate:
+                if not item.fut.done():
+                    break
+                chunks.append(item.render())
+            elif item is _CLOSE:
+                q.clear()
+                if chunks:
+                    self.transport.write(b"".join(chunks))
+                self._closing = True
+                self.transport.close()
+                return
+            else:  # _File
+                q.popleft()
+                if chunks:
+                    self.transport.write(b"".join(chunks))
+                    chunks = []
+                self._busy = True
+                asyncio.get_running_loop().create_task(self._sendfile(item))
+                return
+            q.popleft()
+        if chunks:
+            self.transport.write(b"".join(chunks))
+        self._check_backpressure()
+
+    async def _sendfile(self, item: FileReply) -> None:
+        s = item.slice
+        try:
+            self.transport.write(item.header)
+            try:
+                await asyncio.get_running_loop().sendfile(
+                    self.transport, s.file, s.position, s.length, fallback=False)
+                self.server.stats["get_sendfile"] += 1
+            except (asyncio.SendfileNotAvailableError, RuntimeError) as e:
+                if self.transport.is_closing():
+                    raise ConnectionResetError("connection closed during sendfile") from e
+                self.server.stats["get_sendfile_fallback"] += 1
+                self.transport.write(s.segment.pread(s.segment.start + s.position, s.length))
+            if self._read_paused:
+                self.transport.pause_reading()
+        except (ConnectionError, OSError) as e:
+            self.abort(f"sendfile failed: {e}")
+        except Exception:
+            log.exception("sendfile to %s failed", self.peer)
+            self.abort("sendfile failed")
+        finally:
+            item.plog.unpin(s)
+            self._busy = False
+        self._drain()
