@@ -26,9 +26,44 @@ import re
 from collections.abc import Mapping
 from typing import NamedTuple
 
-import zk_layout
 from metaq._errors import ProtocolError
-from metaq._message import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE
+from metaq._wire import (  # the protocol's types and encoders, re-exported
+    _INT32_MAX,
+    _INT32_MIN,
+    _INT64_MAX,
+    _INT64_MIN,
+    _NUMERIC,
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_PAYLOAD,
+    MAX_LINE,
+    QUIT,
+    BadRequest,
+    GetRequest,
+    OffsetRequest,
+    PutRequest,
+    QuitRequest,
+    Result,
+    StatsRequest,
+    Value,
+    VersionRequest,
+    _name_problem,
+    _opaque_of,
+    _parse_int,
+    _parse_topic,
+    _show,
+    _token_text,
+    _topic_cache,
+    check_group,
+    check_topic,
+    encode_get,
+    encode_offset,
+    encode_put,
+    encode_result,
+    encode_stats,
+    encode_value_header,
+    encode_version,
+    parse_put_result,
+)
 
 __all__ = [
     "MAX_LINE",
@@ -44,8 +79,6 @@ __all__ = [
     "BadRequest",
     "Result",
     "Value",
-    "RequestParser",
-    "ReplyParser",
     "encode_put",
     "encode_get",
     "encode_offset",
@@ -56,250 +89,14 @@ __all__ = [
     "parse_put_result",
     "check_topic",
     "check_group",
+    "RequestParser",
+    "ReplyParser",
 ]
 
-#: Longest command line accepted (CRLF excluded).
-MAX_LINE = 8192
-#: Default largest put payload the request parser accepts (4 MiB body + room for an attribute).
-DEFAULT_MAX_PAYLOAD = MAX_MESSAGE_SIZE + 64 * 1024
-#: Default largest reply body the reply parser accepts.
-DEFAULT_MAX_BODY = MAX_PAYLOAD_SIZE
-QUIT = b"quit\r\n"
-
-_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_MAX_NAME = 255
-_REPR_MAX = 120
-_NUMERIC = b"-0123456789 "
 # put <topic> <partition> <len> <flag> <checksum> <opaque>\r\n, the broker's hot path
 _FAST_PUT = re.compile(
     rb"put ([^ \r\n]{1,255} -?[0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) ([0-9]{1,10}) "
     rb"(-?[0-9]{1,10})\r\n")
-
-
-class PutRequest(NamedTuple):
-    topic: str
-    partition: int
-    length: int
-    flag: int
-    checksum: int
-    tx_key: str | None
-    opaque: int
-    payload: bytes
-
-
-class GetRequest(NamedTuple):
-    topic: str
-    group: str
-    partition: int
-    offset: int
-    max_size: int
-    opaque: int
-
-
-class OffsetRequest(NamedTuple):
-    topic: str
-    group: str
-    partition: int
-    offset: int
-    opaque: int
-
-
-class StatsRequest(NamedTuple):
-    item: str | None
-    opaque: int
-
-
-class VersionRequest(NamedTuple):
-    opaque: int
-
-
-class QuitRequest(NamedTuple):
-    pass
-
-
-class BadRequest(NamedTuple):
-    """A malformed request, returned by :meth:`RequestParser.feed_lenient`.
-
-    ``opaque`` is the request's opaque when it could be read (else ``None``);
-    ``fatal`` means the stream cannot be resynchronised and the connection
-    must be closed after answering what came before.
-    """
-
-    error: ProtocolError
-    opaque: int | None
-    fatal: bool
-
-
-class Result(NamedTuple):
-    code: int
-    body: bytes
-    opaque: int
-
-
-class Value(NamedTuple):
-    body: bytes
-    opaque: int
-
-
-# --------------------------------------------------------------------------- names
-
-_topic_cache: dict[bytes, str] = {}
-_topic_bytes_cache: dict[str, bytes] = {}
-
-
-def _name_problem(s: str) -> str | None:
-    if not s:
-        return "is empty"
-    if len(s) > _MAX_NAME:
-        return f"is longer than {_MAX_NAME} characters"
-    if not s.isprintable() or " " in s:
-        return "contains whitespace or control characters"
-    return None
-
-
-def check_topic(topic: str) -> str:
-    """Return ``topic`` if it is a usable topic name, else raise ProtocolError.
-
-    A topic names ZooKeeper nodes (``zk_layout.check_topic``: no ``/``, ``,``,
-    whitespace or control characters) and a directory ``<topic>-<partition>``:
-    at most 255 characters, no ``\\``, not starting with ``.``.
-    """
-    try:
-        zk_layout.check_topic(topic)
-    except zk_layout.InvalidNameError as e:
-        raise ProtocolError(f"bad topic {str(topic)[:_REPR_MAX]!r}: {e.reason}") from None
-    problem = _name_problem(topic)
-    if problem is None and "\\" in topic:
-        problem = "contains '\\'"
-    if problem is None and topic.startswith("."):
-        problem = "starts with '.'"
-    if problem is not None:
-        raise ProtocolError(f"bad topic {topic[:_REPR_MAX]!r}: {problem}")
-    return topic
-
-
-def check_group(group: str) -> str:
-    """Return ``group`` if usable as a consumer group name, else raise ProtocolError."""
-    try:
-        zk_layout.check_group(group)
-    except zk_layout.InvalidNameError as e:
-        raise ProtocolError(f"bad group {str(group)[:_REPR_MAX]!r}: {e.reason}") from None
-    problem = _name_problem(group)
-    if problem is not None:
-        raise ProtocolError(f"bad group {group[:_REPR_MAX]!r}: {problem}")
-    return group
-
-
-def _topic_bytes(topic: str) -> bytes:
-    b = _topic_bytes_cache.get(topic)
-    if b is None:
-        b = check_topic(topic).encode("utf-8")
-        if len(_topic_bytes_cache) > 4096:
-            _topic_bytes_cache.clear()
-        _topic_bytes_cache[topic] = b
-    return b
-
-
-def _token_text(tok: bytes, what: str) -> str:
-    try:
-        return tok.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError(f"{what} {tok[:_REPR_MAX]!r} is not valid UTF-8") from None
-
-
-def _parse_topic(tok: bytes) -> str:
-    t = _topic_cache.get(tok)
-    if t is None:
-        t = check_topic(_token_text(tok, "topic"))
-        if len(_topic_cache) > 4096:
-            _topic_cache.clear()
-        _topic_cache[bytes(tok)] = t
-    return t
-
-
-def _parse_int(tok: bytes, what: str, lo: int, hi: int) -> int:
-    if len(tok) <= 20 and (tok.isdigit() or (tok[:1] == b"-" and tok[1:].isdigit())):
-        v = int(tok)
-        if lo <= v <= hi:
-            return v
-        raise ProtocolError(f"{what} {v} is out of range {lo}..{hi}")
-    raise ProtocolError(f"{what} {tok[:_REPR_MAX]!r} is not an integer")
-
-
-def _opaque_of(tok: bytes) -> int | None:
-    try:
-        return _parse_int(tok, "opaque", _INT32_MIN, _INT32_MAX)
-    except ProtocolError:
-        return None
-
-
-def _show(line: bytes) -> str:
-    r = repr(bytes(line[:_REPR_MAX]))
-    return r + ("..." if len(line) > _REPR_MAX else "")
-
-
-# --------------------------------------------------------------------------- encoders
-
-def encode_put(topic: str, partition: int, payload: bytes, flag: int, checksum: int,
-               opaque: int, tx_key: str | None = None) -> bytes:
-    """A ``put`` request with its payload."""
-    if tx_key is None:
-        return b"put %b %d %d %d %d %d\r\n%b" % (
-            _topic_bytes(topic), partition, len(payload), flag, checksum, opaque, payload)
-    return b"put %b %d %d %d %d %b %d\r\n%b" % (
-        _topic_bytes(topic), partition, len(payload), flag, checksum,
-        _name_bytes(tx_key, "tx_key"), opaque, payload)
-
-
-def _name_bytes(s: str, what: str) -> bytes:
-    if not isinstance(s, str):
-        raise ProtocolError(f"{what} must be a str, not {type(s).__name__}")
-    problem = _name_problem(s)
-    if problem is not None:
-        raise ProtocolError(f"bad {what} {s[:_REPR_MAX]!r}: {problem}")
-    return s.encode("utf-8")
-
-
-def encode_get(topic: str, group: str, partition: int, offset: int, max_size: int,
-               opaque: int) -> bytes:
-    return b"get %b %b %d %d %d %d\r\n" % (
-        _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size, opaque)
-
-
-def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int) -> bytes:
-    return b"offset %b %b %d %d %d\r\n" % (
-        _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, opaque)
-
-
-def encode_stats(item: str | None, opaque: int) -> bytes:
-    if item is None:
-        return b"stats %d\r\n" % opaque
-    return b"stats %b %d\r\n" % (_name_bytes(item, "stats item"), opaque)
-
-
-def encode_version(opaque: int) -> bytes:
-    return b"version %d\r\n" % opaque
-
-
-def encode_result(code: int, body: bytes, opaque: int) -> bytes:
-    """A ``result`` reply with its body."""
-    return b"result %d %d %d\r\n%b" % (code, len(body), opaque, body)
-
-
-def encode_value_header(length: int, opaque: int) -> bytes:
-    """The line before ``length`` raw log bytes of a ``value`` reply."""
-    return b"value %d %d\r\n" % (length, opaque)
-
-
-def parse_put_result(body: bytes) -> tuple[int, int, int]:
-    """``(msgId, partition, offset)`` from the body of a successful put result."""
-    parts = body.split(b" ")
-    if len(parts) != 3:
-        raise ProtocolError(f"put result body {_show(body)} is not '<msgId> <partition> <offset>'")
-    return (_parse_int(parts[0], "msgId", _INT64_MIN, _INT64_MAX),
-            _parse_int(parts[1], "partition", _INT32_MIN, _INT32_MAX),
-            _parse_int(parts[2], "offset", _INT64_MIN, _INT64_MAX))
 
 
 # --------------------------------------------------------------------------- buffering
