@@ -26,6 +26,9 @@ __all__ = ["Connection", "FileReply", "Gate", "result"]
 log = logging.getLogger(__name__)
 
 _CLOSE = object()
+#: ``get`` replies at least this big go out with sendfile; smaller ones are copied.
+SENDFILE_MIN = 64 * 1024
+_WRITE_BATCH = 256 * 1024
 
 
 def result(code: int, text: str, opaque: int | None) -> bytes:
@@ -133,9 +136,20 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        self._check_backpressure()
+        self._drain()
 
     # -- output ----------------------------------------------------------------------------
+    @property
+    def queued(self) -> int:
+        """Replies waiting behind a gate, a sendfile or a full socket buffer."""
+        return len(self._outq)
+
+    @property
+    def unsent_bytes(self) -> int:
+        """Bytes handed to the transport and not yet sent."""
+        t = self.transport
+        return 0 if t is None or t.is_closing() else t.get_write_buffer_size()
+
     def _check_backpressure(self) -> None:
         t = self.transport
         if t is None or self._closing:
@@ -151,7 +165,8 @@ class Connection(asyncio.Protocol):
             t.resume_reading()
 
     def send(self, data: bytes) -> None:
-        if self._outq or self._busy:
+        """Queue a reply (written at once when nothing is ahead of it)."""
+        if self._outq or self._busy or self._write_paused:
             self._outq.append(data)
         elif not self._closing:
             self.transport.write(data)
@@ -161,10 +176,28 @@ class Connection(asyncio.Protocol):
         gate.fut.add_done_callback(lambda _f: self._drain())
 
     def send_file(self, item: FileReply) -> None:
+        """Queue a ``value`` reply; its bytes are read from the log only when they can
+        go out, so a client that does not read its replies costs no memory."""
         item.plog.pin(item.slice)
+        if (item.slice.length < SENDFILE_MIN and not self._outq and not self._busy
+                and not self._write_paused and not self._closing):
+            data = self._read_small(item)
+            if data is not None:
+                self.transport.write(data)
+            return
         self._outq.append(item)
-        if not self._busy:
-            self._drain()
+        self._drain()
+
+    def _read_small(self, item: FileReply) -> bytes | None:
+        s = item.slice
+        try:
+            return item.header + s.segment.pread(s.segment.start + s.position, s.length)
+        except OSError as e:
+            log.error("reading %s for %s failed: %s", s.segment.path, self.peer, e)
+            self.abort(f"read failed: {e}")
+            return None
+        finally:
+            item.plog.unpin(s)
 
     def close_after_replies(self) -> None:
         if not self._closing and not self._quit:
@@ -179,15 +212,20 @@ class Connection(asyncio.Protocol):
         self._closing = True
 
     def _drain(self) -> None:
+        """Write queued replies in order until one must wait (fsync, sendfile, a full
+        socket buffer)."""
         if self._busy or self._closing:
             return
         q = self._outq
-        chunks = []
-        while q:
+        chunks: list[bytes] = []
+        size = 0
+        write = self.transport.write
+        while q and not self._write_paused:
             item = q[0]
             t = type(item)
             if t is bytes:
                 chunks.append(item)
+                size += len(item)
             elif t is Gate:
                 if not item.fut.done():
                     break
@@ -195,21 +233,30 @@ class Connection(asyncio.Protocol):
             elif item is _CLOSE:
                 q.clear()
                 if chunks:
-                    self.transport.write(b"".join(chunks))
+                    write(b"".join(chunks))
                 self._closing = True
                 self.transport.close()
                 return
-            else:  # _File
+            elif item.slice.length < SENDFILE_MIN:  # small FileReply: copy
+                data = self._read_small(item)
+                if data is None:
+                    return
+                chunks.append(data)
+                size += len(data)
+            else:  # big FileReply: sendfile on a task
                 q.popleft()
                 if chunks:
-                    self.transport.write(b"".join(chunks))
-                    chunks = []
+                    write(b"".join(chunks))
                 self._busy = True
                 asyncio.get_running_loop().create_task(self._sendfile(item))
                 return
             q.popleft()
+            if size >= _WRITE_BATCH:
+                write(b"".join(chunks))  # may pause writing: the loop re-checks
+                chunks = []
+                size = 0
         if chunks:
-            self.transport.write(b"".join(chunks))
+            write(b"".join(chunks))
         self._check_backpressure()
 
     async def _sendfile(self, item: FileReply) -> None:

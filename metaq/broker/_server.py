@@ -46,8 +46,6 @@ log = logging.getLogger(__name__)
 
 #: Answer to ``version``: the Metaq release we speak, then ours.
 VERSION = f"1.4.6 metaq-py/{__version__}"
-#: ``get`` replies at least this big go out with sendfile; smaller ones are copied.
-SENDFILE_MIN = 64 * 1024
 
 _MASK = 0x7FFFFFFF
 _crc32 = zlib.crc32
@@ -358,12 +356,8 @@ class BrokerServer:
             self.stats["get_miss"] += 1
             conn.send(result(404, f"no message at offset {offset} (end {end})", opaque))
             return
-        header = encode_value_header(s.length, opaque)
         self.stats["get_bytes"] += s.length
-        if s.length < SENDFILE_MIN:
-            conn.send(header + s.segment.pread(offset, s.length))
-        else:
-            conn.send_file(FileReply(header, s, plog))
+        conn.send_file(FileReply(encode_value_header(s.length, opaque), s, plog))
 
     def _offset(self, conn: Connection, r: OffsetRequest) -> None:
         self.stats["cmd_offset"] += 1
@@ -408,6 +402,8 @@ class BrokerServer:
                 f"uptime {int(now - self.started)}",
                 f"version {VERSION}",
                 f"curr_connections {len(self.connections)}",
+                f"queued_replies {sum(c.queued for c in self.connections)}",
+                f"unsent_reply_bytes {sum(c.unsent_bytes for c in self.connections)}",
                 f"topics {len(self.storage.topics)}",
                 f"partitions {len(logs)}",
                 f"messages_appended {sum(p.messages_appended for p in logs)}",
