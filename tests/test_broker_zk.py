@@ -68,6 +68,7 @@ def test_registration_nodes_and_data(tmp_path, zk_connect, zk_client):
         assert zk_client.get(LAYOUT.topic_pub("late", 7))[0] == b'{"numParts":2,"broker":"7-m"}'
         assert zk_client.get(LAYOUT.topic_legacy("late", 7))[0] == b"2"
         assert broker.registration_error is None
+        assert "STAT zk_registered true\r\n" in broker.stats()
     # clean stop: every node of this broker is gone, parents stay
     assert nodes_of(zk_client, 7, {**cfg.topics, "late": 2}) == {}
     assert zk_client.exists(LAYOUT.topic_sub_dir("orders")) is not None
@@ -149,6 +150,15 @@ def test_cli_start_sigterm_unregisters_and_exits_0(tmp_path, zk_connect, zk_clie
             proc.wait()
     assert nodes_of(zk_client, 9, topics) == {}
     assert (tmp_path / "d" / "a-2" / "00000000000000000000.meta").stat().st_size == 25
+
+
+def test_cli_port_in_use_exits_1(tmp_path):
+    with Broker(BrokerConfig(broker_id=1, data_dir=tmp_path / "a", port=0)) as taken:
+        r = subprocess.run([sys.executable, "-m", "metaq", "broker", "start", "--id", "2",
+                            "--port", str(taken.port), "--data-dir", str(tmp_path / "b")],
+                           capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"cannot serve on 127.0.0.1:{taken.port}" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_cli_bad_flags_exit_2(tmp_path):

@@ -114,6 +114,11 @@ def _start(args: argparse.Namespace) -> int:
         print(f"metaq broker {config.broker_id} serving on {config.host}:{broker.port}",
               flush=True)
 
-    Broker(config).run_forever(on_ready=ready)
+    try:
+        Broker(config).run_forever(on_ready=ready)
+    except OSError as e:  # e.g. the port is taken
+        print(f"metaq: error: broker {config.broker_id} cannot serve on "
+              f"{config.host}:{config.port}: {e}", file=sys.stderr)
+        return 1
     print(f"metaq broker {config.broker_id} stopped", file=sys.stderr, flush=True)
     return 0

@@ -162,7 +162,8 @@ class Broker:
                 storage.open_topic(topic, n)
             self._topics = dict(storage.topics)
             server = self._server = BrokerServer(cfg, storage, self.ids,
-                                                 on_topic_added=self._topic_added)
+                                                 on_topic_added=self._topic_added,
+                                                 status=self._status_lines)
             self.port = await server.start()
             if cfg.zk_connect is not None:
                 reg = BrokerRegistry(
@@ -203,12 +204,12 @@ class Broker:
                 log.exception("interval flush failed")
 
     async def _retention_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.retention_check_interval)
+        while True:  # once at start, then every retention_check_interval
             try:
                 self._storage.delete_expired(self.config.retention_hours * 3600)
             except Exception:
                 log.exception("retention check failed")
+            await asyncio.sleep(self.config.retention_check_interval)
 
     # -- run-time operations (any thread) --------------------------------------------------
     def _call(self, fn: Callable[[], Any], timeout: float = 30.0) -> Any:
@@ -222,6 +223,19 @@ class Broker:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(run(), loop).result(timeout)
+
+    def _status_lines(self) -> list[str]:
+        reg = self._registry
+        if self.config.zk_connect is None:
+            return ["zk_registered none"]
+        if reg is None:
+            return ["zk_registered false"]
+        err = reg.error
+        lines = [f"zk_registered {str(err is None).lower()}",
+                 f"zk_registrations {reg.registrations}"]
+        if err is not None:
+            lines.append(f"zk_error {str(err).splitlines()[0]}")
+        return lines
 
     def _topic_added(self, topic: str, partitions: int) -> None:
         # event loop thread; registration happens on the ZooKeeper thread

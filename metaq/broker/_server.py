@@ -56,11 +56,13 @@ class BrokerServer:
     """Serves one :class:`Storage` over TCP."""
 
     def __init__(self, config: BrokerConfig, storage: Storage, ids: MsgIdGenerator, *,
-                 on_topic_added: Callable[[str, int], None] | None = None) -> None:
+                 on_topic_added: Callable[[str, int], None] | None = None,
+                 status: Callable[[], list[str]] | None = None) -> None:
         self.config = config
         self.storage = storage
         self.ids = ids
         self.on_topic_added = on_topic_added
+        self.status = status
         self.connections: set[Connection] = set()
         self.started = time.time()
         self.stats = collections.Counter()
@@ -409,6 +411,8 @@ class BrokerServer:
                 f"messages_appended {sum(p.messages_appended for p in logs)}",
                 f"flush_errors {self.storage.flush_errors}",
             ]
+            if self.status is not None:
+                lines += self.status()
             for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_stats",
                         "bad_requests", "connections_total"):
