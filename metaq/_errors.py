@@ -27,7 +27,8 @@ builtin type.
     │   ├── NoBrokerAvailableError          no partition of the topic can be written
     │   └── SendTimeoutError                retries exhausted within the send timeout
     └── ConsumerError
-        └── ConsumerClosedError             the consumer was used after close()
+        ├── ConsumerClosedError             the consumer was used after close()
+        └── DataLossError                   wanted messages are gone (retention, short log)
 
 ``zk_layout`` does not import ``metaq``, so its :class:`zk_layout.NodeDataError`
 (a ``ValueError``) is registered here as a virtual subclass of
@@ -63,6 +64,7 @@ __all__ = [
     "SendTimeoutError",
     "ConsumerError",
     "ConsumerClosedError",
+    "DataLossError",
 ]
 
 
@@ -151,6 +153,11 @@ class ConsumerError(MetaqError):
 
 class ConsumerClosedError(ConsumerError):
     """The consumer was used after it was closed."""
+
+
+class DataLossError(ConsumerError):
+    """Messages a reader was asked for are gone: deleted by retention, or the
+    log is shorter or more damaged than when the read was planned."""
 
 
 CoordinationError.register(NodeDataError)
