@@ -21,6 +21,7 @@ _COMMAND_MODULES = [
     "metaq._cli.broker",
     "metaq._cli.consume",
     "metaq._cli.produce",
+    "metaq._cli.group",
     "metaq._cli.demo",
 ]
 

@@ -1,0 +1,166 @@
+"""``metaq group list|describe|reset-offsets`` and ``metaq topic list|describe``.
+
+Read commands take ``--json``.  Exit codes: 0 done, 1 ZooKeeper or a broker
+failed, 2 bad arguments (including an unknown group or topic, and a reset
+refused because the group has live members).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from kazoo.client import KazooClient
+from kazoo.handlers.threading import KazooTimeoutError
+
+from metaq._admin import describe_group, log_ends, reset_offsets
+from metaq._errors import ConfigError, CoordinationError
+from zk_layout import Layout, take_snapshot
+
+__all__ = ["register"]
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--zk", required=True, metavar="HOST:PORT[/chroot]",
+                   help="ZooKeeper connect string")
+    p.add_argument("--root", default="/meta", help="ZooKeeper root of the Metaq tree")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="ZooKeeper and broker timeout (default 10)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("group", help="consumer groups: list, describe, reset offsets")
+    gs = g.add_subparsers(dest="group_command", metavar="ACTION", required=True)
+    p = gs.add_parser("list", help="every group with its member and partition counts")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=group_list)
+    p = gs.add_parser("describe", help="per partition: owner, committed offset and msgId, "
+                                       "log end, lag, state (ok/lagging/stalled/unowned)")
+    _common(p)
+    p.add_argument("group")
+    p.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
+                   help="sample twice this far apart to tell 'stalled' from 'lagging'")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=group_describe)
+    p = gs.add_parser("reset-offsets", help="set a topic's committed offsets "
+                                            "(refused while the group has live members)")
+    _common(p)
+    p.add_argument("group")
+    p.add_argument("--topic", required=True)
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-earliest", action="store_true")
+    target.add_argument("--to-latest", action="store_true")
+    target.add_argument("--to-offset", type=int, metavar="N")
+    p.set_defaults(func=group_reset)
+
+    t = sub.add_parser("topic", help="topics: list, describe")
+    ts = t.add_subparsers(dest="topic_command", metavar="ACTION", required=True)
+    p = ts.add_parser("list", help="every topic with its brokers and partition count")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=topic_list)
+    p = ts.add_parser("describe", help="per partition: broker, log start and end")
+    _common(p)
+    p.add_argument("topic")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=topic_describe)
+
+
+@contextmanager
+def _client(args: argparse.Namespace) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=args.zk, timeout=args.timeout)
+    try:
+        client.start(timeout=args.timeout)
+    except KazooTimeoutError:
+        raise CoordinationError(f"cannot reach ZooKeeper at {args.zk}") from None
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()
+
+
+def _table(headers: list[str], rows: list[list[object]]) -> str:
+    cells = [headers] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in cells)
+
+
+def group_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        snap = take_snapshot(client, Layout(args.root))
+    rows = [{"group": g.group, "members": len(g.members),
+             "topics": sorted({t.topic for t in g.topics}),
+             "partitions": sum(len(t.partitions) for t in g.topics)} for g in snap.groups]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_table(["group", "members", "partitions", "topics"],
+                     [[r["group"], r["members"], r["partitions"], ",".join(r["topics"])]
+                      for r in rows]))
+    return 0
+
+
+def group_describe(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        report = describe_group(client, Layout(args.root), args.group, interval=args.interval,
+                                timeout=args.timeout)
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+        return 0
+    print(f"group {report.group}: {len(report.members)} member(s) "
+          f"{' '.join(report.members)}")
+    print(_table(["topic", "partition", "owner", "committed", "msgId", "log end", "lag",
+                  "state"],
+                 [[p.topic, p.partition, p.owner, p.committed, p.msg_id, p.log_end, p.lag,
+                   p.state] for p in report.partitions]))
+    return 0
+
+
+def group_reset(args: argparse.Namespace) -> int:
+    to: str | int = ("earliest" if args.to_earliest else "latest" if args.to_latest
+                     else args.to_offset)
+    if isinstance(to, int) and to < 0:
+        raise ConfigError("--to-offset must be >= 0")
+    with _client(args) as client:
+        done = reset_offsets(client, Layout(args.root), args.group, args.topic, to=to,
+                             timeout=args.timeout)
+    for part, value in done.items():
+        print(f"{args.topic} {part} -> {value}")
+    return 0
+
+
+def topic_list(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        snap = take_snapshot(client, Layout(args.root))
+    rows = [{"topic": t.topic, "brokers": sorted({b.broker_id for b in t.brokers}),
+             "partitions": len(t.partitions)} for t in snap.topics]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(_table(["topic", "partitions", "brokers"],
+                     [[r["topic"], r["partitions"], ",".join(map(str, r["brokers"]))]
+                      for r in rows]))
+    return 0
+
+
+def topic_describe(args: argparse.Namespace) -> int:
+    layout = Layout(args.root)
+    with _client(args) as client:
+        if client.exists(layout.topic_sub_dir(args.topic)) is None:
+            raise ConfigError(f"no topic {args.topic!r} under {args.root}")
+        ends = log_ends(client, layout, args.topic, timeout=args.timeout)
+    rows = [{"partition": p, "broker_id": int(p.split("-", 1)[0]), "log_start": s,
+             "log_end": e, "bytes": None if s is None or e is None else e - s}
+            for p, (s, e) in ends.items()]
+    if args.json:
+        print(json.dumps({"topic": args.topic, "partitions": rows}, indent=2))
+    else:
+        print(_table(["partition", "broker", "log start", "log end", "bytes"],
+                     [[r["partition"], r["broker_id"], r["log_start"], r["log_end"],
+                       r["bytes"]] for r in rows]))
+    return 0

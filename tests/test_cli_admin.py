@@ -1,0 +1,116 @@
+"""`metaq group ...` and `metaq topic ...` against real ZooKeeper, broker processes and a group."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from _procs import start_broker, stop_all
+
+from metaq import MessageConsumer, Producer
+from metaq.testing import free_port, wait_until
+from zk_layout import Layout, decode_offset
+
+L = Layout()
+TOPIC, GROUP = "audit", "ops"
+
+
+def metaq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "metaq", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cluster(zk_connect, tmp_path):
+    brokers = [start_broker(zk_connect, b, tmp_path / f"b{b}", {TOPIC: 2}) for b in (0, 1)]
+    with Producer(zk_connect) as p:
+        for f in [p.send_async(TOPIC, f"m{i}".encode()) for i in range(400)]:
+            f.result(timeout=30)
+    yield brokers
+    stop_all(brokers)
+
+
+def _ends(brokers) -> dict[str, int]:
+    out = {}
+    for b in brokers:
+        with b.connection() as c:
+            for i in range(2):
+                out[f"{b.broker_id}-{i}"] = c.offset(TOPIC, GROUP, i, 2**63 - 1)
+    return out
+
+
+def test_group_describe_shows_owner_committed_log_end_lag_and_state(
+        zk_connect, zk_client, cluster):
+    ends = _ends(cluster)
+    seen = []
+    with MessageConsumer(GROUP, zk_connect, consumer_id="one", commit_period=0.1) as c:
+        c.subscribe(TOPIC, seen.append)
+        c.start()
+        wait_until(lambda: len(seen) == 400, timeout=30, what="all consumed")
+        d = L.offsets_dir(GROUP, TOPIC)
+        wait_until(lambda: zk_client.exists(d) and {
+            p: decode_offset(zk_client.get(f"{d}/{p}")[0]).offset
+            for p in zk_client.get_children(d)} == ends, timeout=30, what="committed")
+        out = metaq("group", "describe", GROUP, "--zk", zk_connect, "--json")
+        assert out.returncode == 0, out.stderr
+        report = json.loads(out.stdout)
+        assert report["members"] == [f"{GROUP}_one"]
+        rows = {r["partition"]: r for r in report["partitions"]}
+        assert set(rows) == set(ends)
+        for part, row in rows.items():
+            assert row["owner"] == f"{GROUP}_one"
+            assert row["committed"] == row["log_end"] == ends[part]
+            assert row["lag"] == 0 and row["state"] == "ok"
+        text = metaq("group", "describe", GROUP, "--zk", zk_connect)
+        assert text.returncode == 0 and f"{GROUP}_one" in text.stdout
+        assert "lag" in text.stdout.splitlines()[1]
+        # a reset is refused while the member lives
+        refused = metaq("group", "reset-offsets", GROUP, "--zk", zk_connect, "--topic", TOPIC,
+                        "--to-earliest")
+        assert refused.returncode == 2 and "live member" in refused.stderr
+    # with nobody left: reset to earliest, then describe shows the whole log as lag, unowned
+    done = metaq("group", "reset-offsets", GROUP, "--zk", zk_connect, "--topic", TOPIC,
+                 "--to-earliest")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(metaq("group", "describe", GROUP, "--zk", zk_connect,
+                              "--json").stdout)
+    for row in report["partitions"]:
+        assert row["committed"] == 0 and row["lag"] == ends[row["partition"]]
+        assert row["owner"] is None and row["state"] == "unowned"
+    listed = json.loads(metaq("group", "list", "--zk", zk_connect, "--json").stdout)
+    assert listed == [{"group": GROUP, "members": 0, "topics": [TOPIC], "partitions": 4}]
+
+
+def test_topic_list_and_describe(zk_connect, cluster):
+    ends = _ends(cluster)
+    listed = json.loads(metaq("topic", "list", "--zk", zk_connect, "--json").stdout)
+    assert listed == [{"topic": TOPIC, "brokers": [0, 1], "partitions": 4}]
+    described = json.loads(metaq("topic", "describe", TOPIC, "--zk", zk_connect,
+                                 "--json").stdout)
+    assert {r["partition"]: r["log_end"] for r in described["partitions"]} == ends
+    assert all(r["log_start"] == 0 for r in described["partitions"])
+    plain = metaq("topic", "describe", TOPIC, "--zk", zk_connect)
+    assert plain.returncode == 0 and "log end" in plain.stdout
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["group"], 2, "ACTION"),
+    (["group", "describe", "nope", "--zk", "{zk}"], 2, "no consumer group"),
+    (["topic", "describe", "nope", "--zk", "{zk}"], 2, "no topic"),
+    (["group", "reset-offsets", "g", "--zk", "{zk}", "--topic", "t"], 2, "one of the arguments"),
+    (["group", "reset-offsets", "g", "--zk", "{zk}", "--topic", "t", "--to-offset", "-5"], 2,
+     "--to-offset"),
+    (["consume", "--zk", "{zk}", "--group", "g", "--topic", "t", "--count", "0"], 2, "--count"),
+    (["frobnicate"], 2, "invalid choice"),
+])
+def test_bad_arguments_are_named_with_exit_2(zk_connect, args, code, needle):
+    out = metaq(*[a.replace("{zk}", zk_connect) for a in args])
+    assert out.returncode == code, (out.stdout, out.stderr)
+    assert needle in out.stderr
+
+
+def test_unreachable_zookeeper_exits_1():
+    out = metaq("group", "list", "--zk", f"127.0.0.1:{free_port()}", "--timeout", "1")
+    assert out.returncode == 1 and "cannot reach ZooKeeper" in out.stderr
