@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from metaq._errors import ConfigError
+from metaq._zkclient import ZkSecurity
 
 __all__ = ["ConsumerConfig", "START_POSITIONS"]
 
@@ -41,6 +42,8 @@ class ConsumerConfig:
     consumer_id: str | None = None
     #: ZooKeeper root of the Metaq tree [``/meta``].
     zk_root: str = "/meta"
+    #: ZooKeeper credentials, ACLs for the nodes we create, and TLS (default: open).
+    zk_security: ZkSecurity | None = None
     #: ZooKeeper session timeout in seconds [30].
     zk_session_timeout: float = 30.0
     #: ZooKeeper connection timeout for ``start()`` in seconds.
@@ -87,6 +90,8 @@ class ConsumerConfig:
                      "max_fetch_delay", "commit_period", "claim_backoff", "claim_backoff_max",
                      "close_timeout"):
             _positive(name, getattr(self, name))
+        if self.zk_security is not None and not isinstance(self.zk_security, ZkSecurity):
+            raise ConfigError("zk_security must be a metaq.ZkSecurity")
         if self.claim_backoff > self.claim_backoff_max:
             raise ConfigError("claim_backoff must not exceed claim_backoff_max")
         for name in ("fetch_runner_count", "max_fetch_retries", "max_fetch_size"):

@@ -13,6 +13,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._codec import get_codec
 from metaq._errors import ConfigError, ConsumerClosedError, ConsumerError, CoordinationError
+from metaq._zkclient import make_client
 from metaq.consumer._config import MIB, ConsumerConfig
 from metaq.consumer._coordinator import Coordinator, State
 from metaq.consumer._fetcher import FetchManager
@@ -83,7 +84,8 @@ class MessageConsumer:
         if isinstance(zk_connect, KazooClient):
             self._client, self._own_client = zk_connect, False
         else:
-            self._client = KazooClient(hosts=zk_connect, timeout=self.config.zk_session_timeout)
+            self._client = make_client(zk_connect, timeout=self.config.zk_session_timeout,
+                                       security=self.config.zk_security)
             self._own_client = True
         self.fetcher = FetchManager(
             group=group, runner_count=self.config.fetch_runner_count,

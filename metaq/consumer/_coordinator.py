@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.security import OPEN_ACL_UNSAFE
 
 from metaq._errors import CoordinationError, MetaqError
 from metaq.consumer._assignors import get_strategy
@@ -269,6 +270,9 @@ class Coordinator:
             return
         path = self._layout.consumer_id(self._group, self.consumer_id)
         data = self._c.topics_data()
+        # Parents shared with other components stay open; with an ACL mode, the group's
+        # own nodes (created below with the client's default ACL) are protected.
+        self._client.ensure_path(self._layout.consumer_groups(), acl=OPEN_ACL_UNSAFE)
         try:
             self._client.create(path, data, ephemeral=True, makepath=True)
         except NodeExistsError:
