@@ -20,8 +20,9 @@ b'h\\xc3\\xa9llo'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgpack
 
