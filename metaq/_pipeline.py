@@ -44,7 +44,7 @@ from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError, Sen
 from metaq._protocol import MAX_LINE, encode_put
 
 __all__ = ["LightFuture", "Pending", "PipelinedConnection", "PutAck", "PutFuture",
-           "parse_put_ack"]
+           "parse_put_ack", "scan_results"]
 
 log = logging.getLogger(__name__)
 
@@ -99,25 +99,25 @@ class LightFuture(Future):
     def set_result(self, result: Any) -> None:
         d = self.__dict__
         if "_condition" not in d:
-            with _CREATE:
-                if "_condition" not in d:  # nobody waits: no one to notify
-                    if self._state in _DONE_STATES:
-                        raise _invalid(self)
+            with _CREATE:  # nobody waits yet: no one to notify
+                if "_condition" not in d and self._state not in _DONE_STATES:
                     self._result = result
                     self._state = FINISHED
                     return
+        if self._state in _DONE_STATES:
+            raise _invalid(self)
         Future.set_result(self, result)
 
     def set_exception(self, exception: BaseException | None) -> None:
         d = self.__dict__
         if "_condition" not in d:
-            with _CREATE:
-                if "_condition" not in d:
-                    if self._state in _DONE_STATES:
-                        raise _invalid(self)
+            with _CREATE:  # nobody waits yet: no one to notify
+                if "_condition" not in d and self._state not in _DONE_STATES:
                     self._exception = exception
                     self._state = FINISHED
                     return
+        if self._state in _DONE_STATES:
+            raise _invalid(self)
         Future.set_exception(self, exception)
 
     def done(self) -> bool:
@@ -126,8 +126,11 @@ class LightFuture(Future):
     def running(self) -> bool:
         return self._state == RUNNING
 
+    def cancel(self) -> bool:
+        return False  # never: it is RUNNING from birth (the request may be on the wire)
+
     def cancelled(self) -> bool:
-        return False  # never: it is RUNNING from birth
+        return False
 
     def result(self, timeout: float | None = None) -> Any:
         if self._state == FINISHED:
@@ -146,7 +149,8 @@ class LightFuture(Future):
 def _invalid(fut: Future) -> Exception:
     from concurrent.futures import InvalidStateError
 
-    return InvalidStateError(f"{fut._state}: {fut!r}")
+    return InvalidStateError(f"{fut._state}: {type(fut).__name__} at {id(fut):#x} is "
+                             f"already done")
 
 
 # --------------------------------------------------------------------------- requests
@@ -453,33 +457,18 @@ class PipelinedConnection:
 
     def _handle(self, buf: bytes) -> bytes:
         """Complete every whole reply in ``buf``; return the unparsed rest."""
-        pos = 0
-        end = len(buf)
-        match = _HEAD.match
+        replies, used = scan_results(buf)
         pop = self._pending.pop
         freed = 0
         try:
-            while pos < end:
-                m = match(buf, pos)
-                if m is None:
-                    self._check_partial(buf, pos, end)
-                    break
-                code_b, len_b, opaque_b = m.groups()
-                start = m.end()
-                stop = start + int(len_b)
-                if stop > end:
-                    if stop - start > _MAX_RESULT_BODY:
-                        raise ProtocolError(f"result body of {stop - start} bytes is over "
-                                            f"{_MAX_RESULT_BODY}")
-                    break
-                pos = stop
-                entry = pop(int(opaque_b), None)
+            for code, opaque, body in replies:
+                entry = pop(opaque, None)
                 if entry is None:
-                    log.debug("reply for unknown opaque %s from %s", opaque_b, self.name)
+                    log.debug("reply for unknown opaque %d from %s", opaque, self.name)
                     continue
                 freed += entry[2]
                 try:
-                    entry[0].on_reply(int(code_b), buf[start:stop])
+                    entry[0].on_reply(code, body)
                 except Exception:
                     log.exception("request callback failed on %s", self.name)
         finally:
@@ -488,22 +477,7 @@ class PipelinedConnection:
                     self._inflight_bytes -= freed
                     if self._room_waiters:
                         self._room.notify_all()
-        return buf[pos:] if pos else buf
-
-    @staticmethod
-    def _check_partial(buf: bytes, pos: int, end: int) -> None:
-        """Raise unless ``buf[pos:]`` may be the start of a valid reply header."""
-        eol = buf.find(b"\r\n", pos, pos + MAX_LINE + 2)
-        if eol >= 0 or end - pos > MAX_LINE:
-            line = buf[pos:eol if eol >= 0 else pos + 120]
-            if line.startswith(b"value "):
-                raise ProtocolError(f"unexpected 'value' reply {line[:120]!r} on a put "
-                                    f"connection")
-            raise ProtocolError(f"bad reply line {line[:120]!r}: expected "
-                                f"'result <code> <length> <opaque>'")
-        prefix = buf[pos:pos + 7]
-        if not b"result ".startswith(prefix[:7]):
-            raise ProtocolError(f"bad reply {prefix!r}...: expected 'result ...'")
+        return buf[used:] if used else buf
 
     def _sweep(self) -> None:
         """Declare the connection dead when the oldest request waited too long."""
@@ -522,3 +496,50 @@ def _closed(msg: str, cause: BaseException | None) -> ConnectionClosedError:
     err = ConnectionClosedError(msg)
     err.__cause__ = cause
     return err
+
+
+def scan_results(buf: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
+    """Parse the complete ``result`` replies at the start of ``buf``.
+
+    Returns ``([(code, opaque, body), ...], used)`` where ``buf[used:]`` is an
+    incomplete reply still waiting for bytes.  Anything that cannot become a
+    valid ``result <code> <length> <opaque>\\r\\n<body>`` (including a ``value``
+    reply, which a put never gets) raises ProtocolError.
+    """
+    out: list[tuple[int, int, bytes]] = []
+    append = out.append
+    pos = 0
+    end = len(buf)
+    match = _HEAD.match
+    while pos < end:
+        m = match(buf, pos)
+        if m is None:
+            _check_partial(buf, pos, end)
+            break
+        code_b, len_b, opaque_b = m.groups()
+        opaque = int(opaque_b)
+        if opaque > _OPAQUE_MASK or opaque < -_OPAQUE_MASK - 1:
+            raise ProtocolError(f"reply opaque {opaque} is out of the int32 range")
+        start = m.end()
+        stop = start + int(len_b)
+        if stop > end:
+            if stop - start > _MAX_RESULT_BODY:
+                raise ProtocolError(f"result body of {stop - start} bytes is over the "
+                                    f"limit of {_MAX_RESULT_BODY}")
+            break
+        append((int(code_b), opaque, buf[start:stop]))
+        pos = stop
+    return out, pos
+
+
+def _check_partial(buf: bytes, pos: int, end: int) -> None:
+    """Raise unless ``buf[pos:]`` may be the start of a valid reply header."""
+    eol = buf.find(b"\r\n", pos, pos + MAX_LINE + 2)
+    if eol >= 0 or end - pos > MAX_LINE:
+        line = buf[pos:eol if eol >= 0 else pos + 120]
+        if line.startswith(b"value "):
+            raise ProtocolError(f"unexpected 'value' reply {line[:120]!r} on a put connection")
+        raise ProtocolError(f"bad reply line {line[:120]!r}: expected "
+                            f"'result <code> <length> <opaque>'")
+    if not b"result ".startswith(buf[pos:pos + 7]):
+        raise ProtocolError(f"bad reply {buf[pos:pos + 20]!r}...: expected 'result ...'")

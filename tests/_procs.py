@@ -30,10 +30,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from metaq._connection import BrokerConnection
+from metaq._errors import BrokerError
+from metaq._message import RawMessage, iter_messages
 from metaq.testing import free_port, wait_until
 from zk_layout import Layout, decode_broker_uri, decode_topic_broker
 
-__all__ = ["BrokerProc", "start_broker", "stop_all"]
+__all__ = ["BrokerProc", "read_partition", "start_broker", "stop_all"]
 
 _STARTUP_TIMEOUT = 30.0
 
@@ -240,3 +242,32 @@ def stop_all(procs: Iterable[BrokerProc]) -> None:
                 p.stop()
         except Exception:
             p.kill()
+
+
+def read_partition(conn: BrokerConnection, topic: str, partition: int, *, start: int = 0,
+                   group: str = "test-reader", max_size: int = 1 << 20) -> list[RawMessage]:
+    """Every message of one partition from ``start`` to its end, checksums verified.
+
+    Follows ``get`` until the broker answers 404 (the end); a 301 (offset
+    below the log start) restarts at the offset it names.
+    """
+    out: list[RawMessage] = []
+    offset = start
+    while True:
+        try:
+            mv = conn.get(topic, group, partition, offset, max_size)
+        except BrokerError as e:
+            if e.code == 404:
+                return out
+            if e.code == 301 and e.detail.strip().isdigit():
+                offset = int(e.detail)
+                continue
+            raise
+        msgs = list(iter_messages(mv, offset))
+        if not msgs:
+            if len(mv) >= max_size:
+                max_size *= 2  # one message bigger than max_size
+                continue
+            return out
+        out.extend(msgs)
+        offset = msgs[-1].next_offset

@@ -1,0 +1,224 @@
+"""PipelinedConnection against a real broker (in-process, over TCP) and against
+misbehaving servers (silent, garbage, closing) that a real broker cannot play."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from _procs import read_partition
+
+from metaq import BrokerError, ConnectionClosedError, SendTimeoutError
+from metaq._connection import BrokerConnection
+from metaq._message import checksum
+from metaq._pipeline import PipelinedConnection, PutAck
+from metaq._protocol import RequestParser
+from metaq.broker import Broker, BrokerConfig
+from metaq.testing import free_port, wait_until
+
+
+@pytest.fixture
+def broker(tmp_path) -> Iterator[Broker]:  # type: ignore[no-untyped-def]
+    with Broker(BrokerConfig(broker_id=3, data_dir=tmp_path / "data", port=0,
+                             topics={"t": 2})) as b:
+        yield b
+
+
+class Server:
+    """A TCP server that reads requests and answers with ``behaviour(parsed requests)``."""
+
+    def __init__(self, answer) -> None:  # type: ignore[no-untyped-def]
+        self.answer = answer
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        self.received = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="test-fake-server", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.conns.append(conn)
+            parser = RequestParser()
+            while True:
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                reqs = parser.feed(data)
+                self.received += len(reqs)
+                out = self.answer(reqs)
+                if out is None:
+                    continue
+                if out == b"CLOSE":
+                    conn.close()
+                    break
+                conn.sendall(out)
+
+    def close(self) -> None:
+        self.stop.set()
+        for s in (self.sock, *self.conns):  # shutdown wakes a thread blocked in accept/recv
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def server_factory() -> Iterator:  # type: ignore[type-arg]
+    servers: list[Server] = []
+
+    def make(answer) -> Server:  # type: ignore[no-untyped-def]
+        s = Server(answer)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def _pipe_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("metaq-pipe-")]
+
+
+def test_many_puts_in_flight_all_acknowledged_and_stored(broker: Broker) -> None:
+    payloads = [b"m%05d" % i + b"x" * (i % 50) for i in range(5000)]
+    with PipelinedConnection("127.0.0.1", broker.port, name="b3") as conn:
+        assert {"metaq-pipe-reader-b3", "metaq-pipe-writer-b3"} <= set(_pipe_threads())
+        futures = [conn.put("t", i % 2, p, 0, _crc(p)) for i, p in enumerate(payloads)]
+        acks = [f.result(10) for f in futures]
+    assert all(isinstance(a, PutAck) for a in acks)
+    assert [a.partition for a in acks] == [i % 2 for i in range(5000)]
+    for part in (0, 1):
+        offsets = [a.offset for a in acks if a.partition == part]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 2500
+    assert len({a.msg_id for a in acks}) == 5000
+    assert all((a.msg_id >> 12) & 0x3FF == 3 for a in acks)  # broker id in the msgId
+    with BrokerConnection("127.0.0.1", broker.port) as reader:
+        for part in (0, 1):
+            got = read_partition(reader, "t", part)
+            assert [m.payload for m in got] == payloads[part::2]
+            assert [m.offset for m in got] == [a.offset for a in acks if a.partition == part]
+            assert [m.msg_id for m in got] == [a.msg_id for a in acks if a.partition == part]
+    assert not [n for n in _pipe_threads() if n.endswith("-b3")]
+
+
+def test_broker_refusal_fails_one_request_and_keeps_the_connection(broker: Broker) -> None:
+    with PipelinedConnection("127.0.0.1", broker.port) as conn:
+        bad = conn.put("t", 7, b"x", 0, _crc(b"x"))       # no partition 7
+        ok = conn.put("t", 1, b"y", 0, _crc(b"y"))
+        with pytest.raises(BrokerError) as e:
+            bad.result(5)
+        assert e.value.code == 404 and "7" in str(e.value)
+        assert ok.result(5).partition == 1
+        assert conn.put("t", 0, b"z", 0, _crc(b"z")).result(5).partition == 0
+        assert not conn.closed
+
+
+def test_connect_refused_is_a_clear_connection_error() -> None:
+    port = free_port()
+    with pytest.raises(ConnectionClosedError, match=f"cannot connect to broker 127.0.0.1:{port}"):
+        PipelinedConnection("127.0.0.1", port, connect_timeout=2)
+
+
+def test_full_window_blocks_until_the_deadline(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(lambda reqs: None)  # reads, never answers
+    conn = PipelinedConnection("127.0.0.1", server.port, max_in_flight=4, request_timeout=30)
+    try:
+        futures = [conn.put("t", 0, b"x", 0, 1) for _ in range(4)]
+        t0 = time.monotonic()
+        with pytest.raises(SendTimeoutError, match="in-flight window"):
+            conn.put("t", 0, b"x", 0, 1, deadline=time.monotonic() + 0.3)
+        assert 0.25 <= time.monotonic() - t0 < 5
+        assert conn.in_flight == 4 and not any(f.done() for f in futures)
+        wait_until(lambda: server.received == 4, 5, what="the server to read 4 puts")
+    finally:
+        conn.close()
+    for f in futures:
+        with pytest.raises(ConnectionClosedError, match="closed"):
+            f.result(5)
+    with pytest.raises(ConnectionClosedError):
+        conn.put("t", 0, b"x", 0, 1)
+
+
+def test_byte_window_counts_request_bytes(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(lambda reqs: None)
+    with PipelinedConnection("127.0.0.1", server.port, max_in_flight_bytes=10_000,
+                             request_timeout=30) as conn:
+        conn.put("t", 0, b"x" * 6000, 0, 1)  # one request may exceed nothing in flight
+        with pytest.raises(SendTimeoutError):
+            conn.put("t", 0, b"x" * 6000, 0, 1, deadline=time.monotonic() + 0.2)
+        conn.close()
+
+
+def test_no_reply_within_request_timeout_kills_the_connection(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(lambda reqs: None)
+    conn = PipelinedConnection("127.0.0.1", server.port, request_timeout=0.3)
+    t0 = time.monotonic()
+    f = conn.put("t", 0, b"x", 0, 1)
+    with pytest.raises(ConnectionClosedError, match="no reply from broker"):
+        f.result(10)
+    assert 0.3 <= time.monotonic() - t0 < 5
+    assert conn.closed
+    conn.close()
+
+
+def test_garbage_reply_fails_everything_in_flight(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(lambda reqs: b"HTTP/1.1 400 Bad Request\r\n\r\n")
+    conn = PipelinedConnection("127.0.0.1", server.port)
+    f = conn.put("t", 0, b"x", 0, 1)
+    with pytest.raises(ConnectionClosedError, match="malformed reply") as e:
+        f.result(10)
+    assert "HTTP/1.1" in str(e.value.__cause__)
+    conn.close()
+
+
+def test_server_closing_fails_in_flight_and_later_puts(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(lambda reqs: b"CLOSE")
+    conn = PipelinedConnection("127.0.0.1", server.port)
+    f = conn.put("t", 0, b"x", 0, 1)
+    with pytest.raises(ConnectionClosedError, match="closed the connection"):
+        f.result(10)
+    wait_until(lambda: conn.closed, 5, what="the connection to notice")
+    with pytest.raises(ConnectionClosedError):
+        conn.put("t", 0, b"y", 0, 1)
+    conn.close()
+
+
+def test_replies_out_of_order_are_matched_by_opaque(server_factory) -> None:  # type: ignore[no-untyped-def]
+    def answer(reqs):  # type: ignore[no-untyped-def]
+        return b"".join(b"result 200 %d %d\r\n%b" % (len(b := b"%d 0 %d" % (r.opaque, r.opaque)),
+                                                        r.opaque, b) for r in reversed(reqs))
+
+    server = server_factory(answer)
+    with PipelinedConnection("127.0.0.1", server.port) as conn:
+        fs = [conn.put("t", 0, b"x", 0, 1) for _ in range(50)]
+        acks = [f.result(10) for f in fs]
+    assert [a.msg_id for a in acks] == [a.offset for a in acks]
+    assert len({a.msg_id for a in acks}) == 50
+
+
+def test_close_waits_for_replies_in_flight(broker: Broker) -> None:
+    conn = PipelinedConnection("127.0.0.1", broker.port)
+    fs = [conn.put("t", 0, b"%d" % i, 0, _crc(b"%d" % i)) for i in range(2000)]
+    conn.close(timeout=10)
+    assert all(f.done() and f.exception() is None for f in fs)
+
+
+# --------------------------------------------------------------------------- helpers
+
+def _crc(payload: bytes) -> int:
+    return checksum(payload)
