@@ -4,6 +4,11 @@ Used by fetch runners (each owns its connections, so no locking), by tools
 that ask a broker for offsets, and by tests.  Replies are read into one
 reusable buffer: a ``get`` returns a memoryview into it that stays valid until
 the next request on the same connection.
+
+A fetch runner pipelines one ``get`` ahead: :meth:`BrokerConnection.send_get`
+sends it, :meth:`BrokerConnection.read_get` reads its reply later (as bytes,
+after an optional prefix) or :meth:`BrokerConnection.skip_reply` drops it;
+replies come back in request order.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from metaq._protocol import encode_get, encode_offset, encode_stats, encode_vers
 __all__ = ["BrokerConnection", "parse_meta_uri"]
 
 _MAX_HEADER = 1024
+_HEADROOM = 64 * 1024
 
 
 def parse_meta_uri(uri: str) -> tuple[str, int]:
@@ -64,6 +70,26 @@ class BrokerConnection:
         self._send(encode_get(topic, group, partition, offset, max_size, opaque))
         return self._reply(opaque, want_value=True)
 
+    def send_get(self, topic: str, group: str, partition: int, offset: int,
+                 max_size: int) -> int:
+        """Send a ``get`` without waiting; returns the opaque to read its reply with."""
+        opaque = next(self._opaque)
+        self._send(encode_get(topic, group, partition, offset, max_size, opaque))
+        return opaque
+
+    def read_get(self, opaque: int, prefix: bytes = b"") -> bytes:
+        """The reply to :meth:`send_get` ``opaque`` as ``prefix + body`` (one copy);
+        raises BrokerError for a ``result``."""
+        body = self._reply(opaque, want_value=True)
+        return prefix + body if prefix else bytes(body)
+
+    def skip_reply(self, opaque: int) -> None:
+        """Read and drop the reply to ``opaque`` (any code)."""
+        try:
+            self._reply(opaque, want_value=True)
+        except BrokerError:
+            pass
+
     def offset(self, topic: str, group: str, partition: int, offset: int) -> int:
         """The broker's nearest valid offset to ``offset`` (the ``offset`` command)."""
         opaque = next(self._opaque)
@@ -105,9 +131,10 @@ class BrokerConnection:
         if len(self._buf) - self._start < need:
             # A fresh buffer rather than a resize: a caller may still hold a
             # memoryview of the old one (a get reply being processed).
+            # Room for a reply line before the next body too, so that the
+            # buffer is not replaced again for every reply of the same size.
             unread = self._end - self._start
-            new = bytearray(max(need, len(self._buf)) if need > len(self._buf) else
-                            len(self._buf))
+            new = bytearray(max(need + _HEADROOM, len(self._buf)))
             new[:unread] = self._buf[self._start:self._end]
             self._buf, self._start, self._end = new, 0, unread
         view = memoryview(self._buf)

@@ -14,7 +14,14 @@ What differs from Metaq:
 - growth of the fetch size for a message bigger than ``max_size`` has its own
   counter (the listener's retry counter is never touched by it);
 - each runner keeps one connection per broker; a broker failure backs off
-  only that broker's partitions.
+  only that broker's partitions;
+- a runner sends the next ``get`` of a partition before handing the current
+  bytes to the listener, asking for the bytes right after them (offsets are
+  byte positions, so a message cut at the end of a reply is completed by the
+  next one); the broker sends them while the listener runs, and the runner
+  reads them before it lets the partition go (kept in ``pf.ready``, at most
+  one reply per partition).  Order stays serial: they are processed only when
+  the partition's offset is still where they start.
 """
 
 from __future__ import annotations
@@ -40,6 +47,14 @@ _LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
 ErrorHandler = Callable[[BaseException, "PartitionFetch | None"], None]
 
 
+def _take_ready(pf: PartitionFetch, address: tuple[str, int]) -> bytes | None:
+    """The bytes fetched ahead for ``pf``, if they still start at its offset."""
+    ready, pf.ready = pf.ready, None
+    if ready and pf.ready_offset == pf.offset and pf.ready_address == address:
+        return ready
+    return None  # nothing, or the offset moved (seek, 301, resync, size growth)
+
+
 class FetchManager:
     """Runs the fetch loop for every partition added to it.
 
@@ -49,8 +64,9 @@ class FetchManager:
 
     def __init__(self, *, group: str, runner_count: int, fetch_timeout: float,
                  max_delay: float, max_fetch_size: int, on_error: ErrorHandler,
-                 name: str = "metaq-fetch") -> None:
+                 name: str = "metaq-fetch", prefetch: bool = True) -> None:
         self._group = group
+        self._prefetch = prefetch
         self._fetch_timeout = fetch_timeout
         self._max_delay = max_delay
         self._step = max_delay / 10.0
@@ -184,31 +200,41 @@ class FetchManager:
                     connections: dict[tuple[str, int], BrokerConnection]) -> float:
         address = pf.broker_address
         if address is None:
+            pf.ready = None
             return self._backoff(pf)  # broker unknown right now: wait
+        data = _take_ready(pf, address)
         conn = connections.get(address)
+        ahead: int | None = None  # opaque of the get sent ahead, reply not read yet
         try:
             if conn is None:
                 conn = BrokerConnection(address[0], address[1], timeout=self._fetch_timeout)
                 connections[address] = conn
-            if pf.offset < 0:  # start_position="latest": the broker's log end
-                pf.offset = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
-            data = conn.get(pf.topic, self._group, pf.index, pf.offset, pf.max_size)
+            if data is None:
+                if pf.offset < 0:  # start_position="latest": the broker's log end
+                    pf.offset = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+                data = conn.read_get(
+                    conn.send_get(pf.topic, self._group, pf.index, pf.offset, pf.max_size))
+            if data and self._prefetch:
+                # the bytes right after these: the broker sends them while we deliver
+                ahead = conn.send_get(pf.topic, self._group, pf.index, pf.offset + len(data),
+                                      pf.max_size)
         except BrokerError as e:
             return self._on_broker_error(pf, e)
         except (OSError, MetaqError) as e:
-            if conn is not None:
-                conn.close()
-            connections.pop(address, None)
-            pf.failures += 1
-            if pf.failures in (1, 10) or pf.failures % 100 == 0:
-                log.warning("fetch %s/%s from %s:%s failed (%d in a row): %s",
-                            pf.topic, pf.partition, address[0], address[1], pf.failures, e)
-            return self._backoff(pf)
+            return self._connection_failed(pf, conn, address, connections, e)
         pf.failures = 0
+        base = pf.offset
         try:
             result = process_batch(pf, data)
         except ChecksumError as e:
+            self._end_ahead(pf, conn, ahead, None, address, connections)
             return self._resync(pf, conn, e)
+        except BaseException:
+            self._end_ahead(pf, conn, ahead, None, address, connections)
+            raise
+        keep = result.consumed and pf.retry_delay is None
+        self._end_ahead(pf, conn, ahead, data[pf.offset - base:] if keep else None, address,
+                        connections)
         if result.consumed:
             pf.delay = 0.0
             pf.grow_size_streak = 0
@@ -218,6 +244,44 @@ class FetchManager:
         if result.needed_size:
             return self._grow(pf, result.needed_size)
         return self._backoff(pf)
+
+    def _connection_failed(self, pf: PartitionFetch, conn: BrokerConnection | None,
+                           address: tuple[str, int],
+                           connections: dict[tuple[str, int], BrokerConnection],
+                           e: BaseException) -> float:
+        if conn is not None:
+            conn.close()
+        connections.pop(address, None)
+        pf.ready = None
+        pf.failures += 1
+        if pf.failures in (1, 10) or pf.failures % 100 == 0:
+            log.warning("fetch %s/%s from %s:%s failed (%d in a row): %s",
+                        pf.topic, pf.partition, address[0], address[1], pf.failures, e)
+        return self._backoff(pf)
+
+    @staticmethod
+    def _end_ahead(pf: PartitionFetch, conn: BrokerConnection, ahead: int | None,
+                   tail: bytes | None, address: tuple[str, int],
+                   connections: dict[tuple[str, int], BrokerConnection]) -> None:
+        """Read the reply of the get sent ahead: kept in ``pf.ready`` after ``tail`` (the
+        bytes not consumed yet, which it continues), or dropped when ``tail`` is None."""
+        pf.ready = None
+        if ahead is None:
+            return
+        try:
+            if tail is None:
+                conn.skip_reply(ahead)
+                return
+            ready = conn.read_get(ahead, tail)
+        except BrokerError as e:  # e.g. 404, nothing new yet: the next fetch asks again
+            log.debug("get ahead of %s/%s: %s", pf.topic, pf.partition, e)
+            return
+        except (OSError, MetaqError) as e:
+            conn.close()
+            connections.pop(address, None)
+            log.debug("get ahead of %s/%s failed: %s", pf.topic, pf.partition, e)
+            return
+        pf.ready, pf.ready_offset, pf.ready_address = ready, pf.offset, address
 
     def _grow(self, pf: PartitionFetch, needed: int) -> float:
         if needed > self._max_fetch_size:

@@ -13,6 +13,7 @@ import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from metaq._codec import Codec
@@ -39,6 +40,11 @@ _HEADER_SIZE = 20
 _MASK = 0x7FFFFFFF
 #: a payload length above this is corruption (Metaq's lengths are int32)
 _MAX_PAYLOAD = 0x7FFFFFFF - _HEADER_SIZE
+
+
+#: Default for ``PartitionFetch.max_batch``: below CPython's first GC threshold
+#: (700 new container objects), so a batch in hand never triggers a collection.
+DEFAULT_MAX_BATCH = 500
 
 
 class _ChecksumAt(ChecksumError):
@@ -69,7 +75,7 @@ class PartitionFetch:
                  batch_listener: Callable[[list[Message]], Any] | None, codec: Codec,
                  verify: bool, max_retries: int, retry_backoff: float = 0.5,
                  reject: Callable[[Message, BaseException], None] | None = None,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, max_batch: int | None = None) -> None:
         self.topic = topic
         self.partition = partition
         self.broker_id = broker_id
@@ -86,6 +92,9 @@ class PartitionFetch:
         self.retry_backoff = retry_backoff
         self.reject = reject
         self.epoch = epoch
+        #: most messages per batch-listener call (a fetched batch is handed over in
+        #: slices of this size, in order)
+        self.max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
         # scheduling, guarded by the FetchManager's lock
         self.active = False
         self.busy = False
@@ -102,6 +111,11 @@ class PartitionFetch:
         self.retry_count = 0
         self.retry_delay: float | None = None
         self.consumed = 0
+        # bytes fetched ahead (unconsumed tail of the last batch + the next reply),
+        # valid while ``offset == ready_offset`` (see FetchManager)
+        self.ready: bytes | None = None
+        self.ready_offset = -1
+        self.ready_address: tuple[str, int] | None = None
 
     def __repr__(self) -> str:
         return f"PartitionFetch({self.topic}/{self.partition} @ {self.offset})"
@@ -230,40 +244,51 @@ def _deliver_batch(pf: PartitionFetch, data: bytes) -> BatchResult:
     topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
     plain, with_attribute = message_classes(codec)
     verify, crc, unpack, struct_error = pf.verify, _crc32, _unpack_header, struct.error
-    n = len(data)
-    pos = 0
-    batch: list[Message] = []
-    add = batch.append
-    while True:
-        try:
-            length, check, msg_id, flag = unpack(data, pos)
-        except struct_error:
-            break
-        end = pos + 20 + length
-        if end > n:
-            break
-        payload = data[pos + 20:end]
-        if verify and crc(payload) & 0x7FFFFFFF != check:
-            break
-        add((with_attribute if flag & 1 else plain)(
-            (topic, partition, base + pos, base + end, msg_id, flag, payload, codec)))
-        pos = end
-    if not batch:
-        return BatchResult(0, _stop_at_start(pf, data))
     listener = pf.batch_listener
     assert listener is not None
-    try:
-        listener(batch)
-    except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
-        if not _fail(pf, batch[0], exc):
-            return BatchResult(0)
-        # rejected: the whole batch is handed to the reject handler one by one
-        if pf.reject is not None:
-            for m in batch[1:]:
-                pf.reject(m, exc)
-    last = batch[-1]
-    pf.offset, pf.msg_id = last[3], last[4]
-    return _progress(pf, len(batch))
+    chunk = repeat(None, pf.max_batch)
+    n = len(data)
+    pos = consumed = 0
+    while True:
+        batch: list[Message] = []
+        add = batch.append
+        more = False
+        for _ in chunk:
+            try:
+                length, check, msg_id, flag = unpack(data, pos)
+            except struct_error:
+                break
+            end = pos + 20 + length
+            if end > n:
+                break
+            payload = data[pos + 20:end]
+            if verify and crc(payload) & 0x7FFFFFFF != check:
+                break
+            add((with_attribute if flag & 1 else plain)(
+                (topic, partition, base + pos, base + end, msg_id, flag, payload, codec)))
+            pos = end
+        else:
+            more = True
+            chunk = repeat(None, pf.max_batch)
+        if not batch:
+            break
+        try:
+            listener(batch)
+        except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
+            if not _fail(pf, batch[0], exc):
+                break
+            # rejected: the whole batch is handed to the reject handler one by one
+            if pf.reject is not None:
+                for m in batch[1:]:
+                    pf.reject(m, exc)
+        last = batch[-1]
+        pf.offset, pf.msg_id = last[3], last[4]
+        consumed += len(batch)
+        if not more:
+            break
+    if not consumed:
+        return BatchResult(0, None if pf.retry_delay is not None else _stop_at_start(pf, data))
+    return _progress(pf, consumed)
 
 
 def _progress(pf: PartitionFetch, consumed: int) -> BatchResult:
