@@ -7,12 +7,15 @@
     with start_broker(zk_connect, 0, tmp_path / "b0", {"orders": 4}) as broker:
         ...                     # `metaq broker start` runs, registered in ZooKeeper
         broker.kill()           # SIGKILL; its ephemeral nodes go when its session ends
-        broker.restart()        # same id, port, data dir and flags
+        broker.restart()        # same id, port, data dir and flags (after a kill, waits
+                                # for the old session's nodes to expire first)
     # stopped (SIGTERM, then SIGKILL) on exit
 
 Each broker is a real ``python -m metaq broker start`` subprocess on a port
 picked with :func:`metaq.testing.free_port` (kept across restarts, so clients
-can reconnect to the same address).  Its stdout and stderr go to
+can reconnect to the same address), with a short ZooKeeper session timeout
+(``zk_session_timeout``, 4 s, written to ``<data_dir>.toml``) so that a killed
+broker's registration expires quickly.  Its stdout and stderr go to
 ``<data_dir>.log``; :meth:`BrokerProc.log_tail` shows the end in assertion
 messages.  Every wait has a deadline (:func:`metaq.testing.wait_until`).
 """
@@ -46,7 +49,8 @@ class BrokerProc:
     def __init__(self, zk_connect: str, broker_id: int, data_dir: str | os.PathLike,
                  topics: Mapping[str, int], *, port: int | None = None,
                  group_commit: bool = False, unflush_threshold: int | None = None,
-                 zk_root: str = "/meta", extra_args: Iterable[str] = ()) -> None:
+                 zk_root: str = "/meta", zk_session_timeout: float = 4.0,
+                 extra_args: Iterable[str] = ()) -> None:
         self.zk_connect = zk_connect
         self.broker_id = broker_id
         self.data_dir = Path(data_dir)
@@ -55,8 +59,11 @@ class BrokerProc:
         self.zk_root = zk_root
         self.layout = Layout(zk_root)
         self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
+        self.zk_session_timeout = zk_session_timeout
+        self.config_path = self.data_dir.with_name(self.data_dir.name + ".toml")
         args = [sys.executable, "-m", "metaq", "broker", "start",
-                "--zk", zk_connect, "--zk-root", zk_root, "--id", str(broker_id),
+                "--config", str(self.config_path), "--zk", zk_connect, "--zk-root", zk_root,
+                "--id", str(broker_id),
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--data-dir", str(self.data_dir)]
         for name, n in self.topics.items():
@@ -69,6 +76,7 @@ class BrokerProc:
         self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self._killed = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -76,7 +84,13 @@ class BrokerProc:
         """Spawn the process; with ``wait``, return once it serves and is registered."""
         if self.alive:
             raise RuntimeError(f"broker {self.broker_id} is already running")
+        if self._killed:
+            # A killed broker's ephemeral nodes live until its session expires; a new
+            # process with the same id refuses to start while they are there.
+            self.wait_unregistered(timeout=self.zk_session_timeout + timeout)
+            self._killed = False
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(f"zk_session_timeout = {float(self.zk_session_timeout)}\n")
         self.starts += 1
         with open(self.log_path, "ab") as logf:
             logf.write(f"\n=== start #{self.starts}: {' '.join(self.args)}\n".encode())
@@ -100,6 +114,7 @@ class BrokerProc:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(30)
+            self._killed = True
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (the broker unregisters and fsyncs), SIGKILL after ``timeout``."""
@@ -219,13 +234,15 @@ class _kazoo:
 def start_broker(zk_connect: str, broker_id: int, data_dir: str | os.PathLike,
                  topics: Mapping[str, int], *, port: int | None = None,
                  group_commit: bool = False, unflush_threshold: int | None = None,
-                 zk_root: str = "/meta", extra_args: Iterable[str] = (),
-                 wait: bool = True, timeout: float = _STARTUP_TIMEOUT) -> BrokerProc:
+                 zk_root: str = "/meta", zk_session_timeout: float = 4.0,
+                 extra_args: Iterable[str] = (), wait: bool = True,
+                 timeout: float = _STARTUP_TIMEOUT) -> BrokerProc:
     """Start a broker subprocess; see :class:`BrokerProc`.  Use it as a context
     manager (or call :func:`stop_all`) so it never outlives the test."""
     proc = BrokerProc(zk_connect, broker_id, data_dir, topics, port=port,
                       group_commit=group_commit, unflush_threshold=unflush_threshold,
-                      zk_root=zk_root, extra_args=extra_args)
+                      zk_root=zk_root, zk_session_timeout=zk_session_timeout,
+                      extra_args=extra_args)
     try:
         return proc.start(wait=wait, timeout=timeout)
     except BaseException:
@@ -268,6 +285,10 @@ def read_partition(conn: BrokerConnection, topic: str, partition: int, *, start:
             if len(mv) >= max_size:
                 max_size *= 2  # one message bigger than max_size
                 continue
+            if len(mv):
+                raise AssertionError(
+                    f"{topic}-{partition}: the message at offset {offset} is cut after "
+                    f"{len(mv)} bytes by the broker (its max_transfer_size?)")
             return out
         out.extend(msgs)
         offset = msgs[-1].next_offset
