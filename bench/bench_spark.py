@@ -1,0 +1,205 @@
+"""Spark batch read: 2,000,000 messages of 100 B over 8 partitions, into a count and a group-by.
+
+Setup (not timed): the embedded ZooKeeper, one broker subprocess serving topic
+``bench`` with 8 partitions, ``metaq produce --count 2000000 --size 100``.
+
+Timed, in one local[2] SparkSession (no C1-only JIT flag: this is steady-state
+speed), alternating so that background load hits both alike:
+
+- ``metaq``: ``spark.read.format("metaq")`` over the topic (executors fetch
+  from the broker, check CRC32s, build Arrow batches); also with
+  ``verifyChecksums=false``;
+- ``ceiling``: an in-memory Python data source with the same schema and the
+  same number of rows in 8 partitions, yielding prebuilt Arrow batches of the
+  same size without fetching anything: what Spark itself can take in from a
+  Python source in this run.
+
+Each query: ``df.count()`` and ``df.groupBy("partition").agg(count, sum(length(value)))``.
+Reported: median seconds over ``--runs`` runs, rows/s, and metaq/ceiling as a
+percentage of the ceiling's speed (target >= 80%).
+
+Run: ``.venv/bin/python bench/bench_spark.py [--runs 5] [--messages 2000000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+TOPIC, PARTS, SIZE = "bench", 8, 100
+
+
+def start_broker(zk: str, data: Path) -> tuple[subprocess.Popen, int]:
+    from metaq.testing import free_port
+
+    port = free_port()
+    log = open(data.with_suffix(".log"), "wb")  # noqa: SIM115 - lives as long as the broker
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metaq", "broker", "start", "--zk", zk, "--id", "0",
+         "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data),
+         "--topic", f"{TOPIC}:{PARTS}"], stdout=log, stderr=subprocess.STDOUT)
+    return proc, port
+
+
+def wait_registered(zk: str, timeout: float = 60) -> None:
+    from kazoo.client import KazooClient
+
+    from metaq.testing import wait_until
+    from zk_layout import Layout
+
+    client = KazooClient(hosts=zk)
+    client.start(timeout=30)
+    try:
+        path = Layout().topic_pub(TOPIC, 0)
+        wait_until(lambda: client.exists(path) is not None, timeout, 0.05,
+                   what="the broker to register")
+    finally:
+        client.stop()
+        client.close()
+
+
+def produce(zk: str, count: int) -> float:
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "metaq", "produce", "--zk", zk, "--topic", TOPIC,
+                          "--count", str(count), "--size", str(SIZE), "--send-timeout", "60"],
+                         capture_output=True, text=True, check=False)
+    last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+    if out.returncode != 0 or f"acknowledged {count} of {count}" not in last:
+        raise SystemExit(f"produce failed: {last}\n{out.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def ceiling_source(total: int, batch_rows: int):  # type: ignore[no-untyped-def]
+    """A Python data source yielding prebuilt batches shaped like metaq's."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from metaq.spark import spark_schema
+
+    per_part = total // PARTS
+
+    class Reader(DataSourceReader):
+        def partitions(self):  # type: ignore[no-untyped-def]
+            return [InputPartition(i) for i in range(PARTS)]
+
+        def read(self, partition):  # type: ignore[no-untyped-def]
+            import pyarrow as pa
+
+            from metaq.spark._arrow import arrow_schema
+
+            n = batch_rows
+            name = f"0-{partition.value}"
+            base = pa.array(range(0, (n + 1) * (SIZE + 20), SIZE + 20), pa.int64())
+            batch = pa.RecordBatch.from_arrays([
+                pa.repeat(pa.scalar(TOPIC), n), pa.repeat(pa.scalar(name), n),
+                pa.repeat(pa.scalar(0, pa.int32()), n), base[:n], base[1:],
+                pa.array(range(n), pa.int64()), pa.nulls(n, pa.string()),
+                pa.Array.from_buffers(pa.binary(), n, [
+                    None, pa.array(range(0, (n + 1) * SIZE, SIZE), pa.int32()).buffers()[1],
+                    pa.py_buffer(b"x" * (n * SIZE))]),
+            ], schema=arrow_schema())
+            left = per_part
+            while left > 0:
+                yield batch if left >= n else batch.slice(0, left)
+                left -= n
+
+    class Ceiling(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "metaq_bench_ceiling"
+
+        def schema(self):  # type: ignore[no-untyped-def]
+            return spark_schema()
+
+        def reader(self, schema):  # type: ignore[no-untyped-def]
+            return Reader()
+
+    return Ceiling
+
+
+def run_queries(df) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    t0 = time.perf_counter()
+    n = df.count()
+    t1 = time.perf_counter()
+    rows = df.groupBy("partition").agg(F.count("*").alias("n"),
+                                       F.sum(F.length("value")).alias("bytes")).collect()
+    t2 = time.perf_counter()
+    if sum(r.n for r in rows) != n or len(rows) != PARTS:
+        raise SystemExit(f"group-by disagrees with count: {rows} vs {n}")
+    return t1 - t0, t2 - t1, n
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--messages", type=int, default=2_000_000)
+    args = ap.parse_args()
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    from metaq._zk import ZooKeeperServer
+    from metaq.spark import register
+
+    with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp, ZooKeeperServer() as zk:
+        broker, _port = start_broker(zk.hosts, Path(tmp) / "broker0")
+        try:
+            wait_registered(zk.hosts)
+            took = produce(zk.hosts, args.messages)
+            print(f"produced {args.messages} messages of {SIZE} B in {took:.1f}s", flush=True)
+            spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
+                     .config("spark.ui.enabled", "false")
+                     .config("spark.ui.showConsoleProgress", "false")
+                     .config("spark.sql.shuffle.partitions", "2")
+                     .config("spark.sql.adaptive.enabled", "false")
+                     .config("spark.driver.host", "127.0.0.1")
+                     .config("spark.driver.bindAddress", "127.0.0.1")
+                     .config("spark.driver.memory", "2g")
+                     .getOrCreate())
+            spark.sparkContext.setLogLevel("ERROR")
+            register(spark)
+            batch_rows = (1 << 20) // (SIZE + 20)  # rows in one 1 MiB broker reply
+            spark.dataSource.register(ceiling_source(args.messages, batch_rows))
+            frames = {
+                "metaq": spark.read.format("metaq").option("zk.connect", zk.hosts)
+                .option("topic", TOPIC).load(),
+                "metaq-nocrc": spark.read.format("metaq").option("zk.connect", zk.hosts)
+                .option("topic", TOPIC).option("verifyChecksums", "false").load(),
+                "ceiling": spark.read.format("metaq_bench_ceiling").load(),
+            }
+            for df in frames.values():  # warm-up: JIT, workers, first-query costs
+                run_queries(df)
+            times: dict[str, list[tuple[float, float]]] = {k: [] for k in frames}
+            for run in range(args.runs):
+                for name, df in frames.items():
+                    count_s, group_s, n = run_queries(df)
+                    if n != args.messages:
+                        raise SystemExit(f"{name} counted {n} rows, expected {args.messages}")
+                    times[name].append((count_s, group_s))
+                    print(f"run {run + 1} {name:12s} count {count_s:6.2f}s  "
+                          f"group-by {group_s:6.2f}s", flush=True)
+            spark.stop()
+        finally:
+            broker.terminate()
+            broker.wait(30)
+    med = {k: (statistics.median(c for c, _ in v), statistics.median(g for _, g in v))
+           for k, v in times.items()}
+    n = args.messages
+    print(f"\n{n} messages x {SIZE} B, {PARTS} partitions, local[2], median of {args.runs}:")
+    print(f"{'source':14s} {'count s':>8s} {'rows/s':>10s} {'group-by s':>11s} {'rows/s':>10s}"
+          f" {'% of ceiling (count / group-by)':>32s}")
+    for name, (c, g) in med.items():
+        pc, pg = med["ceiling"][0] / c * 100, med["ceiling"][1] / g * 100
+        print(f"{name:14s} {c:8.2f} {n / c:10,.0f} {g:11.2f} {n / g:10,.0f} "
+              f"{pc:15.0f}% / {pg:.0f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,226 @@
+"""Offset ranges: which bytes of which partition one Spark task reads, and how
+they are planned from ZooKeeper and the brokers.
+
+A range ``[from_offset, until_offset)`` holds the messages that start in it;
+both ends are message boundaries (log bounds, committed offsets, or positions
+the broker's ``offset`` command returned), so a reader never starts or stops
+inside a message.  Planning resolves an :class:`~metaq.spark._options.OffsetSpec`
+per partition, checks it against the log (data deleted by retention is data
+loss; an explicit offset beyond the log is an error), and optionally splits
+big ranges at boundaries the broker names.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from metaq._errors import ConfigError, ConnectionClosedError, DataLossError
+from metaq.spark._cluster import Cluster
+from metaq.spark._options import EARLIEST_CODE, LATEST_CODE, OffsetSpec
+from zk_layout import parse_partition
+
+__all__ = ["OffsetRange", "PartitionOffsets", "resolve", "plan_ranges", "split_range",
+           "cap_offsets"]
+
+log = logging.getLogger(__name__)
+
+#: {topic: {partition name: offset}}: how positions cross Spark's JSON boundary.
+PartitionOffsets = dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OffsetRange:
+    """Messages of one partition starting in ``[from_offset, until_offset)``.
+
+    ``partition`` is Metaq's name ``"<brokerId>-<index>"``; ``address`` is the
+    broker's ``(host, port)`` when planned (a reader re-reads it from
+    ZooKeeper when that broker has moved).  Picklable.
+    """
+
+    topic: str
+    partition: str
+    from_offset: int
+    until_offset: int
+    address: tuple[str, int] | None = None
+
+    def __post_init__(self) -> None:
+        parse_partition(self.partition)
+        if not 0 <= self.from_offset <= self.until_offset:
+            raise ConfigError(f"offset range of {self.topic} {self.partition} must have "
+                              f"0 <= from <= until, got {self.from_offset}..{self.until_offset}")
+
+    @property
+    def broker_id(self) -> int:
+        return parse_partition(self.partition).broker_id
+
+    @property
+    def index(self) -> int:
+        """The partition's index on its broker (the ``<index>`` of the name)."""
+        return parse_partition(self.partition).index
+
+    @property
+    def size(self) -> int:
+        """Bytes in the range (headers included)."""
+        return self.until_offset - self.from_offset
+
+
+def _loss(fail: bool, what: str) -> None:
+    if fail:
+        raise DataLossError(what + " (set failOnDataLoss=false to skip what is gone)")
+    log.warning("%s; skipping it (failOnDataLoss=false)", what)
+
+
+def resolve(cluster: Cluster, topic: str, partitions: list[str], spec: OffsetSpec, *,
+            end: bool, fail_on_data_loss: bool,
+            bounds: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+    """Each partition's offset for ``spec`` (a start when ``end`` is false).
+
+    ``bounds`` maps partition -> (log start, log end).  A committed offset or
+    explicit start below the log start is data loss; an explicit offset past
+    the log end is an error; explicit offsets that are not message boundaries
+    are moved back to the boundary the broker names (with a warning).
+    """
+    committed = cluster.committed(topic, partitions) if spec.kind == "group" else {}
+    explicit = spec.per_partition.get(topic, {}) if spec.kind == "json" else {}
+    unknown = sorted(set(explicit) - set(partitions))
+    if unknown:
+        raise ConfigError(f"{'endingOffsets' if end else 'startingOffsets'} names partition(s) "
+                          f"{', '.join(unknown)} of topic {topic!r}, which has "
+                          f"{', '.join(partitions) or 'no partitions'}")
+    out: dict[str, int] = {}
+    for part in partitions:
+        first, last = bounds[part]
+        where = f"{topic} {part} (log {first}..{last})"
+        if spec.kind == "earliest":
+            offset = first
+        elif spec.kind == "latest":
+            offset = last
+        elif spec.kind == "group":
+            stored = committed.get(part)
+            offset = stored.offset if stored is not None else first
+            if offset < first:
+                _loss(fail_on_data_loss, f"group {cluster.group!r} committed {offset} for "
+                                         f"{where}: bytes {offset}..{first} were deleted")
+                offset = first
+            elif offset > last:
+                _loss(fail_on_data_loss, f"group {cluster.group!r} committed {offset} for "
+                                         f"{where}, past the log end")
+                offset = last
+        else:
+            wanted = explicit.get(part, LATEST_CODE if end else EARLIEST_CODE)
+            if wanted == EARLIEST_CODE:
+                offset = first
+            elif wanted == LATEST_CODE:
+                offset = last
+            elif wanted > last:
+                raise ConfigError(f"offset {wanted} asked for {where} is past the log end")
+            elif wanted < first:
+                _loss(fail_on_data_loss, f"offset {wanted} asked for {where}: bytes "
+                                         f"{wanted}..{first} were deleted")
+                offset = first
+            else:
+                offset = wanted
+                if first < wanted < last:
+                    offset = cluster.nearest(topic, part, wanted)
+                    if offset != wanted:
+                        log.warning("offset %d of %s is inside a message; using the "
+                                    "boundary %d the broker names", wanted, where, offset)
+        out[part] = offset
+    return out
+
+
+def split_range(cluster: Cluster, rng: OffsetRange, max_bytes: int) -> list[OffsetRange]:
+    """``rng`` cut into pieces of about ``max_bytes`` at message boundaries the
+    broker names (a Java broker names segment starts, so pieces may be fewer)."""
+    if rng.size <= max_bytes:
+        return [rng]
+    pieces = -(-rng.size // max_bytes)
+    cuts = [rng.from_offset]
+    for k in range(1, pieces):
+        target = rng.from_offset + rng.size * k // pieces
+        cut = cluster.nearest(rng.topic, rng.partition, target)
+        if cuts[-1] < cut < rng.until_offset:
+            cuts.append(cut)
+    cuts.append(rng.until_offset)
+    return [OffsetRange(topic=rng.topic, partition=rng.partition, from_offset=a,
+                        until_offset=b, address=rng.address)
+            for a, b in zip(cuts, cuts[1:], strict=False)]
+
+
+def log_bounds(cluster: Cluster, topic: str, partitions: list[str], *,
+               skip_unreachable: bool) -> dict[str, tuple[int, int]]:
+    """partition -> (log start, log end); unreachable brokers raise, or are left
+    out with a warning when ``skip_unreachable``."""
+    out = {}
+    for part in partitions:
+        try:
+            out[part] = cluster.bounds(topic, part)
+        except ConnectionClosedError as e:
+            if not skip_unreachable:
+                raise
+            log.warning("%s %s: broker unreachable, no new data planned for it: %s",
+                        topic, part, e)
+    return out
+
+
+def plan_ranges(cluster: Cluster, topics: tuple[str, ...], start: OffsetSpec,
+                end: OffsetSpec, *, fail_on_data_loss: bool,
+                max_bytes: int | None = None) -> list[OffsetRange]:
+    """Batch planning: one range per partition with data (``[]`` for none),
+    split at ``max_bytes`` when given."""
+    ranges: list[OffsetRange] = []
+    for topic in topics:
+        parts = cluster.partitions(topic)
+        if not parts:
+            log.warning("topic %r has no partitions in ZooKeeper (no broker serves it)", topic)
+            continue
+        bounds = log_bounds(cluster, topic, parts, skip_unreachable=False)
+        froms = resolve(cluster, topic, parts, start, end=False,
+                        fail_on_data_loss=fail_on_data_loss, bounds=bounds)
+        untils = resolve(cluster, topic, parts, end, end=True,
+                         fail_on_data_loss=fail_on_data_loss, bounds=bounds)
+        for part in parts:
+            a, b = froms[part], untils[part]
+            if a > b:
+                raise ConfigError(f"{topic} {part}: the start {a} ({start.kind}) is after the "
+                                  f"end {b} ({end.kind})")
+            if a == b:
+                continue
+            rng = OffsetRange(topic=topic, partition=part, from_offset=a, until_offset=b,
+                              address=cluster.address(parse_partition(part).broker_id))
+            ranges.extend(split_range(cluster, rng, max_bytes) if max_bytes else [rng])
+    return ranges
+
+
+def cap_offsets(cluster: Cluster, start: PartitionOffsets, latest: PartitionOffsets,
+                max_bytes: int) -> PartitionOffsets:
+    """End offsets at most ``max_bytes`` past ``start`` in total, shared in
+    proportion to each partition's backlog, each at a message boundary; at
+    least one message moves when there is any backlog."""
+    backlog = {(t, p): latest[t][p] - start.get(t, {}).get(p, latest[t][p])
+               for t in latest for p in latest[t]}
+    total = sum(b for b in backlog.values() if b > 0)
+    if total <= max_bytes:
+        return latest
+    out = {t: dict(parts) for t, parts in start.items()}
+    moved = False
+    for (topic, part), waiting in backlog.items():
+        a = start.get(topic, {}).get(part, latest[topic][part])
+        out.setdefault(topic, {})[part] = a
+        if waiting <= 0:
+            continue
+        share = max_bytes * waiting // total
+        if share <= 0:
+            continue
+        target = cluster.nearest(topic, part, a + share)
+        if target > a:
+            out[topic][part] = min(target, latest[topic][part])
+            moved = True
+    if not moved and total:
+        (topic, part), _ = max(backlog.items(), key=lambda kv: kv[1])
+        a = out[topic][part]
+        out[topic][part] = min(cluster.walk_boundary(topic, part, a, max_bytes),
+                               latest[topic][part])
+    return out
