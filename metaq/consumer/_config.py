@@ -58,6 +58,13 @@ class ConsumerConfig:
     commit_period: float = 5.0
     #: Times a listener may fail on one message before the reject policy [5].
     max_fetch_retries: int = 5
+    #: After the retries: ``recover`` (local store, redelivered until it succeeds),
+    #: ``dlq`` (topic ``%DLQ%<group>``), ``drop``, or a callable ``fn(message, error)``.
+    reject_policy: Any = "recover"
+    #: Directory of the recover store (default ``$XDG_STATE_HOME/metaq/recover``).
+    recover_dir: str | None = None
+    #: Seconds between redeliveries from the recover store [300, Metaq's 5 min].
+    recover_interval: float = 300.0
     #: Upper limit for the fetch size when a message is larger than max_size.
     max_fetch_size: int = 16 * MIB
     #: Assignment strategy: ``default``, ``consist``, ``roundrobin`` or ``sticky``.
@@ -86,9 +93,13 @@ class ConsumerConfig:
             self.zk_root != "/" and self.zk_root.endswith("/")
         ):
             raise ConfigError(f"zk_root must be an absolute ZooKeeper path, got {self.zk_root!r}")
+        if not callable(self.reject_policy) and self.reject_policy not in ("recover", "dlq",
+                                                                           "drop"):
+            raise ConfigError("reject_policy must be 'recover', 'dlq', 'drop' or a callable, "
+                              f"got {self.reject_policy!r}")
         for name in ("zk_session_timeout", "zk_connect_timeout", "fetch_timeout",
-                     "max_fetch_delay", "commit_period", "claim_backoff", "claim_backoff_max",
-                     "close_timeout"):
+                     "recover_interval", "max_fetch_delay", "commit_period", "claim_backoff",
+                     "claim_backoff_max", "close_timeout"):
             _positive(name, getattr(self, name))
         if self.zk_security is not None and not isinstance(self.zk_security, ZkSecurity):
             raise ConfigError("zk_security must be a metaq.ZkSecurity")

@@ -19,6 +19,8 @@ from metaq.consumer._coordinator import Coordinator, State
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._message import Message
 from metaq.consumer._processor import PartitionFetch
+from metaq.consumer._recover import RecoverStore
+from metaq.consumer._reject import RejectHandler
 from zk_layout import Layout, StoredOffset, build_consumer_id, check_topic, encode_topic_list
 
 __all__ = ["MessageConsumer"]
@@ -87,6 +89,11 @@ class MessageConsumer:
             self._client = make_client(zk_connect, timeout=self.config.zk_session_timeout,
                                        security=self.config.zk_security)
             self._own_client = True
+        self._rejecter = RejectHandler(
+            policy=self.config.reject_policy, group=group, consumer_id=self.consumer_id,
+            zk_connect=zk_connect, recover_dir=self.config.recover_dir,
+            recover_interval=self.config.recover_interval, codec=self._codec,
+            on_error=lambda e: self.report_error(e, None))
         self.fetcher = FetchManager(
             group=group, runner_count=self.config.fetch_runner_count,
             fetch_timeout=self.config.fetch_timeout, max_delay=self.config.max_fetch_delay,
@@ -141,8 +148,19 @@ class MessageConsumer:
                     f"cannot connect to ZooKeeper at {self._client.hosts} within "
                     f"{self.config.zk_connect_timeout}s") from None
         self._started = True
+        self._rejecter.start_redelivery(self._listener_for)
         self._coordinator.start()
         return self
+
+    def _listener_for(self, topic: str) -> Callable[[Message], Any] | None:
+        sub = self._subs.get(topic)
+        if sub is None:
+            return None
+        if sub.listener is not None:
+            return sub.listener
+        batch = sub.batch_listener
+        assert batch is not None
+        return lambda m: batch([m])
 
     def close(self) -> None:
         """Stop fetching, commit, release partitions, unregister; idempotent."""
@@ -154,6 +172,7 @@ class MessageConsumer:
         if self._started:
             self._coordinator.close(timeout)
         self.fetcher.close(timeout)
+        self._rejecter.close()
         if self._own_client:
             try:
                 self._client.stop()
@@ -242,8 +261,12 @@ class MessageConsumer:
             reject=self._reject, epoch=epoch)
 
     def _reject(self, message: Message, error: BaseException) -> None:
-        log.error("dropping %r after %d failed deliveries: %r", message,
-                  self.config.max_fetch_retries + 1, error)
+        self._rejecter(message, error)
+
+    @property
+    def recover_store(self) -> RecoverStore:
+        """The local store of messages the listener gave up on (see reject_policy)."""
+        return self._rejecter.store
 
     def on_assigned(self, key: tuple[str, str]) -> None:
         """Called by the coordinator after a partition was claimed, before fetching."""
