@@ -1,0 +1,321 @@
+"""The chaos suite's verdict: checks over what members printed and ZooKeeper recorded.
+
+A *run* is one claim of one partition by one member incarnation: it starts at
+the member's ``A`` line and holds every ``M`` line of that partition the
+incarnation printed until its next ``A`` for it (or its ``R``).  Deliveries of
+a run after its session was lost are still its own (a batch in flight).
+
+Checks (each failure is a line in :attr:`Verdict.violations`):
+
+1. every acknowledged sequence number was delivered at the (partition,
+   offset) the broker acknowledged, with the same body;
+2. within a run offsets move forward one message at a time (no skip, no repeat);
+3. committed offsets never move backwards (ZooKeeper history, version order);
+4. a run starts exactly at the offset committed when it claimed the partition
+   (so a duplicate is always at or after the committed offset at the time the
+   previous owner lost it; when a watch missed a commit, only ``>=`` is checked);
+5. when a new run claims a partition, an older run of another incarnation may
+   deliver after that instant only the batch(es) it already had in flight:
+   at offsets >= the new run's start, spanning at most ``late_bytes``;
+6. every owner node is held by the session its member is registered with;
+7. no stretch longer than ``idle_bound`` seconds where a partition was
+   unowned while a registered member owned nothing, and no partition unowned
+   longer than ``unowned_bound`` seconds;
+8. no background error line (``E``) and no unparsable line from a member.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from _chaos_faults import Fault
+from _chaos_procs import Event
+from _chaos_zk import Commit, Sample
+
+_EXAMPLES = 8  # examples kept per kind of violation
+
+
+@dataclass
+class Run:
+    who: str
+    part: str
+    claim_t: float
+    session: str
+    deliveries: list[Event] = field(default_factory=list)
+    lost_t: float | None = None
+
+
+@dataclass
+class Verdict:
+    violations: list[str] = field(default_factory=list)
+    metrics: dict[str, object] = field(default_factory=dict)
+    _per_kind: Counter = field(default_factory=Counter)
+
+    def fail(self, kind: str, text: str) -> None:
+        self._per_kind[kind] += 1
+        if self._per_kind[kind] <= _EXAMPLES:
+            self.violations.append(f"[{kind}] {text}")
+        elif self._per_kind[kind] == _EXAMPLES + 1:
+            self.violations.append(f"[{kind}] ... more of this kind")
+
+
+def build_runs(events: list[Event], verdict: Verdict) -> list[Run]:
+    runs: list[Run] = []
+    by_who: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        by_who[e.who].append(e)
+    for who, evs in by_who.items():
+        current: dict[str, Run] = {}
+        for e in evs:
+            if e.kind == "A":
+                run = Run(who, e.part, e.t, e.session)
+                current[e.part] = run
+                runs.append(run)
+            elif e.kind == "M":
+                run = current.get(e.part)
+                if run is None:
+                    verdict.fail("unclaimed", f"{who} delivered {e.part}@{e.offset} "
+                                              f"without having claimed it")
+                    continue
+                run.deliveries.append(e)
+            elif e.kind == "R":
+                current.pop(e.part, None)
+            elif e.kind == "Z" and e.body == "LOST":
+                for run in current.values():
+                    if run.lost_t is None:
+                        run.lost_t = e.t
+            elif e.kind == "E":
+                verdict.fail("error", f"{who} reported a background error: {e.body}")
+            elif e.kind == "?":
+                verdict.fail("garbage", f"{who} printed an unparsable line: {e.body!r}")
+    return runs
+
+
+def _committed_at(history: list[Commit], t: float) -> tuple[int, bool]:
+    """(committed offset at time ``t``, exact?) from a version-ordered history."""
+    k = bisect.bisect_right([c.mtime for c in history], t) - 1
+    if k < 0:
+        exact = not history or history[0].version == 0
+        return 0, exact
+    nxt = history[k + 1] if k + 1 < len(history) else None
+    exact = nxt is None or nxt.version == history[k].version + 1
+    return history[k].value, exact
+
+
+def _session(run: Run) -> int | None:
+    return None if run.session in ("", "-") else int(run.session, 16)
+
+
+def _session_times(samples: list[Sample]
+                   ) -> tuple[dict[tuple[str, int | None], float],
+                              dict[tuple[str, int | None], float]]:
+    """Per (consumer id, session): the last sample start at which it was surely
+    registered, and the first sample end by which the server had surely ended it."""
+    alive: dict[tuple[str, int | None], float] = {}
+    ended: dict[tuple[str, int | None], float] = {}
+    for s in samples:
+        present = {(c, x) for ids in (s.ids_before, s.ids_after) for c, x in ids.items()}
+        for key in present:
+            alive[key] = s.t0
+            ended.pop(key, None)  # (cannot come back; a sample may be torn)
+        for key in alive:
+            if key not in present:
+                ended.setdefault(key, s.t)
+    return alive, ended
+
+
+def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
+          commits: dict[str, list[Commit]], samples: list[Sample], faults: list[Fault],
+          partitions: list[str], group: str, late_bytes: int, idle_bound: float,
+          unowned_bound: float) -> Verdict:
+    v = Verdict()
+    runs = build_runs(events, v)
+    deliveries = [e for e in events if e.kind == "M"]
+
+    # 1. completeness and bodies
+    bodies: dict[tuple[str, int], str] = {}
+    for d in deliveries:
+        key = (d.part, d.offset)
+        if bodies.setdefault(key, d.body) != d.body:
+            v.fail("body", f"{d.part}@{d.offset} delivered as {bodies[key]!r} and {d.body!r}")
+    missing = 0
+    for seq, key in acked.items():
+        got = bodies.get(key)
+        if got is None:
+            missing += 1
+            v.fail("lost", f"seq {seq} acknowledged at {key[0]}@{key[1]} never delivered")
+        elif got != f"seq-{seq}":
+            v.fail("body", f"{key[0]}@{key[1]} acknowledged for seq {seq}, delivered {got!r}")
+
+    # 2. contiguity within a run
+    known: dict[str, list[int]] = defaultdict(list)
+    for p, off in set(bodies) | set(acked.values()):
+        known[p].append(off)
+    nxt: dict[str, dict[int, int]] = {}
+    for p, offs in known.items():
+        offs.sort()
+        nxt[p] = dict(zip(offs, offs[1:], strict=False))
+    for r in runs:
+        for a, b in zip(r.deliveries, r.deliveries[1:], strict=False):
+            if b.offset != nxt[r.part].get(a.offset):
+                v.fail("skip", f"run of {r.who} on {r.part} went from {a.offset} to {b.offset} "
+                               f"(next message is at {nxt[r.part].get(a.offset)})")
+
+    # 3. commits only move forward
+    histories = {p: sorted(h, key=lambda c: c.version) for p, h in commits.items()}
+    for p, hist in histories.items():
+        for a, b in zip(hist, hist[1:], strict=False):
+            if b.value < a.value:
+                v.fail("commit-backwards", f"{p}: committed offset went {a.value} -> {b.value} "
+                                           f"(versions {a.version} -> {b.version})")
+
+    # 4. each run starts at the committed offset of its claim
+    lenient = 0
+    for r in runs:
+        if not r.deliveries:
+            continue
+        start = r.deliveries[0].offset
+        committed, exact = _committed_at(histories.get(r.part, []), r.claim_t)
+        lenient += not exact
+        if start < committed:
+            v.fail("redelivered-committed",
+                   f"{r.part}: {r.who} claimed at {r.claim_t:.3f} and started at {start}, "
+                   f"below the committed offset {committed}")
+        elif exact and start != committed:
+            v.fail("start-not-committed",
+                   f"{r.part}: {r.who} claimed at {r.claim_t:.3f} and started at {start}, "
+                   f"not at the committed offset {committed}")
+
+    # 5. zombies: what a run delivered while another owned the partition
+    alive, ended = _session_times(samples)
+    by_part: dict[str, list[Run]] = defaultdict(list)
+    for r in runs:
+        by_part[r.part].append(r)
+    for p, rs in by_part.items():
+        rs.sort(key=lambda r: r.claim_t)
+        for i, new in enumerate(rs):
+            new_key = (f"{group}_c{new.deliveries[0].slot}" if new.deliveries else "",
+                       _session(new))
+            if ended.get(new_key, new.claim_t + 1) < new.claim_t:
+                continue  # a claim acted on after its session ended: see below
+            for old in rs[:i]:
+                key = (f"{group}_c{old.deliveries[0].slot}" if old.deliveries else "",
+                       _session(old))
+                both = [d for d in old.deliveries if new.claim_t < d.t <= alive.get(key, 0.0)]
+                if old.who != new.who and both:
+                    v.fail("two-live-owners",
+                           f"{p}: {old.who} delivered {both[0].offset} at {both[0].t:.3f} in "
+                           f"session {key[1]:x}, still registered at {alive[key]:.3f}, after "
+                           f"{new.who} claimed it at {new.claim_t:.3f}")
+    zombie = zombie_committed = 0
+    zombie_max_s = 0.0
+    for r in runs:
+        if not r.deliveries:
+            continue
+        key = (f"{group}_c{r.deliveries[0].slot}", _session(r))
+        end = ended.get(key)
+        late = [d for d in r.deliveries if end is not None and d.t > end]
+        if not late:
+            continue
+        zombie += len(late)
+        zombie_max_s = max(zombie_max_s, late[-1].t - end)
+        hist = histories.get(r.part, [])
+        zombie_committed += sum(d.offset < _committed_at(hist, d.t)[0] for d in late)
+        if r.claim_t > end:
+            v.fail("fetch-after-session-end",
+                   f"{r.part}: {r.who} took the partition at {r.claim_t:.3f} in session "
+                   f"{key[1]:x}, which the server had ended by {end:.3f}, and delivered "
+                   f"{len(late)} messages from offset {late[0].offset} (committed then: "
+                   f"{_committed_at(hist, late[0].t)[0]})")
+        elif late[-1].offset - late[0].offset > late_bytes:
+            v.fail("zombie-kept-fetching",
+                   f"{r.part}: {r.who} delivered {len(late)} messages over "
+                   f"{late[-1].offset - late[0].offset} bytes (up to {late[-1].t - end:.2f}s) "
+                   f"after its session {key[1]:x} ended by {end:.3f}: more than the batch "
+                   f"it had in flight")
+
+    # 6./7. ZooKeeper samples
+    unowned_since: dict[str, float] = {}
+    max_unowned = 0.0
+    unowned_at: tuple[str, float] = ("", 0.0)
+    idle_since: float | None = None
+    max_idle = idle_at = 0.0
+    for s in samples:
+        for p, (cid, session) in s.owners.items():
+            if session not in (s.ids_before.get(cid), s.ids_after.get(cid)):
+                v.fail("foreign-owner",
+                       f"{p} owned by session {session:x} naming {cid}, registered as "
+                       f"{s.ids_before.get(cid)}/{s.ids_after.get(cid)} at {s.t:.3f}")
+        unowned = s.published - set(s.owners)  # a gone broker's partitions are nobody's
+        for p in unowned:
+            unowned_since.setdefault(p, s.t)
+        for p, since in list(unowned_since.items()):
+            if s.t - since > max_unowned:
+                max_unowned, unowned_at = s.t - since, (p, since)
+            if p not in unowned:
+                del unowned_since[p]
+        stable = {c for c, sess in s.ids_before.items() if s.ids_after.get(c) == sess}
+        owning = {cid for cid, _ in s.owners.values()}
+        if unowned and stable - owning:
+            idle_since = s.t if idle_since is None else idle_since
+            if s.t - idle_since > max_idle:
+                max_idle, idle_at = s.t - idle_since, idle_since
+        else:
+            idle_since = None
+    if max_unowned > unowned_bound:
+        v.fail("unowned", f"{unowned_at[0]} stayed unowned {max_unowned:.1f}s from "
+                          f"{unowned_at[1]:.3f} (bound {unowned_bound:.0f}s)")
+    if max_idle > idle_bound:
+        v.fail("idle-member", f"for {max_idle:.1f}s a registered member owned nothing while "
+                              f"partitions were unowned, from {idle_at:.3f} "
+                              f"(bound {idle_bound:.0f}s)")
+
+    lost = [e for e in events if e.kind == "Z" and e.body == "LOST"]
+    keys = Counter((d.part, d.offset) for d in deliveries)
+    v.metrics.update(
+        delivered=len(deliveries), distinct=len(keys),
+        duplicates=sum(n - 1 for n in keys.values()), missing=missing,
+        runs=len(runs), lenient_starts=lenient, zombie_deliveries=zombie,
+        zombie_committed=zombie_committed, zombie_max_s=round(zombie_max_s, 2),
+        max_unowned_s=round(max_unowned, 2),
+        max_idle_s=round(max_idle, 2), sessions_lost=len(lost),
+        commits_seen=sum(len(h) for h in histories.values()), samples=len(samples))
+    return v
+
+
+def check_dump(path: str, **bounds: float) -> Verdict:
+    """Run :func:`check` again on a ``chaos-data.jsonl`` left by a failed run."""
+    import json
+
+    from _chaos_zk import Sample
+
+    events: list[Event] = []
+    acked: dict[int, tuple[str, int]] = {}
+    commits: dict[str, list[Commit]] = defaultdict(list)
+    samples: list[Sample] = []
+    faults: list[Fault] = []
+    with open(path) as f:
+        for line in f:
+            d = json.loads(line)
+            if "event" in d:
+                events.append(Event(**d["event"]))
+            elif "acked" in d:
+                seq, p, off = d["acked"]
+                acked[seq] = (p, off)
+            elif "commit" in d:
+                p, *c = d["commit"]
+                commits[p].append(Commit(*c))
+            elif "sample" in d:
+                s = d["sample"]
+                samples.append(Sample(s.get("t0", s["t"] - 0.05), s["t"], s["ids_before"],
+                                      {p: tuple(o) for p, o in s["owners"].items()},
+                                      s["ids_after"], frozenset(s["published"])))
+            elif "fault" in d:
+                faults.append(Fault(**d["fault"]))
+    partitions = sorted({p for s in samples for p in s.published} | set(commits))
+    options = dict(late_bytes=4096, idle_bound=10.0, unowned_bound=15.0)
+    options.update(bounds)
+    return check(acked=acked, events=events, commits=commits, samples=samples, faults=faults,
+                 partitions=partitions, group="chaos-g", **options)

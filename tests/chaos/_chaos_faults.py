@@ -1,0 +1,159 @@
+"""A seeded fault plan and the threads that carry it out.
+
+:func:`make_plan` turns a seed into a list of :class:`Fault` (start time,
+kind, target, how long).  The first five faults are one of each kind in a
+seeded order (so every run injects every kind), the first ZooKeeper fault
+stops the leader; then kinds and targets are drawn at random until the
+chaos window ends.
+
+:class:`FaultRunner` starts each fault on its own thread at its time.  A
+fault first takes its target's lock (one fault per member, broker or the
+ensemble at a time) and, for member faults, one of two "impaired member"
+slots, so the group always keeps two healthy members and the ensemble keeps
+a quorum.  Each executed fault records when it really started and ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+KINDS = ("consumer_kill", "broker_kill", "zk_stop", "session_expire", "consumer_sigstop")
+
+
+@dataclass
+class Fault:
+    at: float              # seconds after the chaos window opens
+    kind: str
+    target: int | str      # member slot, broker id, or "leader"/"follower"
+    hold: float            # how long the fault lasts before the repair starts
+    started: float | None = None   # time.time() when injected
+    repaired: float | None = None  # time.time() when the repair finished
+    node: int | None = None        # the ZooKeeper node actually stopped
+    session: int | None = None     # member faults: the member's session when injected
+    error: str | None = None
+    effective: bool | None = None  # member faults: a new session replaced ``session``
+
+    def describe(self) -> str:
+        target = self.target if self.node is None else f"{self.target}=node{self.node}"
+        return f"t+{self.at:5.1f}s {self.kind:<16} {target!s:<12} hold {self.hold:.1f}s"
+
+
+def make_plan(seed: int, window: float, *, members: int, brokers: int,
+              session_timeout: float) -> list[Fault]:
+    rng = random.Random(seed)
+    kinds = list(KINDS)
+    rng.shuffle(kinds)
+    plan: list[Fault] = []
+    t = 1.0
+    first_zk = True
+    while t < window:
+        kind = kinds.pop(0) if kinds else rng.choice(KINDS)
+        if kind in ("consumer_kill", "session_expire", "consumer_sigstop"):
+            target: int | str = rng.randrange(members)
+        elif kind == "broker_kill":
+            target = rng.randrange(brokers)
+        else:
+            target = "leader" if first_zk or rng.random() < 0.5 else "follower"
+            first_zk = False
+        hold = {
+            "consumer_kill": rng.uniform(0.0, 1.5),          # down before the restart
+            "broker_kill": rng.uniform(0.5, 2.0),
+            "zk_stop": rng.uniform(1.5, 4.0),
+            # held beyond the session timeout: the server expires the session
+            "session_expire": session_timeout + rng.uniform(1.0, 2.0),
+            "consumer_sigstop": session_timeout + rng.uniform(1.0, 2.0),
+        }[kind]
+        plan.append(Fault(round(t, 2), kind, target, round(hold, 2)))
+        t += rng.uniform(0.8, 2.5)
+    return plan
+
+
+@dataclass
+class FaultRunner:
+    """Runs ``plan``; ``inject(fault)`` and ``repair(fault)`` do the work per kind."""
+
+    plan: list[Fault]
+    inject: Callable[[Fault], None]
+    repair: Callable[[Fault], None]
+    max_impaired_members: int = 2
+    errors: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._locks: dict[object, threading.Lock] = {}
+        self._impaired = threading.Semaphore(self.max_impaired_members)
+        self._threads: list[threading.Thread] = []
+        self._scheduler = threading.Thread(target=self._schedule, name="chaos-scheduler",
+                                           daemon=True)
+
+    def _lock_for(self, fault: Fault) -> threading.Lock:
+        if fault.kind == "zk_stop":
+            key: object = "zk"
+        elif fault.kind == "broker_kill":
+            key = ("broker", fault.target)
+        else:
+            key = ("member", fault.target)
+        return self._locks.setdefault(key, threading.Lock())
+
+    def start(self) -> FaultRunner:
+        for f in self.plan:
+            self._lock_for(f)
+        self.t0 = time.monotonic()
+        self._scheduler.start()
+        return self
+
+    def _schedule(self) -> None:
+        for i, fault in enumerate(self.plan):
+            if self._stop.wait(max(0.0, self.t0 + fault.at - time.monotonic())):
+                return
+            t = threading.Thread(target=self._run, args=(fault,), daemon=True,
+                                 name=f"chaos-fault-{i}-{fault.kind}")
+            self._threads.append(t)
+            t.start()
+
+    def _run(self, fault: Fault) -> None:
+        member = fault.kind in ("consumer_kill", "session_expire", "consumer_sigstop")
+        with self._lock_for(fault):
+            if member:
+                self._impaired.acquire()
+            try:
+                if self._stop.is_set():
+                    return
+                fault.started = time.time()
+                try:
+                    self.inject(fault)
+                    self._stop.wait(fault.hold)  # the fault's duration, not a sync
+                finally:
+                    try:
+                        self.repair(fault)
+                    finally:
+                        fault.repaired = time.time()
+            except Exception as e:  # noqa: BLE001 - collected, fails the run
+                where = traceback.extract_tb(e.__traceback__)
+                fault.error = f"{e!r} at " + " <- ".join(f"{fr.name}:{fr.lineno}"
+                                                         for fr in reversed(where))
+                self.errors.append(f"{fault.describe()}: {fault.error}")
+                log.exception("fault %s failed", fault.describe())
+            finally:
+                if member:
+                    self._impaired.release()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait for the scheduler and every fault (each repaired); True when all ended."""
+        deadline = time.monotonic() + timeout
+        self._scheduler.join(max(0.0, deadline - time.monotonic()))
+        for t in list(self._threads):
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not self._scheduler.is_alive() and not any(t.is_alive() for t in self._threads)
+
+    def abort(self) -> None:
+        """Cut every hold short (repairs still run) and start no more faults."""
+        self._stop.set()

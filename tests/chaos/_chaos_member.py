@@ -1,0 +1,111 @@
+"""One member of the chaos suite's consumer group, run as a subprocess.
+
+``python _chaos_member.py --zk HOSTS/CHROOT --group G --topic T --id ID ...``
+
+A :class:`metaq.MessageConsumer` that writes one line per event to stdout
+(line-flushed; every line starts with a kind letter and ``time.time()``, the
+wall clock every process on the machine shares)::
+
+    M <t> <partition> <offset> <msgId> <body>   a message handed to the listener
+    A <t> <partition> <session>                 partition claimed (on_assigned)
+    R <t> <partition> <session>                 partition released (on_revoked)
+    Z <t> <STATE> <session>                     ZooKeeper connection state change
+    E <t> <error>                               a background error
+    T <t> <count> <names>                       threads other than main left after close
+    X <t> <exit code>                           clean exit
+
+``metaq consume --print`` writes only the ``M`` lines; the audit also needs the
+claim boundaries and session changes, so the suite runs this instead.  The
+consumer is configured like the CLI would configure it.  SIGTERM closes it
+cleanly (commit, release, unregister), then the thread census is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+
+from kazoo.client import KazooClient
+
+from metaq import MessageConsumer
+
+_out = sys.stdout.buffer
+_lock = threading.Lock()
+
+
+def emit(kind: str, *fields: object) -> None:
+    line = f"{kind} {time.time():.6f} " + " ".join(str(f) for f in fields) + "\n"
+    with _lock:
+        _out.write(line.encode("utf-8", "replace"))
+        _out.flush()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--zk", required=True)
+    p.add_argument("--group", required=True)
+    p.add_argument("--topic", required=True)
+    p.add_argument("--id", required=True)
+    p.add_argument("--session-timeout", type=float, default=3.0)
+    p.add_argument("--commit-period", type=float, default=0.5)
+    p.add_argument("--fetch-runners", type=int, default=2)
+    p.add_argument("--max-size", type=int, default=2048)
+    p.add_argument("--max-fetch-delay", type=float, default=1.0)
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(created).3f %(levelname)s %(threadName)s %(name)s: %(message)s")
+
+    client = KazooClient(hosts=args.zk, timeout=args.session_timeout)
+
+    def session() -> str:
+        cid = client.client_id
+        return "-" if cid is None else f"{cid[0]:x}"
+
+    def on_state(state: str) -> None:  # kazoo's event thread: print only, never block
+        emit("Z", state, session())
+
+    def listener(m) -> None:  # noqa: ANN001
+        body = m.raw_body.replace(b"\n", b"\\n").decode("utf-8", "replace")
+        with _lock:
+            _out.write(b"M %.6f %s %d %d %s\n" % (time.time(), m.partition.encode(), m.offset,
+                                                   m.msg_id, body.encode()))
+            _out.flush()
+
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    client.add_listener(on_state)
+    client.start(timeout=30)
+    emit("Z", "STARTED", session())
+    consumer = MessageConsumer(
+        args.group, client, consumer_id=args.id, zk_session_timeout=args.session_timeout,
+        commit_period=args.commit_period, fetch_runner_count=args.fetch_runners,
+        max_fetch_delay=args.max_fetch_delay,
+        on_error=lambda e: emit("E", repr(e).replace("\n", " ")),
+        on_assigned=lambda t, part: emit("A", part, session()),
+        on_revoked=lambda t, part: emit("R", part, session()))
+    with consumer:
+        consumer.subscribe(args.topic, listener, max_size=args.max_size)
+        consumer.start()
+        while not done.wait(0.5):
+            pass
+    client.remove_listener(on_state)
+    client.stop()
+    client.close()
+    deadline = time.monotonic() + 10.0
+    while True:  # threads end asynchronously after close(): wait for them, bounded
+        others = [t for t in threading.enumerate() if t is not threading.main_thread()]
+        if not others or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    emit("T", len(others), ",".join(sorted(t.name for t in others)) or "-")
+    emit("X", 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

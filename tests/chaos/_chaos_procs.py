@@ -1,0 +1,255 @@
+"""The chaos suite's moving parts: group member processes and the producer loop.
+
+- :class:`Member`: one slot of the consumer group (a fixed consumer id) run as
+  ``_chaos_member.py`` subprocesses, one *incarnation* per start.  It talks to
+  the ZooKeeper ensemble only through its own :class:`ZkProxy` per ensemble
+  node, so :meth:`Member.block_zk` blackholes all of its ZooKeeper traffic and
+  its session really expires on the server.  A reader thread parses its
+  stdout into :class:`Event` records.
+- :class:`ProducerLoop`: a thread sending ``seq-<n>`` bodies at a steady rate
+  and recording, per sequence number, the acknowledged (partition, offset).
+- :func:`child_pids`: live children of this process (leak check).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from metaq import Producer
+from metaq.testing import ZkProxy
+
+MEMBER_SCRIPT = Path(__file__).with_name("_chaos_member.py")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One line of a member's output.  ``who`` is ``<slot>#<incarnation>``."""
+
+    kind: str          # M, A, R, Z, E, T, X (see _chaos_member.py)
+    t: float           # the member's time.time() when it happened
+    who: str
+    slot: int
+    part: str = ""     # M/A/R
+    offset: int = -1   # M
+    body: str = ""     # M; the state for Z; the text for E/T/X
+    session: str = ""  # A/R/Z
+
+
+def _parse(line: str, who: str, slot: int) -> Event:
+    kind, t, rest = (line.split(" ", 2) + ["", ""])[:3]
+    ts = float(t)
+    if kind == "M":
+        part, offset, _msg_id, body = rest.split(" ", 3)
+        return Event(kind, ts, who, slot, part=part, offset=int(offset), body=body)
+    if kind in ("A", "R"):
+        part, session = rest.split(" ", 1)
+        return Event(kind, ts, who, slot, part=part, session=session)
+    if kind == "Z":
+        state, session = rest.split(" ", 1)
+        return Event(kind, ts, who, slot, body=state, session=session)
+    return Event(kind, ts, who, slot, body=rest)
+
+
+class Member:
+    """One consumer-id slot of the group; see the module doc."""
+
+    def __init__(self, slot: int, *, group: str, topic: str, node_hosts: list[str],
+                 chroot: str, log_dir: Path, session_timeout: float, commit_period: float,
+                 max_size: int, sink: list[Event], sink_lock: threading.Lock) -> None:
+        self.slot = slot
+        self.name = f"c{slot}"
+        self.consumer_id = f"{group}_{self.name}"
+        self.proxies = [ZkProxy(h) for h in node_hosts]
+        zk = ",".join(p.hosts for p in self.proxies) + chroot
+        self.args = [sys.executable, str(MEMBER_SCRIPT), "--zk", zk, "--group", group,
+                     "--topic", topic, "--id", self.name,
+                     "--session-timeout", str(session_timeout),
+                     "--commit-period", str(commit_period), "--max-size", str(max_size)]
+        self.log_path = log_dir / f"member-{self.name}.log"
+        self.incarnation = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.reader: threading.Thread | None = None
+        self.stopped_pid: int | None = None  # SIGSTOPped and not yet resumed
+        self._sink = sink
+        self._sink_lock = sink_lock
+
+    @property
+    def who(self) -> str:
+        return f"{self.slot}#{self.incarnation}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def start(self) -> None:
+        assert not self.alive, f"{self.name} is already running"
+        self.incarnation += 1
+        with open(self.log_path, "ab") as err:
+            err.write(f"\n=== {self.who} {time.time():.6f}\n".encode())
+            err.flush()
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=err,
+                                         stdin=subprocess.DEVNULL)
+        self.reader = threading.Thread(target=self._read, args=(self.proc, self.who),
+                                       name=f"chaos-reader-{self.who}", daemon=True)
+        self.reader.start()
+
+    def _read(self, proc: subprocess.Popen[bytes], who: str) -> None:
+        assert proc.stdout is not None
+        with proc.stdout:
+            for raw in proc.stdout:
+                line = raw.decode("utf-8", "replace").rstrip("\n")
+                try:
+                    event = _parse(line, who, self.slot)
+                except (ValueError, IndexError):
+                    event = Event("?", time.time(), who, self.slot, body=line)
+                with self._sink_lock:
+                    self._sink.append(event)
+
+    def _join_reader(self) -> None:
+        if self.reader is not None:
+            self.reader.join(30)
+            assert not self.reader.is_alive(), f"reader of {self.who} did not end"
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash (a stopped process dies too)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        self.stopped_pid = None
+        self._join_reader()
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM (resumed first when stopped); SIGKILL after ``timeout``."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.resume()
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            code = -9
+        self._join_reader()
+        return code
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.stopped_pid = self.proc.pid
+
+    def resume(self) -> None:
+        if self.proc is not None and self.stopped_pid == self.proc.pid and self.alive:
+            self.proc.send_signal(signal.SIGCONT)
+        self.stopped_pid = None
+
+    def block_zk(self) -> None:
+        for p in self.proxies:
+            p.pause()
+
+    def unblock_zk(self) -> None:
+        for p in self.proxies:
+            p.resume()
+
+    def close(self) -> None:
+        """Never raises: resume, stop, close the proxies."""
+        self.unblock_zk()
+        if self.alive:
+            try:
+                self.stop(30)
+            except Exception:  # noqa: BLE001 - last resort
+                if self.proc is not None:
+                    self.proc.kill()
+        for p in self.proxies:
+            p.close()
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            lines = self.log_path.read_text("utf-8", "replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+
+class ProducerLoop:
+    """Send ``seq-<n>`` at ``rate`` messages/s in batches; record acks and failures."""
+
+    def __init__(self, zk_connect: str, topic: str, rate: float, batch: int = 10) -> None:
+        self.topic = topic
+        self.acked: dict[int, tuple[str, int]] = {}   # seq -> (partition, offset)
+        self.failed: dict[int, str] = {}              # seq -> error
+        self.sent = 0
+        self._rate = rate
+        self._batch = batch
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self.producer = Producer(zk_connect, zk_session_timeout=10.0)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
+
+    def start(self) -> ProducerLoop:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            period = self._batch / self._rate
+            next_at = time.monotonic()
+            while not self._stop.is_set():
+                seqs = range(self.sent, self.sent + self._batch)
+                futures = [(s, self.producer.send_async(self.topic, b"seq-%d" % s))
+                           for s in seqs]
+                self.sent += self._batch
+                for s, f in futures:
+                    try:
+                        r = f.result(timeout=30)
+                    except Exception as e:  # noqa: BLE001 - a failed send is data here
+                        with self._lock:
+                            self.failed[s] = repr(e)
+                    else:
+                        with self._lock:
+                            self.acked[s] = (r.partition, r.offset)
+                next_at += period
+                self._stop.wait(max(0.0, next_at - time.monotonic()))  # pacing, not sync
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.error = e
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def stop(self) -> None:
+        """Stop sending, wait for the last batch, close the producer (idempotent)."""
+        if self._stop.is_set() and not self._thread.is_alive():
+            return
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(60)
+        assert not self._thread.is_alive(), "producer loop did not stop"
+        self.producer.close()
+        if self.error is not None:
+            raise AssertionError(f"producer loop died: {self.error!r}") from self.error
+
+
+def child_pids() -> set[int]:
+    """Pids of this process's live (not zombie) children, from /proc."""
+    me = os.getpid()
+    out: set[int] = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode("ascii", "replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and int(fields[1]) == me and fields[0] != "Z":
+            out.add(int(entry))
+    return out

@@ -1,0 +1,393 @@
+"""One chaos run: set up the cluster, inject the seeded faults, settle, audit, report.
+
+Cluster: the 3-node ZooKeeper ensemble (a fresh chroot per run), 3 broker
+processes serving topic ``chaos`` with 4 partitions each, 4 member processes
+in group ``chaos-g`` (each behind its own proxies to the ensemble), and a
+producer thread sending sequence-numbered messages.
+
+:meth:`ChaosRun.execute` never raises for a failed expectation: it collects
+every problem in :attr:`ChaosRun.problems` (plus the :class:`Verdict`'s
+violations) so that the report is always complete; the test asserts on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from _chaos_check import Verdict, check
+from _chaos_faults import KINDS, Fault, FaultRunner, make_plan
+from _chaos_procs import Event, Member, ProducerLoop, child_pids
+from _chaos_zk import ZkAudit
+from _procs import BrokerProc, stop_all
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+
+from metaq import MetaqError
+from metaq._admin import describe_group
+from metaq._zk import ZooKeeperEnsemble
+from metaq.testing import WaitTimeout, wait_until
+from zk_layout import Layout
+
+TOPIC = "chaos"
+MEMBER_FAULTS = ("consumer_kill", "session_expire", "consumer_sigstop")
+GROUP = "chaos-g"
+BROKERS = 3
+PARTS_PER_BROKER = 4
+MEMBERS = 4
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChaosSettings:
+    window: float = 35.0           # seconds of fault injection
+    rate: float = 200.0            # messages per second
+    session_timeout: float = 3.0   # members' ZooKeeper session
+    commit_period: float = 0.5
+    max_size: int = 2048           # fetch size: small batches, small in-flight windows
+    idle_bound: float = 10.0
+    unowned_bound: float = 15.0
+    settle_timeout: float = 90.0
+
+
+class ChaosRun:
+    def __init__(self, seed: int, ensemble: ZooKeeperEnsemble, workdir: Path,
+                 settings: ChaosSettings) -> None:
+        self.seed = seed
+        self.ensemble = ensemble
+        self.workdir = workdir
+        self.s = settings
+        self.partitions = [f"{b}-{i}" for b in range(BROKERS) for i in range(PARTS_PER_BROKER)]
+        self.plan = make_plan(seed, settings.window, members=MEMBERS, brokers=BROKERS,
+                              session_timeout=settings.session_timeout)
+        self.problems: list[str] = []
+        self.events: list[Event] = []
+        self.events_lock = threading.Lock()
+        self.brokers: list[BrokerProc] = []
+        self.members: list[Member] = []
+        self.producer: ProducerLoop | None = None
+        self.audit: ZkAudit | None = None
+        self.verdict = Verdict()
+        self.timings: dict[str, float] = {}
+        self.exit_codes: list[int] = []
+        self._rng = random.Random(seed ^ 0x5EED)
+        self.broker_refusals = 0
+        self.unowned_detail = ""
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def _inject(self, f: Fault) -> None:
+        if f.kind in MEMBER_FAULTS:
+            assert self.audit is not None
+            f.session = self.audit.session_of(self.members[int(f.target)].consumer_id)
+        if f.kind == "consumer_kill":
+            self.members[int(f.target)].kill()
+        elif f.kind == "consumer_sigstop":
+            self.members[int(f.target)].pause()
+        elif f.kind == "session_expire":
+            self.members[int(f.target)].block_zk()
+        elif f.kind == "broker_kill":
+            self.brokers[int(f.target)].kill()
+        elif f.kind == "zk_stop":
+            leader = self.ensemble.wait_quorum(timeout=60)
+            if f.target == "leader":
+                f.node = leader
+            else:
+                f.node = self._rng.choice([i for i in range(3) if i != leader])
+            self.ensemble.stop_node(f.node)
+
+    def _repair(self, f: Fault) -> None:
+        self._undo(f)
+        if f.kind in MEMBER_FAULTS:
+            # Keep the member out of new faults until it is back in a new session: each
+            # member fault then hits a registered member, and its effect is checked on
+            # the server (the old session ended, a new one registered).
+            assert self.audit is not None
+            m = self.members[int(f.target)]
+            try:
+                wait_until(lambda: self.audit.session_of(m.consumer_id) not in (None, f.session),
+                           timeout=45, interval=0.1,
+                           what=f"{m.name} to register in a new session after {f.kind}")
+                f.effective = True
+            except WaitTimeout:
+                f.effective = False
+        else:
+            f.effective = True
+
+    def _undo(self, f: Fault) -> None:
+        if f.kind == "consumer_kill":
+            self.members[int(f.target)].start()
+        elif f.kind == "consumer_sigstop":
+            self.members[int(f.target)].resume()
+        elif f.kind == "session_expire":
+            self.members[int(f.target)].unblock_zk()
+        elif f.kind == "broker_kill":
+            self._restart_broker(self.brokers[int(f.target)])
+        elif f.kind == "zk_stop" and f.node is not None:
+            self.ensemble.start_node(f.node)
+            self.ensemble.wait_quorum(timeout=60)
+
+    def _restart_broker(self, broker: BrokerProc, deadline: float = 90.0) -> None:
+        """Start a killed broker again; until it registers, ask again through elections.
+
+        ``BrokerProc.start`` waits for the killed process's session to end first (a
+        broker refuses to start while its id is held by another session).  Should it
+        exit while starting anyway, it is started again, as a supervisor would.
+        """
+        end = time.monotonic() + deadline
+        while True:
+            try:
+                if not broker.alive:
+                    broker.start(wait=False)
+                broker.wait_serving()
+                broker.wait_registered(max(1.0, end - time.monotonic()))
+                return
+            except KazooException:  # ZooKeeper electing a leader: ask again
+                if time.monotonic() > end:
+                    raise
+            except AssertionError:  # exited while starting
+                if broker.alive or time.monotonic() > end:
+                    raise
+                self.broker_refusals += 1
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _consumed(self) -> set[tuple[str, int]]:
+        with self.events_lock:
+            return {(e.part, e.offset) for e in self.events if e.kind == "M"}
+
+    def _wait(self, what: str, cond, timeout: float) -> bool:  # noqa: ANN001
+        try:
+            wait_until(cond, timeout=timeout, interval=0.2, what=what)
+            return True
+        except WaitTimeout as e:
+            self.problems.append(str(e))
+            return False
+
+    def _settled(self, client: KazooClient) -> bool:
+        try:
+            report = describe_group(client, Layout(), GROUP, timeout=2.0)
+        except (MetaqError, KazooException):
+            return False  # no group yet, or ZooKeeper busy electing: ask again
+        expected = {m.consumer_id for m in self.members}
+        owners = Counter(p.owner for p in report.partitions)
+        self._last_group = report
+        return (set(report.members) == expected and len(report.partitions) == len(
+            self.partitions) and set(owners) == expected
+                and all(n == len(self.partitions) // MEMBERS for n in owners.values())
+                and all(p.lag == 0 for p in report.partitions))
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def execute(self) -> None:
+        t_start = time.monotonic()
+        threads_before = {t.ident for t in threading.enumerate()}
+        children_before = child_pids()
+        chroot = f"/chaos-{self.seed}-{uuid.uuid4().hex[:6]}"
+        admin = KazooClient(hosts=self.ensemble.hosts, timeout=30.0)
+        admin.start(timeout=30)
+        admin.ensure_path(chroot)
+        zk = self.ensemble.hosts + chroot
+        group_client = KazooClient(hosts=zk, timeout=30.0)
+        runner: FaultRunner | None = None
+        try:
+            group_client.start(timeout=30)
+            self.brokers = [BrokerProc(zk, b, self.workdir / f"broker{b}",
+                                       {TOPIC: PARTS_PER_BROKER}) for b in range(BROKERS)]
+            for b in self.brokers:
+                b.start(wait=False)
+            for b in self.brokers:
+                b.wait_serving()
+                b.wait_registered()
+            self.audit = ZkAudit(zk, GROUP, TOPIC, self.partitions).start()
+            node_hosts = [self.ensemble.node_hosts(i) for i in range(3)]
+            self.members = [
+                Member(i, group=GROUP, topic=TOPIC, node_hosts=node_hosts, chroot=chroot,
+                       log_dir=self.workdir, session_timeout=self.s.session_timeout,
+                       commit_period=self.s.commit_period, max_size=self.s.max_size,
+                       sink=self.events, sink_lock=self.events_lock)
+                for i in range(MEMBERS)]
+            for m in self.members:
+                m.start()
+            if not self._wait("the group to settle before the faults",
+                              lambda: self._settled(group_client), 60):
+                return
+            self.audit.start_sampling()
+            self.producer = ProducerLoop(zk, TOPIC, self.s.rate).start()
+            self.timings["setup"] = time.monotonic() - t_start
+            t_faults = time.monotonic()
+            runner = FaultRunner(self.plan, self._inject, self._repair).start()
+            if not runner.wait(self.s.window + 180):
+                self.problems.append("faults still running long after the window")
+                runner.abort()
+                runner.wait(60)
+            self.problems.extend(f"fault failed: {e}" for e in runner.errors)
+            self.timings["faults"] = time.monotonic() - t_faults
+            self._restore()
+            self.producer.stop()
+            t_settle = time.monotonic()
+            acked = set(self.producer.acked.values())
+            self._wait(f"all {len(acked)} acknowledged messages consumed",
+                       lambda: acked <= self._consumed(), self.s.settle_timeout)
+            self._wait("the group settled: 4 members, 3 partitions each, lag 0",
+                       lambda: self._settled(group_client), self.s.settle_timeout)
+            self.timings["settle"] = time.monotonic() - t_settle
+            self.audit.stop_sampling()
+            self._stop_members(group_client)
+        finally:
+            if runner is not None:
+                runner.abort()
+                runner.wait(120)
+            self._teardown(admin, group_client, chroot)
+        self._leaks(threads_before, children_before)
+        self.verdict = check(
+            acked=self.producer.acked if self.producer else {}, events=list(self.events),
+            commits=self.audit.commits if self.audit else {},
+            samples=self.audit.samples if self.audit else [], faults=self.plan,
+            partitions=self.partitions, group=GROUP, late_bytes=2 * self.s.max_size,
+            idle_bound=self.s.idle_bound, unowned_bound=self.s.unowned_bound)
+        for f in self.plan:
+            if f.started is not None and f.error is None and not f.effective:
+                self.problems.append(f"fault had no effect: {f.describe()}")
+        self.timings["total"] = time.monotonic() - t_start
+
+    def dump(self) -> Path:
+        """Everything the audit saw, as JSON lines in the run's directory (for failures)."""
+        path = self.workdir / "chaos-data.jsonl"
+        with open(path, "w") as f:
+            for e in self.events:
+                f.write(json.dumps({"event": dataclasses.asdict(e)}) + "\n")
+            for seq, (p, off) in sorted((self.producer.acked if self.producer else {}).items()):
+                f.write(json.dumps({"acked": [seq, p, off]}) + "\n")
+            for p, hist in (self.audit.commits if self.audit else {}).items():
+                for c in hist:
+                    f.write(json.dumps({"commit": [p, *dataclasses.astuple(c)]}) + "\n")
+            for smp in (self.audit.samples if self.audit else []):
+                f.write(json.dumps({"sample": dataclasses.asdict(smp)}, default=sorted) + "\n")
+            for fault in self.plan:
+                f.write(json.dumps({"fault": dataclasses.asdict(fault)}) + "\n")
+        return path
+
+    def _restore(self) -> None:
+        """After the faults: everything running and reachable again."""
+        for i in range(3):
+            if self.ensemble.mode(i) is None:
+                self.problems.append(f"ZooKeeper node {i} was still down after the faults")
+                self.ensemble.start_node(i)
+        self.ensemble.wait_quorum(timeout=60)
+        for m in self.members:
+            m.unblock_zk()
+            m.resume()
+            if not m.alive:
+                self.problems.append(f"member {m.name} was still down after the faults")
+                m.start()
+        for b in self.brokers:
+            if not b.alive:
+                self.problems.append(f"broker {b.broker_id} was still down after the faults")
+                self._restart_broker(b)
+
+    def _stop_members(self, client: KazooClient) -> None:
+        for m in self.members:
+            code = m.stop(60)
+            self.exit_codes.append(code)
+            if code != 0:
+                self.problems.append(f"member {m.name} exited with {code}:\n{m.log_tail()}")
+        with self.events_lock:
+            finals = [e for e in self.events if e.kind == "T"]
+        for m in self.members:
+            mine = [e for e in finals if e.who == m.who]
+            if not mine:
+                self.problems.append(f"member {m.who} printed no thread census at exit")
+            elif not mine[-1].body.startswith("0 "):
+                self.problems.append(f"member {m.who} left threads running: {mine[-1].body}")
+        lay = Layout()
+        ids = client.get_children(lay.consumer_ids(GROUP))
+        owners = client.get_children(lay.owners_dir(GROUP, TOPIC))
+        if ids or owners:
+            self.problems.append(f"after a clean stop ZooKeeper still lists members {ids} "
+                                 f"and owners {owners}")
+
+    def _teardown(self, admin: KazooClient, group_client: KazooClient, chroot: str) -> None:
+        for m in self.members:
+            m.close()
+        if self.producer is not None:
+            try:
+                self.producer.stop()
+            except AssertionError as e:
+                self.problems.append(str(e))
+        stop_all(self.brokers)
+        for i in range(3):  # the ensemble is shared with other tests: leave it whole
+            if self.ensemble.mode(i) is None:
+                self.ensemble.start_node(i)
+        self.ensemble.wait_quorum(timeout=60)
+        if self.audit is not None:
+            try:
+                self.audit.stop()
+            except Exception as e:  # noqa: BLE001 - reported
+                self.problems.append(f"stopping the ZooKeeper audit: {e!r}")
+        for c in (group_client, admin):
+            if c is admin:
+                try:
+                    admin.delete(chroot, recursive=True)
+                except Exception:  # noqa: BLE001 - a unique chroot: harmless if left
+                    pass
+            c.stop()
+            c.close()
+
+    def _leaks(self, threads_before: set[int | None], children_before: set[int]) -> None:
+        def new_threads() -> list[str]:
+            return [t.name for t in threading.enumerate()
+                    if t.ident not in threads_before and t.is_alive()]
+
+        def new_children() -> set[int]:  # ZooKeeper nodes restarted by faults are not ours
+            zk = {s.pid for s in self.ensemble.servers}
+            return child_pids() - children_before - zk
+
+        if not self._wait("threads of the run to end", lambda: not new_threads(), 15):
+            self.problems.append(f"threads leaked: {sorted(new_threads())}")
+        if not self._wait("child processes of the run to end", lambda: not new_children(), 15):
+            self.problems.append(f"processes leaked: {sorted(new_children())}")
+
+    # -- the report --------------------------------------------------------------------------
+
+    def report(self) -> str:
+        m = self.verdict.metrics
+        executed = [f for f in self.plan if f.started is not None]
+        by_kind = Counter(f.kind for f in executed)
+        effective = Counter(f.kind for f in executed if f.effective)
+        leader_stops = sum(1 for f in executed if f.kind == "zk_stop" and f.target == "leader")
+        p = self.producer
+        lines = [
+            f"chaos seed={self.seed} window={self.s.window:g}s "
+            f"(reproduce: METAQ_CHAOS_SEEDS={self.seed})",
+            f"  faults injected: {len(executed)} of {len(self.plan)} planned; " + ", ".join(
+                f"{k}={by_kind[k]} ({effective[k]} effective)" for k in KINDS)
+            + f"; zk leader stops={leader_stops}",
+            f"  messages: produced={p.sent if p else 0} acknowledged="
+            f"{len(p.acked) if p else 0} failed={len(p.failed) if p else 0} "
+            f"delivered={m.get('delivered')} distinct={m.get('distinct')} "
+            f"duplicates={m.get('duplicates')} missing={m.get('missing')}",
+            f"  ownership: runs={m.get('runs')} sessions lost={m.get('sessions_lost')} "
+            f"max unowned={m.get('max_unowned_s')}s max idle-while-unowned="
+            f"{m.get('max_idle_s')}s",
+            f"  zombies (after the server ended their session): deliveries="
+            f"{m.get('zombie_deliveries')} of committed offsets={m.get('zombie_committed')} "
+            f"(up to {m.get('zombie_max_s')}s after)",
+            f"  brokers: start-ups refused while the old session lived={self.broker_refusals}",
+            f"  audit: commits seen={m.get('commits_seen')} samples={m.get('samples')} "
+            f"lenient run starts={m.get('lenient_starts')}",
+            "  time: " + " ".join(f"{k}={v:.1f}s" for k, v in self.timings.items()),
+        ]
+        if self.problems or self.verdict.violations:
+            lines.append("  FAILED:")
+            lines += [f"    {x}" for x in self.problems + self.verdict.violations]
+            lines.append("  plan:")
+            lines += [f"    {f.describe()} started={f.started and round(f.started, 3)} "
+                      f"effective={f.effective} error={f.error}" for f in self.plan]
+        return "\n".join(lines)
