@@ -129,7 +129,7 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
     unpack = _len_of
     pos = 0
     budget = end // HEADER_SIZE + 1  # garbage lengths can send pos backwards: bounded
-    while pos <= lim and budget > 0:
+    while 0 <= pos <= lim and budget > 0:
         length = unpack(buf, pos)[0]
         if 0 <= length <= max_payload:
             size = HEADER_SIZE + length
@@ -148,11 +148,14 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
                 hint.stretch = _MIN_STRETCH
                 continue
             hint.stretch = min(hint.stretch * 2, _MAX_STRETCH)
-        for _ in range(min(hint.stretch, budget)):
-            if pos > lim:
-                break
-            app(pos)
-            pos += HEADER_SIZE + unpack(buf, pos)[0]
+        try:
+            for _ in range(min(hint.stretch, budget)):
+                if pos > lim:
+                    break
+                app(pos)
+                pos += HEADER_SIZE + unpack(buf, pos)[0]
+        except struct.error:  # a garbage length sent pos below 0: caught below
+            break
         budget -= hint.stretch
     app(pos)
     pieces.append(pa.array(found, pa.int64()))

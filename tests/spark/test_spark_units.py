@@ -1,0 +1,175 @@
+"""Pieces of metaq.spark that need no SparkSession: options, the byte walker, Arrow batches."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("pyarrow")
+
+from metaq import ConfigError, MessageError  # noqa: E402
+from metaq._message import build_payload, encode_message, iter_messages, scan_messages  # noqa: E402
+from metaq.spark import SourceOptions  # noqa: E402
+from metaq.spark._arrow import WalkHint, Where, arrow_schema, chunk_to_batch, walk  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+BASE = {"zk.connect": "127.0.0.1:2181/x", "topic": "orders"}
+
+
+# -- options --------------------------------------------------------------------------------
+
+
+def test_options_parse_with_any_case_and_defaults() -> None:
+    opts = SourceOptions.from_options({
+        "ZK.CONNECT": "h:1/c", "Topic": "a, b", "STARTINGOFFSETS": '{"a": {"0-1": 100}}',
+        "maxbytespertrigger": "4096", "failOnDataLoss": "False", "codec": "str"})
+    assert opts.topics == ("a", "b") and opts.zk_connect == "h:1/c"
+    assert opts.starting_offsets.per_partition == {"a": {"0-1": 100}}
+    assert opts.max_bytes_per_trigger == 4096 and opts.fail_on_data_loss is False
+    assert opts.codec == "str" and opts.group == "metaq-spark"
+    assert opts.starting(streaming=False).kind == "json"
+    plain = SourceOptions.from_options(BASE)
+    assert plain.starting(streaming=False).kind == "earliest"
+    assert plain.starting(streaming=True).kind == "group"
+    assert plain.ending_offsets.kind == "latest" and plain.verify_checksums is True
+    assert SourceOptions.from_options(opts.to_options()) == opts
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"topic": "t"}, "zk.connect is required"),
+    ({"zk.connect": "h:1"}, "topic is required"),
+    ({**BASE, "startingOffset": "earliest"}, "unknown option 'startingOffset'"),
+    ({**BASE, "path": "/x"}, "takes no path"),
+    ({**BASE, "startingOffsets": "newest"}, "startingOffsets must be earliest, latest"),
+    ({**BASE, "startingOffsets": '{"other": {"0-0": 1}}'}, "topic 'other', which is not"),
+    ({**BASE, "startingOffsets": '{"orders": {"zero": 1}}'}, "'zero' of topic 'orders'"),
+    ({**BASE, "startingOffsets": '{"orders": {"0-0": -3}}'}, "offset of orders 0-0 must"),
+    ({**BASE, "startingOffsets": '{"orders": {"0-0": 1.5}}'}, "must be an integer"),
+    ({**BASE, "endingOffsets": '{"orders": {"0-0": -2}}'}, "-2 (earliest) is not allowed"),
+    ({**BASE, "startingOffsets": "[]"}, "non-empty object"),
+    ({**BASE, "maxBytesPerTrigger": "lots"}, "maxBytesPerTrigger must be an integer"),
+    ({**BASE, "maxBytesPerTrigger": "0"}, "maxBytesPerTrigger must be an integer in 1.."),
+    ({**BASE, "fetchSize": "10"}, "fetchSize must be an integer in 1024.."),
+    ({**BASE, "failOnDataLoss": "maybe"}, "failOnDataLoss must be true or false"),
+    ({**BASE, "codec": "pickle"}, "codec must be one of str, msgpack"),
+    ({**BASE, "brokerTimeout": "-1"}, "brokerTimeout must be a positive number"),
+    ({**BASE, "topic": "a/b"}, "option topic"),
+    ({**BASE, "topic": "a,a"}, "names a topic twice"),
+    ({**BASE, "group": "g/h"}, "option group"),
+    ({**BASE, "zk.root": "meta"}, "zk.root must be an absolute"),
+])
+def test_bad_options_are_refused_by_name(options: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        SourceOptions.from_options(options)
+    assert message in str(info.value)
+
+
+@given(st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=6))
+def test_any_option_map_parses_or_raises_config_error(options: dict) -> None:
+    try:
+        SourceOptions.from_options({**BASE, **options})
+    except ConfigError:
+        pass
+
+
+# -- the walker -----------------------------------------------------------------------------
+
+_message = st.tuples(st.binary(max_size=200), st.one_of(st.none(), st.text(max_size=12)))
+
+
+def _log(messages: list[tuple[bytes, str | None]], first_id: int = 1) -> bytes:
+    out = []
+    for i, (body, attribute) in enumerate(messages):
+        payload, flag = build_payload(body, attribute)
+        out.append(encode_message(first_id + i, flag, payload))
+    return b"".join(out)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_message, max_size=60), st.data())
+def test_walk_agrees_with_the_reference_scan(messages, data) -> None:  # type: ignore[no-untyped-def]
+    buf = bytearray(_log(messages))
+    cut = data.draw(st.integers(0, len(buf)))
+    buf = buf[:cut]
+    if buf and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(buf) - 1))
+        buf[at] ^= data.draw(st.integers(1, 255))
+    valid, count, problem = scan_messages(bytes(buf))
+    found = walk(memoryview(bytes(buf)), verify=True, hint=WalkHint())
+    assert (found.stop, found.count, found.problem is None) == (valid, count, problem is None)
+    assert found.bounds.to_pylist()[-1] == valid
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 300), st.integers(1, 400), st.integers(0, 400), st.data())
+def test_leaps_over_equal_sizes_are_exact(size: int, n: int, cut: int, data) -> None:  # type: ignore[no-untyped-def]
+    """Runs of one size (leapt over) mixed with other sizes, bodies that look like headers."""
+    fake = (size).to_bytes(4, "big") * 60
+    sizes = data.draw(st.lists(st.sampled_from([size, size, size, size + 1, 0]), min_size=n,
+                               max_size=n))
+    messages = [((fake * 10)[:s], None) for s in sizes]
+    buf = _log(messages)
+    buf = buf[:max(0, len(buf) - cut)]
+    hint = WalkHint()
+    for _ in range(2):  # a second chunk walked with what the first taught the hint
+        valid, count, problem = scan_messages(buf)
+        found = walk(memoryview(buf), verify=data.draw(st.booleans()), hint=hint)
+        assert (found.stop, found.count, found.problem) == (valid, count, problem)
+
+
+def test_walk_names_an_impossible_length() -> None:
+    good = _log([(b"abc", None)] * 3)
+    bad = good + (-5).to_bytes(4, "big", signed=True) + bytes(40)
+    found = walk(memoryview(bad))
+    assert found.count == 3 and found.stop == len(good)
+    assert found.problem == "impossible message length -5"
+
+
+# -- Arrow batches --------------------------------------------------------------------------
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_message, max_size=80), st.integers(0, 2**40))
+def test_batches_hold_exactly_the_messages(messages, base: int) -> None:  # type: ignore[no-untyped-def]
+    buf = _log(messages, first_id=2**40)
+    where = Where(topic="t", partition="3-7", broker_id=3)
+    found = walk(memoryview(buf))
+    batch = chunk_to_batch(memoryview(buf), found, base, where, arrow_schema())
+    assert batch.schema == arrow_schema()
+    cols = batch.to_pydict()
+    expect = list(iter_messages(buf, base))
+    assert cols["offset"] == [m.offset for m in expect]
+    assert cols["next_offset"] == [m.next_offset for m in expect]
+    assert cols["msg_id"] == [m.msg_id for m in expect]
+    assert cols["attribute"] == [a for _, a in messages]
+    assert cols["value"] == [b for b, _ in messages]
+    assert set(cols["topic"]) <= {"t"} and set(cols["partition"]) <= {"3-7"}
+    assert set(cols["broker_id"]) <= {3}
+
+
+def test_codecs_fill_the_decoded_column_or_name_the_bad_message() -> None:
+    import msgpack
+
+    where = Where(topic="t", partition="0-0", broker_id=0)
+    text = _log([("héllo".encode(), None), (b"", "a")])
+    batch = chunk_to_batch(memoryview(text), walk(memoryview(text)), 0, where,
+                           arrow_schema("str"), "str")
+    assert batch.column("decoded").to_pylist() == ["héllo", ""]
+    packed = _log([(msgpack.packb({"k": [1, b"\x00"]}), None)])
+    batch = chunk_to_batch(memoryview(packed), walk(memoryview(packed)), 0, where,
+                           arrow_schema("msgpack"), "msgpack")
+    assert batch.column("decoded").to_pylist() == ['{"k": [1, "AA=="]}']
+    bad = _log([(b"ok", None), (b"\xff\xfe", None)])
+    with pytest.raises(MessageError, match="offset 22 of t 0-0 is not UTF-8"):
+        chunk_to_batch(memoryview(bad), walk(memoryview(bad)), 0, where, arrow_schema("str"),
+                       "str")
+
+
+def test_a_bad_attribute_length_is_named() -> None:
+    payload = (1000).to_bytes(4, "big") + b"short"
+    buf = encode_message(9, 1, payload)
+    where = Where(topic="t", partition="0-0", broker_id=0)
+    with pytest.raises(MessageError, match="bad attribute length 1000"):
+        chunk_to_batch(memoryview(buf), walk(memoryview(buf)), 0, where, arrow_schema())
