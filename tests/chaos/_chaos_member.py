@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -55,6 +56,9 @@ def main() -> int:
     p.add_argument("--fetch-runners", type=int, default=2)
     p.add_argument("--max-size", type=int, default=2048)
     p.add_argument("--max-fetch-delay", type=float, default=1.0)
+    p.add_argument("--sigstop-on-assign", action="store_true",
+                   help="SIGSTOP this process in on_assigned of the first claim: a freeze "
+                        "after the claim, before fetching starts (for reproductions)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(created).3f %(levelname)s %(threadName)s %(name)s: %(message)s")
@@ -75,6 +79,14 @@ def main() -> int:
                                                    m.msg_id, body.encode()))
             _out.flush()
 
+    froze = threading.Event()
+
+    def on_assigned(part: str) -> None:
+        emit("A", part, session())
+        if args.sigstop_on_assign and not froze.is_set():
+            froze.set()
+            os.kill(os.getpid(), signal.SIGSTOP)
+
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
@@ -86,7 +98,7 @@ def main() -> int:
         commit_period=args.commit_period, fetch_runner_count=args.fetch_runners,
         max_fetch_delay=args.max_fetch_delay,
         on_error=lambda e: emit("E", repr(e).replace("\n", " ")),
-        on_assigned=lambda t, part: emit("A", part, session()),
+        on_assigned=lambda t, part: on_assigned(part),
         on_revoked=lambda t, part: emit("R", part, session()))
     with consumer:
         consumer.subscribe(args.topic, listener, max_size=args.max_size)

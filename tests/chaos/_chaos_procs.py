@@ -62,7 +62,8 @@ class Member:
 
     def __init__(self, slot: int, *, group: str, topic: str, node_hosts: list[str],
                  chroot: str, log_dir: Path, session_timeout: float, commit_period: float,
-                 max_size: int, sink: list[Event], sink_lock: threading.Lock) -> None:
+                 max_size: int, sink: list[Event], sink_lock: threading.Lock,
+                 extra: tuple[str, ...] = ()) -> None:
         self.slot = slot
         self.name = f"c{slot}"
         self.consumer_id = f"{group}_{self.name}"
@@ -71,7 +72,8 @@ class Member:
         self.args = [sys.executable, str(MEMBER_SCRIPT), "--zk", zk, "--group", group,
                      "--topic", topic, "--id", self.name,
                      "--session-timeout", str(session_timeout),
-                     "--commit-period", str(commit_period), "--max-size", str(max_size)]
+                     "--commit-period", str(commit_period), "--max-size", str(max_size),
+                     *extra]
         self.log_path = log_dir / f"member-{self.name}.log"
         self.incarnation = 0
         self.proc: subprocess.Popen[bytes] | None = None
@@ -143,6 +145,19 @@ class Member:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGSTOP)
         self.stopped_pid = self.proc.pid
+
+    def stopped_by_itself(self) -> bool:
+        """True when the process is in the stopped state (it SIGSTOPped itself)."""
+        assert self.proc is not None
+        try:
+            with open(f"/proc/{self.proc.pid}/stat", "rb") as f:
+                state = f.read().decode("ascii", "replace").rsplit(")", 1)[-1].split()[0]
+        except OSError:
+            return False
+        if state == "T":
+            self.stopped_pid = self.proc.pid
+            return True
+        return False
 
     def resume(self) -> None:
         if self.proc is not None and self.stopped_pid == self.proc.pid and self.alive:
