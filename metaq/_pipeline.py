@@ -246,8 +246,8 @@ class PipelinedConnection:
                                         name=f"metaq-pipe-reader-{self.name}")
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
                                         name=f"metaq-pipe-writer-{self.name}")
-        self._reader.start()
         self._writer.start()
+        self._reader.start()
 
     # -- public --------------------------------------------------------------
 
@@ -449,7 +449,8 @@ class PipelinedConnection:
             log.exception("reader of %s crashed", self.name)
             self._fail(_closed(f"reader of {self.name} crashed: {e!r}", e))
         finally:
-            self._writer.join(5.0)
+            if self._writer.ident is not None and self._writer is not threading.current_thread():
+                self._writer.join(5.0)
             try:
                 sock.close()
             except OSError:
