@@ -149,3 +149,177 @@ def test_bad_config_names_the_field(options, field):
 def test_unknown_option_is_named():
     with pytest.raises(ConfigError, match="fetch_runners"):
         ConsumerConfig.from_mapping("g", {"fetch_runners": 3})
+
+
+# -- the hot loops: failure mid-batch, slices, corrupt lengths, message classes -----------
+
+def _ids(msgs):
+    return [m.msg_id for m in msgs]
+
+
+def test_failure_mid_batch_stops_progress_at_the_failing_message():
+    data = _log([b"a", b"b", b"c", b"d"], start_id=10)
+    seen = []
+
+    def listener(m):
+        if m.raw_body == b"c" and b"c" not in seen:
+            seen.append(b"c")
+            raise RuntimeError("once")
+        seen.append(m.raw_body)
+
+    pf = _pf(listener=listener, offset=500)
+    res = process_batch(pf, data)
+    assert res.consumed == 2
+    assert pf.offset == 500 + len(_log([b"a", b"b"]))
+    assert pf.msg_id == 11  # the last message consumed, not the failing one
+    assert pf.retry_offset == pf.offset and pf.retry_count == 1 and pf.retry_delay
+    res = process_batch(pf, data[pf.offset - 500:])
+    assert res.consumed == 2 and pf.msg_id == 13 and pf.retry_count == 0
+    assert seen == [b"a", b"b", b"c", b"c", b"d"]
+
+
+def test_rewind_mid_batch_keeps_the_rest_for_later_without_counting():
+    from metaq.consumer import Rewind
+
+    data = _log([b"a", b"b", b"c"])
+    got = []
+
+    def listener(m):
+        if m.raw_body == b"b":
+            raise Rewind()
+        got.append(m.raw_body)
+
+    pf = _pf(listener=listener)
+    assert process_batch(pf, data).consumed == 1
+    assert got == [b"a"] and pf.retry_count == 0 and pf.retry_delay == pf.retry_backoff
+
+
+def test_batch_listener_gets_slices_of_max_batch_in_order():
+    data = _log([bytes([i]) for i in range(7)], start_id=0)
+    calls = []
+    pf = _pf(batch=lambda b: calls.append([m.msg_id for m in b]))
+    pf.max_batch = 3
+    res = process_batch(pf, data)
+    assert calls == [[0, 1, 2], [3, 4, 5], [6]]
+    assert res.consumed == 7 and pf.offset == len(data) and pf.msg_id == 6
+
+
+def test_batch_failure_in_a_later_slice_keeps_the_earlier_slices_consumed():
+    data = _log([bytes([i]) for i in range(6)], start_id=0)
+    calls = []
+
+    def on_messages(batch):
+        calls.append(_ids(batch))
+        if len(calls) == 2:
+            raise ValueError("second slice fails once")
+
+    pf = _pf(batch=on_messages)
+    pf.max_batch = 2
+    res = process_batch(pf, data)
+    assert res.consumed == 2 and pf.msg_id == 1 and pf.retry_delay is not None
+    assert pf.offset == len(_log([b"\0", b"\1"]))
+    res = process_batch(pf, data[pf.offset:])
+    assert res.consumed == 4 and pf.offset == len(data)
+    assert calls == [[0, 1], [2, 3], [2, 3], [4, 5]]
+
+
+def test_rejected_batch_slice_goes_to_reject_and_the_rest_is_delivered():
+    data = _log([bytes([i]) for i in range(4)], start_id=0)
+    calls, rejected = [], []
+
+    def on_messages(batch):
+        calls.append(_ids(batch))
+        if batch[0].msg_id == 0:
+            raise ValueError("always")
+
+    pf = _pf(batch=on_messages, max_retries=0, reject=lambda m, e: rejected.append(m.msg_id))
+    pf.max_batch = 2
+    res = process_batch(pf, data)
+    assert rejected == [0, 1] and calls == [[0, 1], [2, 3]]
+    assert res.consumed == 4 and pf.offset == len(data) and pf.msg_id == 3
+
+
+@pytest.mark.parametrize("bad_length", [-1, -(2**31), 0x7FFFFFFF])
+def test_corrupt_length_after_good_messages_delivers_them_first(bad_length):
+    good = _log([b"one", b"two"])
+    bad = bad_length.to_bytes(4, "big", signed=True) + b"\0" * 16 + b"rest"
+    got = []
+    pf = _pf(listener=got.append)
+    assert process_batch(pf, good + bad).consumed == 2
+    assert pf.offset == len(good)
+    with pytest.raises(ChecksumError, match="impossible message length"):
+        process_batch(pf, bad)
+
+
+def test_unverified_consumer_delivers_a_bad_checksum():
+    data = bytearray(_log([b"x"]))
+    data[4:8] = (12345).to_bytes(4, "big")
+    got = []
+    pf = _pf(listener=got.append)
+    pf.verify = False
+    assert process_batch(pf, bytes(data)).consumed == 1 and got[0].raw_body == b"x"
+
+
+def test_message_classes_read_bodies_attributes_and_codecs():
+    from metaq.consumer import Message
+
+    data = _log([b'{"a"', "héllo".encode()], attrs=[None, "k=v"])
+    for codec, want in (("bytes", [b'{"a"', "héllo".encode()]), ("str", ['{"a"', "héllo"])):
+        got = []
+        pf = _pf(listener=got.append)
+        pf.codec = get_codec(codec)
+        process_batch(pf, data)
+        assert [m.body for m in got] == want
+        assert [m.raw_body for m in got] == [b'{"a"', "héllo".encode()]
+        assert [m.attribute for m in got] == [None, "k=v"]
+        assert all(isinstance(m, Message) for m in got)
+        assert got[1].payload == build_payload("héllo".encode(), "k=v")[0]
+        assert "offset=0" in repr(got[0]) and got[0] == got[0] and got[0] != got[1]
+        m = got[1]
+        made = Message.create(m.topic, m.partition, m.offset, m.next_offset, m.msg_id,
+                              m.flag, m.payload, pf.codec)
+        assert made == m and type(made) is type(m)
+
+
+def test_message_pickles():
+    import pickle
+
+    got = []
+    process_batch(_pf(listener=got.append), _log([b"body"], attrs=["a"]))
+    back = pickle.loads(pickle.dumps(got[0]))
+    assert back == got[0] and back.attribute == "a" and back.body == b"body"
+
+
+def test_crc32_in_use_agrees_with_zlib():
+    import zlib
+
+    from metaq.consumer._processor import _crc32
+
+    for data in (b"", b"a", bytes(range(256)) * 40):
+        assert _crc32(data) == zlib.crc32(data)
+
+
+@given(st.lists(st.tuples(st.binary(max_size=200), st.one_of(st.none(), st.text(max_size=5))),
+                max_size=25),
+       st.integers(1, 5), st.integers(1, 3000), st.booleans())
+def test_both_loops_deliver_what_the_reference_parser_reads(items, max_batch, step, batch):
+    """Fed in arbitrary cuts (the fetcher's contiguous reads), both loops deliver exactly
+    the messages metaq._message.iter_messages finds, with the same offsets and ids."""
+    from metaq._message import iter_messages
+
+    data = _log([b for b, _ in items], attrs=[a for _, a in items])
+    want = [(r.offset, r.next_offset, r.msg_id, r.flag, r.payload)
+            for r in iter_messages(data)]
+    got = []
+    if batch:
+        pf = _pf(batch=got.extend)
+        pf.max_batch = max_batch
+    else:
+        pf = _pf(listener=got.append)
+    end = 0
+    while pf.offset < len(data):
+        end = max(end + step, pf.offset + 1)
+        res = process_batch(pf, data[pf.offset:end])
+        if res.needed_size:
+            end = pf.offset + res.needed_size
+    assert [(m.offset, m.next_offset, m.msg_id, m.flag, m.payload) for m in got] == want

@@ -58,6 +58,8 @@ class Message(tuple):
     flag = property(itemgetter(5), doc="Metaq flag; bit 0 = has attribute.")
     raw_body = property(itemgetter(6), doc="The body bytes.")
     body = property(itemgetter(6), doc="The body decoded by the consumer's codec.")
+    payload = property(itemgetter(6), doc="The bytes after the header, attribute section "
+                       "included (what a producer sent; see metaq._message.split_payload).")
     #: The Metaq attribute string, or None (a property on messages that have one).
     attribute: str | None = None
 
@@ -68,11 +70,6 @@ class Message(tuple):
         plain, with_attribute = message_classes(codec)
         cls = with_attribute if flag & FLAG_HAS_ATTRIBUTE else plain
         return cls((topic, partition, offset, next_offset, msg_id, flag, bytes(payload), codec))
-
-    @property
-    def payload_size(self) -> int:
-        """Bytes after the header (attribute section included)."""
-        return len(self[6])
 
     def __repr__(self) -> str:
         return (f"Message(topic={self[0]!r}, partition={self[1]!r}, offset={self[2]}, "
