@@ -17,6 +17,7 @@ from metaq._zkclient import make_client
 from metaq.consumer._config import MIB, ConsumerConfig
 from metaq.consumer._coordinator import Coordinator, State
 from metaq.consumer._fetcher import FetchManager
+from metaq.consumer._lease import Lease
 from metaq.consumer._message import Message
 from metaq.consumer._processor import PartitionFetch
 from metaq.consumer._recover import RecoverStore
@@ -94,10 +95,12 @@ class MessageConsumer:
             zk_connect=zk_connect, recover_dir=self.config.recover_dir,
             recover_interval=self.config.recover_interval, codec=self._codec,
             on_error=lambda e: self.report_error(e, None))
+        self.lease = Lease(self.config.zk_session_timeout)
         self.fetcher = FetchManager(
             group=group, runner_count=self.config.fetch_runner_count,
             fetch_timeout=self.config.fetch_timeout, max_delay=self.config.max_fetch_delay,
             max_fetch_size=self.config.max_fetch_size, on_error=self.report_error,
+            lease=self.lease,
             name=f"metaq-fetch-{self.consumer_id}")
         self._coordinator = Coordinator(self, self._client)
 

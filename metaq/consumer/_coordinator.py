@@ -88,6 +88,7 @@ class Coordinator:
         self.consumer_id: str = consumer.consumer_id
         self._strategy = get_strategy(self._cfg.strategy)
         self.fence = SessionFence()
+        self.lease = consumer.lease
         self.store = ZkOffsetStore(client, self._layout, self._group, self.fence)
         self.state = State.INIT
         self.generation = 0
@@ -102,6 +103,7 @@ class Coordinator:
         self._closing = False
         self._registered_session: int | None = None
         self._next_commit = time.monotonic() + self._cfg.commit_period
+        self._next_heartbeat = 0.0
         self._next_zk_retry = 0.0
         self._zk_failures = 0
         self.settled = threading.Event()
@@ -137,9 +139,11 @@ class Coordinator:
     def _on_state(self, state: str) -> None:
         if state == KazooState.LOST:
             self.fence.lost()
+            self.lease.revoke()
             self._c.fetcher.suspend()
             flag = "_lost"
         elif state == KazooState.SUSPENDED:
+            self.lease.revoke()
             self._c.fetcher.suspend()
             flag = "_suspended"
         else:
@@ -195,8 +199,11 @@ class Coordinator:
                     self._set_state(State.SUSPENDED)
                     self.settled.clear()
                 if reconnected and self._client.connected:
+                    self._next_heartbeat = 0.0
                     self._c.fetcher.resume()
                     rebalance = True
+                if time.monotonic() >= self._next_heartbeat and self._client.connected:
+                    self._heartbeat()
                 now = time.monotonic()
                 if any(c.next_try <= now for c in self._claims.values()):
                     rebalance = True
@@ -217,9 +224,20 @@ class Coordinator:
             return True
         return self._timeout() <= 0
 
+    def _heartbeat(self) -> None:
+        """Renew the delivery lease with a ZooKeeper round trip (see _lease.py)."""
+        self._next_heartbeat = time.monotonic() + self._cfg.zk_session_timeout / 6.0
+        sent = time.monotonic()
+        try:
+            self._client.exists(self._layout.consumer_id(self._group, self.consumer_id))
+        except KazooException as e:
+            log.debug("heartbeat of %s failed: %r", self.consumer_id, e)
+            return
+        self.lease.renewed(sent)
+
     def _timeout(self) -> float:
         now = time.monotonic()
-        due = [self._next_commit]
+        due = [self._next_commit, self._next_heartbeat]
         due.extend(c.next_try for c in self._claims.values())
         if self._next_zk_retry > 0:
             due.append(self._next_zk_retry)

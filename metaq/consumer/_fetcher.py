@@ -36,6 +36,7 @@ from typing import Any
 
 from metaq._connection import BrokerConnection
 from metaq._errors import BrokerError, ChecksumError, MessageError, MetaqError
+from metaq.consumer._lease import Lease
 from metaq.consumer._processor import PartitionFetch, process_batch
 
 __all__ = ["FetchManager"]
@@ -64,6 +65,7 @@ class FetchManager:
 
     def __init__(self, *, group: str, runner_count: int, fetch_timeout: float,
                  max_delay: float, max_fetch_size: int, on_error: ErrorHandler,
+                 lease: Lease | None = None,
                  name: str = "metaq-fetch", prefetch: bool = True) -> None:
         self._group = group
         self._prefetch = prefetch
@@ -72,6 +74,7 @@ class FetchManager:
         self._step = max_delay / 10.0
         self._max_fetch_size = max_fetch_size
         self._on_error = on_error
+        self._lease = lease
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, PartitionFetch]] = []
         self._seq = itertools.count()
@@ -202,6 +205,9 @@ class FetchManager:
         if address is None:
             pf.ready = None
             return self._backoff(pf)  # broker unknown right now: wait
+        if self._lease is not None and not self._lease.valid():
+            pf.ready = None
+            return self._step  # ownership unconfirmed (frozen past the session?): wait
         data = _take_ready(pf, address)
         conn = connections.get(address)
         ahead: int | None = None  # opaque of the get sent ahead, reply not read yet
@@ -223,6 +229,10 @@ class FetchManager:
         except (OSError, MetaqError) as e:
             return self._connection_failed(pf, conn, address, connections, e)
         pf.failures = 0
+        if self._lease is not None and not self._lease.valid():
+            self._end_ahead(pf, conn, ahead, None, address, connections)
+            pf.ready = None
+            return self._step  # the lease ran out while we fetched: deliver nothing
         base = pf.offset
         try:
             result = process_batch(pf, data)

@@ -22,12 +22,6 @@ GROUP = "g"
 L = Layout()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "consumer bug: a member frozen (SIGSTOP, VM pause) after claiming a partition and "
-    "before its fetch starts resumes fetching and delivering from the offset it loaded "
-    "before the freeze, although its session ended and another member consumed and "
-    "committed beyond it; nothing checks that the session is still alive before the "
-    "first fetch (Coordinator._claim_many -> fetcher.add)"))
 def test_member_frozen_after_claim_delivers_nothing_once_its_session_ended(
         zk_server, zk_connect, zk_client, tmp_path):
     chroot = zk_connect[len(zk_server.hosts):]
