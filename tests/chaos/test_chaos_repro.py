@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from _chaos_procs import Event, Member
 from _procs import start_broker
 
