@@ -16,7 +16,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from metaq._errors import ConfigError, ConnectionClosedError, DataLossError
+from metaq._errors import ConfigError, ConnectionClosedError, CoordinationError, DataLossError
 from metaq.spark._cluster import Cluster
 from metaq.spark._options import EARLIEST_CODE, LATEST_CODE, OffsetSpec
 from zk_layout import parse_partition
@@ -174,8 +174,9 @@ def plan_ranges(cluster: Cluster, topics: tuple[str, ...], start: OffsetSpec,
     for topic in topics:
         parts = cluster.partitions(topic)
         if not parts:
-            log.warning("topic %r has no partitions in ZooKeeper (no broker serves it)", topic)
-            continue
+            raise CoordinationError(
+                f"topic {topic!r} has no partitions under "
+                f"{cluster.layout.topic_sub_dir(topic)}: no broker serves it now")
         bounds = log_bounds(cluster, topic, parts, skip_unreachable=False)
         froms = resolve(cluster, topic, parts, start, end=False,
                         fail_on_data_loss=fail_on_data_loss, bounds=bounds)

@@ -119,8 +119,10 @@ class _Reading:
         self.settings = _settings(opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        return read_batches(partition.value, self.settings, self.opts.codec,
-                            arrow_schema(self.opts.codec))
+        rng = getattr(partition, "value", None)
+        if rng is None:  # Spark's one empty partition when there is nothing to read
+            return iter(())
+        return read_batches(rng, self.settings, self.opts.codec, arrow_schema(self.opts.codec))
 
 
 class MetaqBatchReader(_Reading, DataSourceReader):

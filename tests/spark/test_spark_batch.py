@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytestmark = pytest.mark.spark
@@ -32,3 +34,69 @@ def test_batch_read_equals_what_was_produced(spark, make_topic) -> None:  # type
         assert [(r.offset, r.msg_id, bytes(r.value)) for r in got] == sorted(exp)
         assert all(r.topic == "orders" and r.broker_id == 0 and r.attribute is None for r in got)
         assert all(a.next_offset == b.offset for a, b in zip(got, got[1:], strict=False))
+
+
+def test_big_partitions_split_into_byte_ranges_over_two_brokers(spark, make_topic) -> None:  # type: ignore[no-untyped-def]
+    topic = make_topic("big", parts=2, brokers=2)
+    bodies = [b"%05d:" % i + b"p" * (50 + i % 200) for i in range(2000)]
+    sent = topic.produce(bodies)
+    df = _read(spark, topic.options(maxBytesPerPartition="16384"))
+    ends: dict[str, int] = {}
+    for b, s in zip(bodies, sent, strict=True):
+        ends[s.partition] = max(ends.get(s.partition, 0), s.offset + 20 + len(b))
+    assert len(ends) == 4
+    assert df.rdd.getNumPartitions() == sum(-(-e // 16384) for e in ends.values())
+    rows = df.collect()  # Spark partition order, and read order inside each
+    assert sorted((r.partition, r.offset, bytes(r.value)) for r in rows) == \
+        sorted((s.partition, s.offset, b) for b, s in zip(bodies, sent, strict=True))
+    assert {r.broker_id for r in rows} == {0, 1}
+    last: dict[str, int] = {}
+    for r in rows:  # within a topic partition, rows come in log order across its ranges
+        assert r.offset > last.get(r.partition, -1)
+        last[r.partition] = r.offset
+
+
+def test_starting_and_ending_offsets(spark, make_topic, zk_client) -> None:  # type: ignore[no-untyped-def]
+    from zk_layout import Layout, StoredOffset, encode_offset
+
+    topic = make_topic("window", parts=2)
+    bodies = [b"w%03d" % i for i in range(100)]
+    sent = topic.produce(bodies)
+    by_part: dict[str, list] = {}
+    for b, s in zip(bodies, sent, strict=True):
+        by_part.setdefault(s.partition, []).append((s.offset, b))
+    layout = Layout()
+    zk_client.ensure_path(layout.offsets_dir("reader", "window"))
+    tenth = sorted(by_part["0-0"])[10][0]
+    zk_client.create(layout.offset("reader", "window", "0-0"),
+                     encode_offset(StoredOffset(offset=tenth, msg_id=1)))
+    from_group = _read(spark, topic.options(group="reader", startingOffsets="group"))
+    assert from_group.count() == 100 - 10  # 0-1 has no commit: from its start
+    twentieth = sorted(by_part["0-1"])[20][0]
+    window = _read(spark, topic.options(
+        startingOffsets=json.dumps({"window": {"0-1": twentieth}}),
+        endingOffsets=json.dumps({"window": {"0-0": tenth}})))
+    got = sorted((r.partition, r.offset) for r in window.collect())
+    assert got == sorted([("0-0", o) for o, _ in sorted(by_part["0-0"])[:10]] +
+                         [("0-1", o) for o, _ in sorted(by_part["0-1"])[20:]])
+    assert _read(spark, topic.options(startingOffsets="latest")).count() == 0
+    assert _read(spark, topic.options(endingOffsets="group", group="reader")).count() == 10
+
+
+def test_attribute_and_decoded_columns(spark, make_topic) -> None:  # type: ignore[no-untyped-def]
+    topic = make_topic("texts", parts=1)
+    topic.produce(["héllo", "wörld"], attribute="lang=de")
+    rows = _read(spark, topic.options(codec="str")).orderBy("offset").collect()
+    assert [(r.attribute, bytes(r.value), r.decoded) for r in rows] == [
+        ("lang=de", "héllo".encode(), "héllo"), ("lang=de", "wörld".encode(), "wörld")]
+
+
+def test_bad_reads_fail_with_a_clear_message(spark, make_topic) -> None:  # type: ignore[no-untyped-def]
+    topic = make_topic("strict", parts=1)
+    topic.produce([b"only"])
+    with pytest.raises(Exception, match="unknown option 'endoffsets' for the metaq source"):
+        _read(spark, topic.options(endOffsets="latest")).count()
+    with pytest.raises(Exception, match="offset 999999 asked for strict 0-0 .* past the log end"):
+        _read(spark, topic.options(endingOffsets='{"strict": {"0-0": 999999}}')).count()
+    with pytest.raises(Exception, match="topic 'nowhere' has no partitions"):
+        _read(spark, {"zk.connect": topic.zk_connect, "topic": "nowhere"}).count()
