@@ -61,7 +61,6 @@ _FUTURE_FIELDS = frozenset(("_condition", "_state", "_result", "_exception", "_w
                             "_done_callbacks"))
 # The lazy trick needs Future's private layout to be what this module knows.
 _LAZY_OK = set(Future().__dict__) == _FUTURE_FIELDS
-_CREATE = threading.Lock()
 _DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 
 
@@ -71,8 +70,13 @@ class LightFuture(Future):
     lazily, the first time a thread waits, adds a callback or calls
     :func:`concurrent.futures.wait` / ``as_completed`` on it.
 
-    Completing it before anyone looked is a plain attribute store under one
-    global lock; afterwards it behaves exactly like a ``Future``.
+    Completing it is two attribute stores and a dict lookup; only when a
+    condition exists (someone may wait) does it take the condition and notify,
+    exactly like a ``Future``.  Why this is race-free: the waiting side
+    creates the condition (atomic ``dict.setdefault``) *before* it looks at
+    the state under it; the completing side writes the state *before* it looks
+    for a condition.  So either the waiter sees the final state, or the
+    completer sees the condition and notifies under it.
     """
 
     def __init__(self) -> None:
@@ -88,37 +92,37 @@ class LightFuture(Future):
         # Only reached for attributes missing from the instance: the lazy ones.
         if name in ("_condition", "_waiters", "_done_callbacks"):
             d = self.__dict__
-            with _CREATE:
-                if "_condition" not in d:
-                    d["_waiters"] = []
-                    d["_done_callbacks"] = []
-                    d["_condition"] = threading.Condition()
+            d.setdefault("_waiters", [])
+            d.setdefault("_done_callbacks", [])
+            if "_condition" not in d:
+                d.setdefault("_condition", threading.Condition())
             return d[name]
         raise AttributeError(f"{type(self).__name__!s} object has no attribute {name!r}")
 
     def set_result(self, result: Any) -> None:
-        d = self.__dict__
-        if "_condition" not in d:
-            with _CREATE:  # nobody waits yet: no one to notify
-                if "_condition" not in d and self._state not in _DONE_STATES:
-                    self._result = result
-                    self._state = FINISHED
-                    return
         if self._state in _DONE_STATES:
             raise _invalid(self)
-        Future.set_result(self, result)
+        self._result = result
+        self._state = FINISHED
+        if "_condition" in self.__dict__:
+            self._notify()
 
     def set_exception(self, exception: BaseException | None) -> None:
-        d = self.__dict__
-        if "_condition" not in d:
-            with _CREATE:  # nobody waits yet: no one to notify
-                if "_condition" not in d and self._state not in _DONE_STATES:
-                    self._exception = exception
-                    self._state = FINISHED
-                    return
         if self._state in _DONE_STATES:
             raise _invalid(self)
-        Future.set_exception(self, exception)
+        self._exception = exception
+        self._state = FINISHED
+        if "_condition" in self.__dict__:
+            self._notify()
+
+    def _notify(self) -> None:
+        # What Future.set_result does after storing the outcome.
+        with self._condition:
+            for waiter in self._waiters:
+                waiter.add_result(self) if self._exception is None \
+                    else waiter.add_exception(self)
+            self._condition.notify_all()
+        self._invoke_callbacks()
 
     def done(self) -> bool:
         return self._state in _DONE_STATES
@@ -422,23 +426,28 @@ class PipelinedConnection:
         sock = self._sock
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLIN | select.POLLERR | select.POLLHUP)
-        tick_ms = int(max(0.01, min(0.1, self.request_timeout / 4)) * 1000)
-        next_sweep = time.monotonic() + tick_ms / 1000
+        tick = max(0.01, min(0.1, self.request_timeout / 4))
+        tick_ms = int(tick * 1000)
+        next_sweep = time.monotonic() + tick
+        recv = sock.recv
         buf = b""
         try:
             while self._error is None:
-                if not poller.poll(tick_ms):
-                    self._sweep()
-                    next_sweep = time.monotonic() + tick_ms / 1000
+                # Try a read first: under load the next replies are already there, and
+                # every blocking call costs a GIL hand-over; poll only when idle.
+                try:
+                    data = recv(_RECV_SIZE, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    if not poller.poll(tick_ms):
+                        self._sweep()
+                        next_sweep = time.monotonic() + tick
                     continue
-                data = sock.recv(_RECV_SIZE)
                 if not data:
                     raise _closed(f"broker {self.name} closed the connection", None)
-                buf = buf + data if buf else data
-                buf = self._handle(buf)
+                buf = self._handle(buf + data if buf else data)
                 if time.monotonic() >= next_sweep:
                     self._sweep()
-                    next_sweep = time.monotonic() + tick_ms / 1000
+                    next_sweep = time.monotonic() + tick
         except ConnectionClosedError as e:
             self._fail(e)
         except ProtocolError as e:

@@ -248,6 +248,47 @@ def test_light_future_works_with_wait_and_as_completed() -> None:
     assert b.result() == "b" and isinstance(c.exception(), ProducerError)
 
 
+def test_light_future_completion_racing_with_waiters_and_callbacks() -> None:
+    """Completer and observers race on every future; nothing is lost or doubled."""
+    n = 20_000
+    futures = [LightFuture() for _ in range(n)]
+    calls = [0] * n
+    seen: list[object] = [None] * n
+    barrier = threading.Barrier(2)
+
+    def complete() -> None:
+        barrier.wait()
+        for i, f in enumerate(futures):
+            if i % 7 == 0:
+                f.set_exception(ProducerError(str(i)))
+            else:
+                f.set_result(i)
+
+    def observe() -> None:
+        barrier.wait()
+        for i, f in enumerate(futures):
+            kind = i % 3
+            if kind == 0:
+                def cb(fut: LightFuture, i: int = i) -> None:
+                    calls[i] += 1
+                f.add_done_callback(cb)
+            elif kind == 1:
+                done, _ = wait([f], timeout=10)
+                seen[i] = f in done
+            else:
+                seen[i] = f.exception(timeout=10) or f.result(timeout=10)
+
+    threads = [threading.Thread(target=complete), threading.Thread(target=observe)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert all(calls[i] == 1 for i in range(0, n, 3))
+    assert all(seen[i] is True for i in range(1, n, 3))
+    for i in range(2, n, 3):
+        assert (str(seen[i]) == str(i)) if i % 7 == 0 else seen[i] == i
+
+
 # --------------------------------------------------------------------------- replies
 
 def test_parse_put_ack() -> None:

@@ -18,6 +18,7 @@ import time
 import zlib
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures._base import RUNNING
 from typing import Any, NamedTuple
 
 from kazoo.client import KazooClient
@@ -37,7 +38,7 @@ from metaq._errors import (
     SendTimeoutError,
 )
 from metaq._message import FLAG_HAS_ATTRIBUTE
-from metaq._pipeline import LightFuture, PipelinedConnection
+from metaq._pipeline import _LAZY_OK, LightFuture, PipelinedConnection
 from metaq._protocol import check_topic
 from metaq.producer._config import ProducerConfig
 from metaq.producer._partitioner import make_partitioner
@@ -76,7 +77,12 @@ class _Send(LightFuture):
 
     def __init__(self, producer: Producer, topic: str, payload: bytes, flag: int,
                  checksum: int, deadline: float) -> None:
-        LightFuture.__init__(self)
+        if _LAZY_OK:  # LightFuture.__init__, inlined: this runs once per message
+            self._state = RUNNING
+            self._result = None
+            self._exception = None
+        else:  # pragma: no cover
+            LightFuture.__init__(self)
         self.producer = producer
         self.topic = topic
         self.payload = payload
@@ -85,24 +91,22 @@ class _Send(LightFuture):
         self.deadline = deadline
         self.attempts = 0
         self.part: Partition | None = None
+        self.part_name = ""
         self.tried: set[Partition] | None = None
 
     def on_reply(self, code: int, body: bytes) -> None:
         part = self.part
         if code == 200:
-            fields = body.split(b" ")
             try:
-                msg_id, index, offset = int(fields[0]), int(fields[1]), int(fields[2])
-                if len(fields) != 3:
-                    raise ValueError
-            except (ValueError, IndexError):
+                msg_id, index, offset = map(int, body.split(b" "))
+            except ValueError:
                 self.set_exception(ProtocolError(
                     f"broker {part.broker_id} answered a put with {bytes(body[:120])!r}, not "
                     f"'<msgId> <partition> <offset>'"))
                 return
             bid = part.broker_id
-            self.set_result(_new_tuple(SendResult, (msg_id, f"{bid}-{index}", offset, bid,
-                                                    index)))
+            name = self.part_name if index == part.index else f"{bid}-{index}"
+            self.set_result(_new_tuple(SendResult, (msg_id, name, offset, bid, index)))
             return
         err = BrokerError(code, body.decode("utf-8", "replace"),
                           broker=f"broker {part.broker_id}, partition {part}")
@@ -141,7 +145,9 @@ class Producer:
             raise ConfigError(f"config must be a ProducerConfig, not {type(config).__name__}")
         self.config = config
         self._layout = Layout(config.zk_root)
-        self._encode = get_codec(config.codec).encode
+        codec = get_codec(config.codec)
+        self._encode = codec.encode
+        self._raw_bytes = codec.name in ("auto", "bytes")  # bytes bodies go as they are
         self._choose = make_partitioner(config.partitioner)
         self._timeout = config.send_timeout
         self._max_size = config.max_message_size
@@ -168,6 +174,7 @@ class Producer:
             raise ConfigError(f"zk_connect must be a 'host:port[/chroot]' string or a "
                               f"KazooClient, got {zk_connect!r}")
         self._router = Router(self._client, self._layout, on_change=self._route_changed)
+        self._routes = self._router.routes  # topic -> TopicRoute, read without a call
         self._retry_thread = threading.Thread(target=self._retry_loop, daemon=True,
                                               name="metaq-producer-retry")
         self._retry_thread.start()
@@ -249,10 +256,10 @@ class Producer:
         """
         if self._closed:
             raise ProducerError("the producer is closed")
-        route = self._router.get(topic)
+        route = self._routes.get(topic)
         if route is None:
             route = self._load(topic)
-        data = self._encode(body)
+        data = body if type(body) is bytes and self._raw_bytes else self._encode(body)
         if len(data) > self._max_size:
             raise MessageTooLargeError(
                 f"message body of {len(data)} bytes is over the limit of {self._max_size} "
@@ -331,6 +338,7 @@ class Producer:
                 if conn is None or conn.closed or conn.address != route.addresses.get(bid):
                     conn = self._connect(bid, route, send.deadline)
                 send.part = part
+                send.part_name = route.names[part]
                 send.attempts += 1
                 conn.put(send.topic, part.index, send.payload, send.flag, send.checksum,
                          request=send, deadline=send.deadline)

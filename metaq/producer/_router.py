@@ -51,6 +51,8 @@ class TopicRoute:
     addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
     #: position of each partition in ``partitions``
     positions: dict[Partition, int] = field(default_factory=dict)
+    #: name (``"<brokerId>-<index>"``) of each partition
+    names: dict[Partition, str] = field(default_factory=dict)
 
     @staticmethod
     def build(topic: str, num_parts: dict[int, int],
@@ -58,7 +60,8 @@ class TopicRoute:
         parts = sort_partitions(Partition(bid, i) for bid, n in num_parts.items()
                                 if bid in addresses for i in range(n))
         used = {bid: addr for bid, addr in addresses.items() if num_parts.get(bid)}
-        return TopicRoute(topic, tuple(parts), used, {p: i for i, p in enumerate(parts)})
+        return TopicRoute(topic, tuple(parts), used, {p: i for i, p in enumerate(parts)},
+                          {p: str(p) for p in parts})
 
 
 class Router:
@@ -76,6 +79,8 @@ class Router:
         self._on_change = on_change
         self._max_parts = max_parts_per_broker
         self._routes: dict[str, TopicRoute] = {}
+        #: the live topic -> route map (read-only for others; entries are replaced whole)
+        self.routes = self._routes
         self._watchers: dict[str, Callable[..., None]] = {}
         self._broker_watchers: dict[int, Callable[..., None]] = {}
         self._load_locks: dict[str, threading.Lock] = {}
