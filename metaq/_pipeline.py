@@ -246,6 +246,9 @@ class PipelinedConnection:
         self._wake = threading.Event()
         self._error: ConnectionClosedError | None = None
         self._closing = False
+        #: False once the connection failed or is closing (a plain attribute: read per message)
+        self.usable = True
+        self._prefixes: dict[str, bytes] = {}
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"metaq-pipe-reader-{self.name}")
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -258,13 +261,13 @@ class PipelinedConnection:
     @property
     def closed(self) -> bool:
         """True once the connection failed or was closed: create a new one."""
-        return self._error is not None or self._closing
+        return not self.usable
 
     @property
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def put(self, topic: str, partition: int, payload: bytes, flag: int, checksum: int, *,
+    def put(self, topic: str, partition: int, payload: bytes, flag: int, checksum: int,
             request: Pending | None = None, deadline: float | None = None) -> Any:
         """Queue a put; return ``request`` (or a new :class:`PutFuture`).
 
@@ -274,7 +277,11 @@ class PipelinedConnection:
         dead; bad arguments raise ProtocolError before anything is queued.
         """
         opaque = next(self._opaques) & _OPAQUE_MASK
-        data = encode_put(topic, partition, payload, flag, checksum, opaque)
+        prefix = self._prefixes.get(topic)
+        if prefix is None:
+            prefix = self._prefix(topic)
+        data = b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
+                                              opaque, payload)
         if request is None:
             request = PutFuture(self.name)
         size = len(data)
@@ -309,11 +316,21 @@ class PipelinedConnection:
                 self._room_waiters -= 1
         return True
 
+    def _prefix(self, topic: str) -> bytes:
+        """``b"put <topic> "`` (the topic checked as :func:`encode_put` checks it)."""
+        prefix = encode_put(topic, 0, b"", 0, 0, 0).split(b" ", 2)
+        value = b"put " + prefix[1] + b" "
+        if len(self._prefixes) > 1024:
+            self._prefixes.clear()
+        self._prefixes[topic] = value
+        return value
+
     def close(self, timeout: float = 0.0) -> None:
         """Stop taking puts; wait up to ``timeout`` s for replies to those in
         flight, then close the socket (failing whatever is still in flight)."""
         with self._room:
             self._closing = True
+            self.usable = False
             self._room.notify_all()
         if timeout > 0:
             self.wait_idle(time.monotonic() + timeout)
@@ -370,6 +387,7 @@ class PipelinedConnection:
         with self._lock:
             if self._error is None:
                 self._error = err
+            self.usable = False
             self._inflight_bytes = 0
             self._room.notify_all()
         try:

@@ -89,10 +89,12 @@ class _Send(LightFuture):
         self.flag = flag
         self.checksum = checksum
         self.deadline = deadline
-        self.attempts = 0
-        self.part: Partition | None = None
-        self.part_name = ""
-        self.tried: set[Partition] | None = None
+
+    #: Set per attempt (class defaults save stores on the hot path).
+    attempts = 0
+    part: Partition | None = None
+    part_name = ""
+    tried: set[Partition] | None = None
 
     def on_reply(self, code: int, body: bytes) -> None:
         part = self.part
@@ -149,6 +151,7 @@ class Producer:
         self._encode = codec.encode
         self._raw_bytes = codec.name in ("auto", "bytes")  # bytes bodies go as they are
         self._choose = make_partitioner(config.partitioner)
+        self._round_robin = config.partitioner == "roundrobin"  # inlined in send_async
         self._timeout = config.send_timeout
         self._max_size = config.max_message_size
         self._conns: dict[int, PipelinedConnection] = {}
@@ -275,7 +278,10 @@ class Producer:
                 f"a live broker under {self._layout.topic_pub_dir(topic)}")
         send = _Send(self, topic, payload, flag, _crc32(payload) & _MASK,
                      _monotonic() + self._timeout)
-        part = parts[self._choose(topic, parts, data, key)]
+        if self._round_robin:
+            part = parts[next(route.counter) % len(parts)]
+        else:
+            part = parts[self._choose(topic, parts, data, key)]
         if self._faults:
             part = self._avoid_faulty(route, part)
         self._dispatch(send, route, part)
@@ -335,13 +341,13 @@ class Producer:
             bid = part.broker_id
             try:
                 conn = self._conns.get(bid)
-                if conn is None or conn.closed or conn.address != route.addresses.get(bid):
+                if conn is None or not conn.usable or conn.address != route.addresses.get(bid):
                     conn = self._connect(bid, route, send.deadline)
                 send.part = part
                 send.part_name = route.names[part]
                 send.attempts += 1
-                conn.put(send.topic, part.index, send.payload, send.flag, send.checksum,
-                         request=send, deadline=send.deadline)
+                conn.put(send.topic, part.index, send.payload, send.flag, send.checksum, send,
+                         send.deadline)
                 return
             except ConnectionClosedError as e:
                 self._faults[bid] = _monotonic() + self.config.broker_backoff

@@ -15,7 +15,9 @@ while ZooKeeper is unreachable.
 
 from __future__ import annotations
 
+import itertools
 import logging
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +55,9 @@ class TopicRoute:
     positions: dict[Partition, int] = field(default_factory=dict)
     #: name (``"<brokerId>-<index>"``) of each partition
     names: dict[Partition, str] = field(default_factory=dict)
+    #: round-robin position (starts at a random partition, so producers spread out)
+    counter: itertools.count = field(default_factory=lambda: itertools.count(
+        random.randrange(1 << 16)), compare=False)
 
     @staticmethod
     def build(topic: str, num_parts: dict[int, int],
