@@ -236,16 +236,17 @@ class Router:
 
     def _store(self, topic: str, route: TopicRoute) -> None:
         old = self._routes.get(topic)
+        if old == route:
+            return  # unchanged: keep the old object (and its round-robin position)
         self._routes[topic] = route
-        if old != route:
-            log.info("topic %r: %d partition(s) on broker(s) %s", topic, len(route.partitions),
-                     ", ".join(f"{b}@{h}:{p}" for b, (h, p) in sorted(route.addresses.items()))
-                     or "none")
-            if self._on_change is not None:
-                try:
-                    self._on_change(topic, old, route)
-                except Exception:
-                    log.exception("route change handler failed for topic %r", topic)
+        log.info("topic %r: %d partition(s) on broker(s) %s", topic, len(route.partitions),
+                 ", ".join(f"{b}@{h}:{p}" for b, (h, p) in sorted(route.addresses.items()))
+                 or "none")
+        if self._on_change is not None:
+            try:
+                self._on_change(topic, old, route)
+            except Exception:
+                log.exception("route change handler failed for topic %r", topic)
 
     # -- thread --------------------------------------------------------------
 
