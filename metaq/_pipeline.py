@@ -243,6 +243,7 @@ class PipelinedConnection:
         self._inflight_bytes = 0
         self._opaques = itertools.count(1)
         self._out: collections.deque[bytes] = collections.deque()
+        self._send_lock = threading.Lock()  # held while taking from _out and writing it
         self._wake = threading.Event()
         self._error: ConnectionClosedError | None = None
         self._closing = False
@@ -268,13 +269,16 @@ class PipelinedConnection:
         return len(self._pending)
 
     def put(self, topic: str, partition: int, payload: bytes, flag: int, checksum: int,
-            request: Pending | None = None, deadline: float | None = None) -> Any:
+            request: Pending | None = None, deadline: float | None = None,
+            flush: bool = False) -> Any:
         """Queue a put; return ``request`` (or a new :class:`PutFuture`).
 
         Blocks while the in-flight window is full, up to ``deadline``
         (``time.monotonic()`` based; ``None`` waits for ever) and then raises
         SendTimeoutError.  Raises ConnectionClosedError if the connection is
         dead; bad arguments raise ProtocolError before anything is queued.
+        ``flush``: write now from this thread when no other write is running
+        (a caller about to wait for the reply saves a hand-over to the writer).
         """
         opaque = next(self._opaques) & _OPAQUE_MASK
         prefix = self._prefixes.get(topic)
@@ -297,7 +301,14 @@ class PipelinedConnection:
             pending[opaque] = (request, time.monotonic(), size)
             self._inflight_bytes += size
             self._out.append(data)
-        if not self._wake.is_set():
+        if flush and self._send_lock.acquire(blocking=False):
+            try:
+                self._drain()
+            except OSError as e:
+                self._fail(_closed(f"writing to broker {self.name} failed: {e}", e))
+            finally:
+                self._send_lock.release()
+        elif not self._wake.is_set():
             self._wake.set()
         return request
 
@@ -414,11 +425,20 @@ class PipelinedConnection:
 
     # -- writer --------------------------------------------------------------
 
+    def _drain(self) -> None:
+        """Send everything queued, in one write (caller holds ``_send_lock``)."""
+        out = self._out
+        n = len(out)
+        if n == 1:
+            self._sock.sendall(out.popleft())
+        elif n:
+            popleft = out.popleft
+            self._sock.sendall(b"".join([popleft() for _ in range(n)]))
+
     def _write_loop(self) -> None:
         out = self._out
         wake = self._wake
-        sock = self._sock
-        popleft = out.popleft
+        send_lock = self._send_lock
         try:
             while self._error is None:
                 if not out:
@@ -426,12 +446,8 @@ class PipelinedConnection:
                     if not out:
                         wake.wait()
                         continue
-                n = len(out)
-                if n == 1:
-                    data = popleft()
-                else:
-                    data = b"".join([popleft() for _ in range(n)])
-                sock.sendall(data)
+                with send_lock:  # requests leave in queue order, whoever writes them
+                    self._drain()
         except OSError as e:
             self._fail(_closed(f"writing to broker {self.name} failed: {e}", e))
         except BaseException as e:  # pragma: no cover - a bug; never leave callers hanging

@@ -95,6 +95,7 @@ class _Send(LightFuture):
     part: Partition | None = None
     part_name = ""
     tried: set[Partition] | None = None
+    flush = False  # write from the sending thread (a blocking send waits anyway)
 
     def on_reply(self, code: int, body: bytes) -> None:
         part = self.part
@@ -239,7 +240,7 @@ class Producer:
         publishes the topic, SendTimeoutError when no attempt succeeded within
         ``send_timeout``, BrokerError for a refusal a retry cannot fix.
         """
-        fut = self.send_async(topic, body, attribute, key)
+        fut = self._submit(topic, body, attribute, key, True)
         try:
             return fut.result(max(0.0, fut.deadline - _monotonic()) + 0.05)
         except FutureTimeout:
@@ -257,6 +258,10 @@ class Producer:
         the message itself are raised here, before anything is sent; failures
         of the sending are set on the future.
         """
+        return self._submit(topic, body, attribute, key, False)
+
+    def _submit(self, topic: str, body: Any, attribute: str | None, key: Any,
+                flush: bool) -> _Send:
         if self._closed:
             raise ProducerError("the producer is closed")
         route = self._routes.get(topic)
@@ -284,6 +289,7 @@ class Producer:
             part = parts[self._choose(topic, parts, data, key)]
         if self._faults:
             part = self._avoid_faulty(route, part)
+        send.flush = flush
         self._dispatch(send, route, part)
         return send
 
@@ -347,7 +353,7 @@ class Producer:
                 send.part_name = route.names[part]
                 send.attempts += 1
                 conn.put(send.topic, part.index, send.payload, send.flag, send.checksum, send,
-                         send.deadline)
+                         send.deadline, send.flush)
                 return
             except ConnectionClosedError as e:
                 self._faults[bid] = _monotonic() + self.config.broker_backoff
