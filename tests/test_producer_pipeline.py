@@ -116,6 +116,19 @@ def test_many_puts_in_flight_all_acknowledged_and_stored(broker: Broker) -> None
     assert not [n for n in _pipe_threads() if n.endswith("-b3")]
 
 
+def test_flush_writes_from_the_calling_thread(broker: Broker) -> None:
+    with PipelinedConnection("127.0.0.1", broker.port) as conn:
+        acks = [conn.put("t", 0, b"s%d" % i, 0, _crc(b"s%d" % i), flush=True).result(5)
+                for i in range(50)]
+        mixed = [conn.put("t", 1, b"m%d" % i, 0, _crc(b"m%d" % i), flush=i % 2 == 0)
+                 for i in range(200)]
+        assert [f.result(5).partition for f in mixed] == [1] * 200
+    assert [a.offset for a in acks] == sorted(a.offset for a in acks)
+    with BrokerConnection("127.0.0.1", broker.port) as reader:
+        assert [m.payload for m in read_partition(reader, "t", 1)] == [b"m%d" % i
+                                                                      for i in range(200)]
+
+
 def test_broker_refusal_fails_one_request_and_keeps_the_connection(broker: Broker) -> None:
     with PipelinedConnection("127.0.0.1", broker.port) as conn:
         bad = conn.put("t", 7, b"x", 0, _crc(b"x"))       # no partition 7
