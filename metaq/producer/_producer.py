@@ -93,7 +93,6 @@ class _Send(LightFuture):
     #: Set per attempt (class defaults save stores on the hot path).
     attempts = 0
     part: Partition | None = None
-    part_name = ""
     tried: set[Partition] | None = None
     flush = False  # write from the sending thread (a blocking send waits anyway)
 
@@ -108,8 +107,8 @@ class _Send(LightFuture):
                     f"'<msgId> <partition> <offset>'"))
                 return
             bid = part.broker_id
-            name = self.part_name if index == part.index else f"{bid}-{index}"
-            self.set_result(_new_tuple(SendResult, (msg_id, name, offset, bid, index)))
+            self.set_result(_new_tuple(SendResult, (msg_id, f"{bid}-{index}", offset, bid,
+                                                    index)))
             return
         err = BrokerError(code, body.decode("utf-8", "replace"),
                           broker=f"broker {part.broker_id}, partition {part}")
@@ -350,7 +349,6 @@ class Producer:
                 if conn is None or not conn.usable or conn.address != route.addresses.get(bid):
                     conn = self._connect(bid, route, send.deadline)
                 send.part = part
-                send.part_name = route.names[part]
                 send.attempts += 1
                 conn.put(send.topic, part.index, send.payload, send.flag, send.checksum, send,
                          send.deadline, send.flush)

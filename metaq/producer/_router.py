@@ -53,8 +53,6 @@ class TopicRoute:
     addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
     #: position of each partition in ``partitions``
     positions: dict[Partition, int] = field(default_factory=dict)
-    #: name (``"<brokerId>-<index>"``) of each partition
-    names: dict[Partition, str] = field(default_factory=dict)
     #: round-robin position (starts at a random partition, so producers spread out)
     counter: itertools.count = field(default_factory=lambda: itertools.count(
         random.randrange(1 << 16)), compare=False)
@@ -65,8 +63,7 @@ class TopicRoute:
         parts = sort_partitions(Partition(bid, i) for bid, n in num_parts.items()
                                 if bid in addresses for i in range(n))
         used = {bid: addr for bid, addr in addresses.items() if num_parts.get(bid)}
-        return TopicRoute(topic, tuple(parts), used, {p: i for i, p in enumerate(parts)},
-                          {p: str(p) for p in parts})
+        return TopicRoute(topic, tuple(parts), used, {p: i for i, p in enumerate(parts)})
 
 
 class Router:
