@@ -1,0 +1,48 @@
+"""Every non-Spark example in examples/ runs against a real cluster (Spark ones: tests/spark)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _procs import start_broker
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+TOPIC = "orders"
+
+
+def run(name: str, *args: str) -> str:
+    out = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.fixture
+def cluster(zk_connect, tmp_path):
+    with start_broker(zk_connect, 0, tmp_path / "b0", {TOPIC: 3}) as broker:
+        yield broker
+
+
+def test_producer_then_consumers_then_inspection(zk_connect, cluster):
+    out = run("producer.py", "--zk", zk_connect, "--topic", TOPIC, "--count", "300")
+    assert "acknowledged 300 messages" in out
+    assert re.search(r"first message: msgId=\d+ partition=0-\d offset=\d+", out)
+
+    out = run("consumer_service.py", "--zk", zk_connect, "--topic", TOPIC, "--group",
+              "billing", "--count", "300")
+    assert "handled 300 messages" in out
+    assert "'orders': ['0-0', '0-1', '0-2']" in out
+
+    out = run("batch_consumer.py", "--zk", zk_connect, "--topic", TOPIC, "--group",
+              "reports", "--count", "300")
+    assert re.search(r"^300 messages, \d+ bytes$", out, re.M)
+
+    out = run("inspect_zk.py", "--zk", zk_connect)
+    assert re.search(r"^broker 0: meta://127\.0\.0\.1:\d+$", out, re.M)
+    assert "topic orders: 3 partitions" in out
+    assert "group billing: 0 members" in out and "group reports: 0 members" in out
+    assert re.search(r"orders 0-0: owner=None committed=\d+", out)
