@@ -7,10 +7,14 @@ once the bug is fixed, so the mark is removed with the fix.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
+import pytest
 from _chaos_procs import Event, Member
 from _procs import start_broker
+from kazoo.client import KazooClient
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import wait_until
@@ -62,3 +66,54 @@ def test_member_frozen_after_claim_delivers_nothing_once_its_session_ended(
         finally:
             b.close()
             a.close()
+
+
+class _Records(logging.Handler):
+    def __init__(self, needle: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.needle = needle
+        self.count = 0
+        self.last = 0.0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.needle in record.getMessage():
+            self.count += 1
+            self.last = time.monotonic()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "consumer bug: a member whose registration fails (its id still held by the session of "
+    "its crashed predecessor) stops retrying after the first successful periodic commit: "
+    "Coordinator._guarded resets _next_zk_retry after ANY successful step, so "
+    "commit_all() (nothing owned) cancels the pending _rebalance retry; the member then "
+    "never joins the group"))
+def test_member_restarted_before_its_old_session_expired_joins_once_it_does(
+        zk_server, zk_connect, zk_client):
+    path = f"{L.consumer_ids(GROUP)}/{GROUP}_x"
+    predecessor = KazooClient(hosts=zk_connect, timeout=10.0)  # the crashed incarnation
+    predecessor.start(timeout=30)
+    predecessor.create(path, TOPIC.encode(), ephemeral=True, makepath=True)
+    failures = _Records("is registered by another session")
+    logger = logging.getLogger("metaq.consumer._coordinator")
+    logger.addHandler(failures)
+    consumer = MessageConsumer(GROUP, zk_connect, consumer_id="x", commit_period=0.1,
+                               zk_session_timeout=10.0)
+    consumer.subscribe(TOPIC, lambda m: None)
+    try:
+        consumer.start()
+        t0 = time.monotonic()
+        # Failed at least once, then either no retry for longer than the largest
+        # backoff (7.5 s: the retries stopped) or 25 s of retrying (they go on).
+        wait_until(lambda: failures.count >= 1 and (time.monotonic() - failures.last > 8.0
+                                                    or time.monotonic() - t0 > 25.0),
+                   timeout=60, interval=0.1, what="the member to fail registering")
+        predecessor.stop()  # the old session ends: its ids node goes
+        predecessor.close()
+        wait_until(lambda: (s := zk_client.exists(path)) is not None
+                   and s.ephemeralOwner == consumer._client.client_id[0], timeout=20,
+                   what="the member to register once its id is free")
+    finally:
+        logger.removeHandler(failures)
+        consumer.close()
+        predecessor.stop()
+        predecessor.close()
