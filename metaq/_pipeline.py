@@ -43,11 +43,13 @@ from typing import Any, NamedTuple, Protocol
 from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError, SendTimeoutError
 from metaq._protocol import MAX_LINE, encode_put
 
-__all__ = ["LightFuture", "Pending", "PipelinedConnection", "PutAck", "PutFuture",
-           "parse_put_ack", "scan_results"]
+__all__ = ["READER_PREFIX", "LightFuture", "Pending", "PipelinedConnection", "PutAck",
+           "PutFuture", "parse_put_ack", "scan_results"]
 
 log = logging.getLogger(__name__)
 
+#: Names of reader threads start with this (callbacks of requests run there).
+READER_PREFIX = "metaq-pipe-reader-"
 _RECV_SIZE = 256 * 1024
 #: Largest ``result`` body accepted on a put connection (bodies are short texts).
 _MAX_RESULT_BODY = 1024 * 1024
@@ -251,7 +253,7 @@ class PipelinedConnection:
         self.usable = True
         self._prefixes: dict[str, bytes] = {}
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
-                                        name=f"metaq-pipe-reader-{self.name}")
+                                        name=f"{READER_PREFIX}{self.name}")
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
                                         name=f"metaq-pipe-writer-{self.name}")
         self._writer.start()
@@ -360,6 +362,10 @@ class PipelinedConnection:
     # -- window --------------------------------------------------------------
 
     def _wait_room(self, size: int, deadline: float | None) -> None:
+        if threading.current_thread() is self._reader:
+            raise SendTimeoutError(
+                f"the in-flight window to broker {self.name} is full and this put comes from "
+                f"a request callback on its reader thread, which alone can free it")
         with self._room:
             self._room_waiters += 1
             try:

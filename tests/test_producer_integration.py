@@ -332,6 +332,19 @@ def test_close_waits_for_messages_in_flight_and_stops_threads(brokers: StartBrok
                                                               zk_connect: str) -> None:
     brokers(0, {"t": 2})
     producer = Producer(zk_connect)
+    chained: list = []
+    errors: list = []
+
+    def callback(fut) -> None:  # type: ignore[no-untyped-def]
+        chained.append(producer.send_async("t", b"chained"))  # fine: does not wait
+        try:
+            producer.send("t", b"blocking")  # would wait for its own thread
+        except ProducerError as e:
+            errors.append(e)
+
+    producer.send_async("t", b"first").add_done_callback(callback)
+    wait_until(lambda: chained and errors, 10, what="the callback to run")
+    assert "callback" in str(errors[0]) and chained[0].result(10).offset >= 0
     futures = [producer.send_async("t", b"%d" % i) for i in range(5000)]
     names = {t.name for t in threading.enumerate()}
     assert {"metaq-producer-zk", "metaq-producer-retry"} <= names

@@ -38,7 +38,7 @@ from metaq._errors import (
     SendTimeoutError,
 )
 from metaq._message import FLAG_HAS_ATTRIBUTE
-from metaq._pipeline import _LAZY_OK, LightFuture, PipelinedConnection
+from metaq._pipeline import _LAZY_OK, READER_PREFIX, LightFuture, PipelinedConnection
 from metaq._protocol import check_topic
 from metaq.producer._config import ProducerConfig
 from metaq.producer._partitioner import make_partitioner
@@ -107,6 +107,7 @@ class _Send(LightFuture):
                     f"'<msgId> <partition> <offset>'"))
                 return
             bid = part.broker_id
+            self.payload = b""  # done with it: a finished future should not pin the body
             self.set_result(_new_tuple(SendResult, (msg_id, f"{bid}-{index}", offset, bid,
                                                     index)))
             return
@@ -239,6 +240,10 @@ class Producer:
         publishes the topic, SendTimeoutError when no attempt succeeded within
         ``send_timeout``, BrokerError for a refusal a retry cannot fix.
         """
+        if threading.current_thread().name.startswith(READER_PREFIX):
+            raise ProducerError(
+                "send() called from a send future's callback: it runs on the thread that "
+                "reads the broker's replies, so it would wait for itself; use send_async()")
         fut = self._submit(topic, body, attribute, key, True)
         try:
             return fut.result(max(0.0, fut.deadline - _monotonic()) + 0.05)
@@ -409,6 +414,7 @@ class Producer:
     def _finish(self, send: _Send, err: BaseException, cause: BaseException | None = None) -> None:
         if cause is not None:
             err.__cause__ = cause
+        send.payload = b""
         try:
             send.set_exception(err)
         except Exception:  # already completed (a late duplicate outcome)
