@@ -10,7 +10,9 @@ chaos window ends.
 fault first takes its target's lock (one fault per member, broker or the
 ensemble at a time) and, for member faults, one of two "impaired member"
 slots, so the group always keeps two healthy members and the ensemble keeps
-a quorum.  Each executed fault records when it really started and ended.
+a quorum.  The plan itself keeps at most one broker down and two members
+impaired at once, with a rough estimate of each target's recovery time.
+Each executed fault records when it really started and ended.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 KINDS = ("consumer_kill", "broker_kill", "zk_stop", "session_expire", "consumer_sigstop")
+MEMBER_KINDS = ("consumer_kill", "session_expire", "consumer_sigstop")
 
 
 @dataclass
@@ -47,22 +50,42 @@ class Fault:
 
 
 def make_plan(seed: int, window: float, *, members: int, brokers: int,
-              session_timeout: float) -> list[Fault]:
+              session_timeout: float, max_impaired_members: int = 2) -> list[Fault]:
+    """A seeded plan whose faults fit the window: each target is planned busy for its
+    fault plus an estimate of its recovery, and only free targets are drawn."""
     rng = random.Random(seed)
-    kinds = list(KINDS)
-    rng.shuffle(kinds)
+    first = list(KINDS)
+    rng.shuffle(first)
+    busy: dict[object, float] = {}  # target key -> planned free again at
     plan: list[Fault] = []
     t = 1.0
     first_zk = True
     while t < window:
-        kind = kinds.pop(0) if kinds else rng.choice(KINDS)
-        if kind in ("consumer_kill", "session_expire", "consumer_sigstop"):
-            target: int | str = rng.randrange(members)
+        impaired = sum(1 for k, until in busy.items() if k[0] == "member" and until > t)
+        free_members = [i for i in range(members) if busy.get(("member", i), 0.0) <= t]
+        broker_down = any(k[0] == "broker" and until > t for k, until in busy.items())
+        free_brokers = [] if broker_down else list(range(brokers))  # one down at a time
+        kinds = [k for k in KINDS if
+                 (k in MEMBER_KINDS and free_members and impaired < max_impaired_members)
+                 or (k == "broker_kill" and free_brokers)
+                 or (k == "zk_stop" and busy.get(("zk",), 0.0) <= t)]
+        pending = [k for k in first if k in kinds]
+        if not kinds:
+            t += 0.5
+            continue
+        kind = pending[0] if pending else rng.choice(kinds)
+        if kind in first:
+            first.remove(kind)
+        if kind in MEMBER_KINDS:
+            target: int | str = rng.choice(free_members)
+            key: tuple = ("member", target)
         elif kind == "broker_kill":
-            target = rng.randrange(brokers)
+            target = rng.choice(free_brokers)
+            key = ("broker", target)
         else:
             target = "leader" if first_zk or rng.random() < 0.5 else "follower"
             first_zk = False
+            key = ("zk",)
         hold = {
             "consumer_kill": rng.uniform(0.0, 1.5),          # down before the restart
             "broker_kill": rng.uniform(0.5, 2.0),
@@ -71,8 +94,12 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
             "session_expire": session_timeout + rng.uniform(1.0, 2.0),
             "consumer_sigstop": session_timeout + rng.uniform(1.0, 2.0),
         }[kind]
+        recovery = {  # rough: the old session to expire, a start, a new registration
+            "consumer_kill": session_timeout + 3.0, "broker_kill": 7.0, "zk_stop": 3.0,
+            "session_expire": 2.0, "consumer_sigstop": 2.0}[kind]
+        busy[key] = t + hold + recovery
         plan.append(Fault(round(t, 2), kind, target, round(hold, 2)))
-        t += rng.uniform(0.8, 2.5)
+        t += rng.uniform(0.8, 2.0)
     return plan
 
 
@@ -120,7 +147,7 @@ class FaultRunner:
             t.start()
 
     def _run(self, fault: Fault) -> None:
-        member = fault.kind in ("consumer_kill", "session_expire", "consumer_sigstop")
+        member = fault.kind in MEMBER_KINDS
         with self._lock_for(fault):
             if member:
                 self._impaired.acquire()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _chaos_check import Verdict, check
-from _chaos_faults import KINDS, Fault, FaultRunner, make_plan
+from _chaos_faults import KINDS, MEMBER_KINDS, Fault, FaultRunner, make_plan
 from _chaos_procs import Event, Member, ProducerLoop, child_pids
 from _chaos_zk import ZkAudit
 from _procs import BrokerProc, stop_all
@@ -37,7 +37,6 @@ from metaq.testing import WaitTimeout, wait_until
 from zk_layout import Layout
 
 TOPIC = "chaos"
-MEMBER_FAULTS = ("consumer_kill", "session_expire", "consumer_sigstop")
 GROUP = "chaos-g"
 BROKERS = 3
 PARTS_PER_BROKER = 4
@@ -83,7 +82,7 @@ class ChaosRun:
     # -- faults ----------------------------------------------------------------------------
 
     def _inject(self, f: Fault) -> None:
-        if f.kind in MEMBER_FAULTS:
+        if f.kind in MEMBER_KINDS:
             assert self.audit is not None
             f.session = self.audit.session_of(self.members[int(f.target)].consumer_id)
         if f.kind == "consumer_kill":
@@ -104,7 +103,7 @@ class ChaosRun:
 
     def _repair(self, f: Fault) -> None:
         self._undo(f)
-        if f.kind in MEMBER_FAULTS:
+        if f.kind in MEMBER_KINDS:
             # Keep the member out of new faults until it is back in a new session: each
             # member fault then hits a registered member, and its effect is checked on
             # the server (the old session ended, a new one registered).
@@ -112,7 +111,7 @@ class ChaosRun:
             m = self.members[int(f.target)]
             try:
                 wait_until(lambda: self.audit.session_of(m.consumer_id) not in (None, f.session),
-                           timeout=45, interval=0.1,
+                           timeout=25, interval=0.1,
                            what=f"{m.name} to register in a new session after {f.kind}")
                 f.effective = True
             except WaitTimeout:
