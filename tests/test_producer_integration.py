@@ -215,8 +215,12 @@ def test_bad_messages_are_refused_before_anything_is_sent(brokers: StartBroker,
             producer.send_async("t", "é" * (limit // 2 + 1))  # 2 bytes each in UTF-8
         with pytest.raises(MessageTooLargeError, match="attribute"):
             producer.send("t", b"x", attribute="a" * 40_000)
-        with pytest.raises(ProtocolError, match="attribute must be a str"):
+        with pytest.raises(MessageError, match="attribute must be a str"):
             producer.send("t", b"x", attribute=b"bytes")  # type: ignore[arg-type]
+        with pytest.raises(ProtocolError, match="bad topic .*must be a str"):
+            producer.send(["t"], b"x")  # type: ignore[arg-type]
+        with pytest.raises(ProtocolError, match="bad topic .*must be a str"):
+            producer.send(None, b"x")  # type: ignore[arg-type]
         with pytest.raises(MessageError, match="msgpack"):
             producer.send("t", object())
         with pytest.raises(ProtocolError, match="bad topic"):

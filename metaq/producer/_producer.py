@@ -30,6 +30,7 @@ from metaq._errors import (
     ConfigError,
     ConnectionClosedError,
     CoordinationError,
+    MessageError,
     MessageTooLargeError,
     MetaqError,
     NoBrokerAvailableError,
@@ -268,7 +269,10 @@ class Producer:
                 flush: bool) -> _Send:
         if self._closed:
             raise ProducerError("the producer is closed")
-        route = self._routes.get(topic)
+        try:
+            route = self._routes.get(topic)
+        except TypeError:  # unhashable: _load names what is wrong with it
+            route = None
         if route is None:
             route = self._load(topic)
         data = body if type(body) is bytes and self._raw_bytes else self._encode(body)
@@ -318,8 +322,8 @@ class Producer:
     @staticmethod
     def _with_attribute(data: bytes, attribute: str) -> bytes:
         if not isinstance(attribute, str):
-            raise ProtocolError(f"attribute must be a str or None, not "
-                                f"{type(attribute).__name__}")
+            raise MessageError(f"attribute must be a str or None, not "
+                               f"{type(attribute).__name__}")
         attr = attribute.encode("utf-8")
         if len(attr) > MAX_ATTRIBUTE_BYTES:
             raise MessageTooLargeError(f"attribute of {len(attr)} bytes is over the limit of "
