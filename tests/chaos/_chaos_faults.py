@@ -42,7 +42,9 @@ class Fault:
     node: int | None = None        # the ZooKeeper node actually stopped
     session: int | None = None     # member faults: the member's session when injected
     error: str | None = None
-    effective: bool | None = None  # member faults: a new session replaced ``session``
+    # True: had its effect (member faults: a new session replaced ``session``); None:
+    # masked (a leader election during the hold restarted the session timers)
+    effective: bool | None = None
 
     def describe(self) -> str:
         target = self.target if self.node is None else f"{self.target}=node{self.node}"

@@ -103,21 +103,34 @@ class ChaosRun:
 
     def _repair(self, f: Fault) -> None:
         self._undo(f)
-        if f.kind in MEMBER_KINDS:
-            # Keep the member out of new faults until it is back in a new session: each
-            # member fault then hits a registered member, and its effect is checked on
-            # the server (the old session ended, a new one registered).
-            assert self.audit is not None
-            m = self.members[int(f.target)]
-            try:
-                wait_until(lambda: self.audit.session_of(m.consumer_id) not in (None, f.session),
-                           timeout=25, interval=0.1,
-                           what=f"{m.name} to register in a new session after {f.kind}")
-                f.effective = True
-            except WaitTimeout:
-                f.effective = False
-        else:
+        if f.kind not in MEMBER_KINDS:
             f.effective = True
+            return
+        # Keep the member out of new faults until it is registered again: each member
+        # fault then hits a registered member, and its effect is checked on the server
+        # (the old session ended and a new one registered).  A ZooKeeper leader election
+        # during the hold restarts session timers, so a held session may survive it: then
+        # the fault is "masked", not ineffective.
+        assert self.audit is not None
+        m = self.members[int(f.target)]
+        gone = (None, f.session) if f.kind == "consumer_kill" else (None,)
+        try:
+            session = wait_until(lambda: self.audit.session_of(m.consumer_id) not in gone
+                                 and self.audit.session_of(m.consumer_id), timeout=25,
+                                 interval=0.1, what=f"{m.name} to register after {f.kind}")
+        except WaitTimeout:
+            f.effective = False
+            return
+        if session != f.session:
+            f.effective = True
+        else:
+            f.effective = None if self._election_during(f) else False  # None: masked
+
+    def _election_during(self, f: Fault) -> bool:
+        assert f.started is not None
+        end = f.started + f.hold
+        return any(z.kind == "zk_stop" and z.started is not None and z.started < end
+                   and (z.repaired is None or z.repaired > f.started) for z in self.plan)
 
     def _undo(self, f: Fault) -> None:
         if f.kind == "consumer_kill":
@@ -252,7 +265,7 @@ class ChaosRun:
             partitions=self.partitions, group=GROUP, late_bytes=2 * self.s.max_size,
             idle_bound=self.s.idle_bound, unowned_bound=self.s.unowned_bound)
         for f in self.plan:
-            if f.started is not None and f.error is None and not f.effective:
+            if f.started is not None and f.error is None and f.effective is False:
                 self.problems.append(f"fault had no effect: {f.describe()}")
         self.timings["total"] = time.monotonic() - t_start
 
@@ -360,6 +373,7 @@ class ChaosRun:
         executed = [f for f in self.plan if f.started is not None]
         by_kind = Counter(f.kind for f in executed)
         effective = Counter(f.kind for f in executed if f.effective)
+        masked = sum(1 for f in executed if f.effective is None)
         leader_stops = sum(1 for f in executed if f.kind == "zk_stop" and f.target == "leader")
         p = self.producer
         lines = [
@@ -367,7 +381,8 @@ class ChaosRun:
             f"(reproduce: METAQ_CHAOS_SEEDS={self.seed})",
             f"  faults injected: {len(executed)} of {len(self.plan)} planned; " + ", ".join(
                 f"{k}={by_kind[k]} ({effective[k]} effective)" for k in KINDS)
-            + f"; zk leader stops={leader_stops}",
+            + f"; zk leader stops={leader_stops}; session faults masked by an election="
+            f"{masked}",
             f"  messages: produced={p.sent if p else 0} acknowledged="
             f"{len(p.acked) if p else 0} failed={len(p.failed) if p else 0} "
             f"delivered={m.get('delivered')} distinct={m.get('distinct')} "
