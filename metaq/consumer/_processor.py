@@ -13,7 +13,7 @@ import logging
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import count, repeat
 from typing import Any
 
 from metaq._codec import Codec
@@ -204,12 +204,14 @@ def _deliver_each(pf: PartitionFetch, data: bytes) -> BatchResult:
     assert listener is not None
     verify, crc, unpack, struct_error = pf.verify, _crc32, _unpack_header, struct.error
     n = len(data)
-    pos = count = 0
+    pos = 0
     m: Message | None = None
     failed = False
+    numbers = count(1)  # ``i`` is the number of the message in hand, counted in C
+    i = 1
     while True:
         try:
-            while True:
+            for i in numbers:  # noqa: B007 - read after the loop
                 try:
                     length, check, msg_id, flag = unpack(data, pos)
                 except struct_error:
@@ -220,24 +222,23 @@ def _deliver_each(pf: PartitionFetch, data: bytes) -> BatchResult:
                 payload = data[pos + 20:end]
                 if verify and crc(payload) & 0x7FFFFFFF != check:
                     break
-                m = (with_attribute if flag & 1 else plain)(
+                m = (plain if not flag else with_attribute if flag & 1 else plain)(
                     (topic, partition, base + pos, base + end, msg_id, flag, payload, codec))
                 listener(m)
                 pos = end
-                count += 1
             break
         except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
             assert m is not None
             if not _fail(pf, m, exc):
                 failed = True
                 break
-            pos = m[3] - base  # rejected: skip it and go on
-            count += 1
-    if not count:
+            pos = m[3] - base  # rejected: it counts as consumed; go on with the next
+    consumed = i - 1
+    if not consumed:
         return BatchResult(0, None if failed else _stop_at_start(pf, data))
     pf.msg_id = _id_ending_at(data, pos) if failed else m[4]  # type: ignore[index]
     pf.offset = base + pos
-    return _progress(pf, count)
+    return _progress(pf, consumed)
 
 
 def _deliver_batch(pf: PartitionFetch, data: bytes) -> BatchResult:
@@ -264,7 +265,7 @@ def _deliver_batch(pf: PartitionFetch, data: bytes) -> BatchResult:
             payload = data[pos + 20:end]
             if verify and crc(payload) & 0x7FFFFFFF != check:
                 break
-            add((with_attribute if flag & 1 else plain)(
+            add((plain if not flag else with_attribute if flag & 1 else plain)(
                 (topic, partition, base + pos, base + end, msg_id, flag, payload, codec)))
             pos = end
         else:
