@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from metaq import ConfigError, MessageError, ProducerConfig, ProducerError, ProtocolError
 from metaq._cli.produce import generated, lines
-from metaq._pipeline import LightFuture, PutAck, parse_put_ack, scan_results
+from metaq._future import LightFuture
+from metaq._pipeline import PutAck, parse_put_ack, scan_results
 from metaq._protocol import encode_result
 from metaq.producer._partitioner import (
     KeyHash,

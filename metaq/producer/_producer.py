@@ -18,8 +18,7 @@ import time
 import zlib
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures._base import RUNNING
-from typing import Any, NamedTuple
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
@@ -39,11 +38,12 @@ from metaq._errors import (
     SendTimeoutError,
 )
 from metaq._message import FLAG_HAS_ATTRIBUTE
-from metaq._pipeline import _LAZY_OK, READER_PREFIX, LightFuture, PipelinedConnection
+from metaq._pipeline import READER_PREFIX, PipelinedConnection
 from metaq._protocol import check_topic
 from metaq.producer._config import ProducerConfig
 from metaq.producer._partitioner import make_partitioner
 from metaq.producer._router import Router, TopicRoute
+from metaq.producer._send import SendResult, _Send
 from zk_layout import Layout, Partition
 
 __all__ = ["Producer", "SendResult"]
@@ -51,76 +51,10 @@ __all__ = ["Producer", "SendResult"]
 log = logging.getLogger(__name__)
 
 _MASK = 0x7FFFFFFF
-#: Result codes a retry cannot fix: the same bytes would be refused anywhere.
-_NO_RETRY = frozenset((400, 401))
 #: Most bytes an attribute may take, so that payloads stay within the broker's limit.
 MAX_ATTRIBUTE_BYTES = 32 * 1024
 _crc32 = zlib.crc32
 _monotonic = time.monotonic
-_new_tuple = tuple.__new__
-
-
-class SendResult(NamedTuple):
-    """Where a message was stored: its broker-assigned ``msg_id``, the
-    partition name ``"<brokerId>-<index>"``, and its byte ``offset`` in that
-    partition; ``broker_id`` and ``index`` are the two parts of the name."""
-
-    msg_id: int
-    partition: str
-    offset: int
-    broker_id: int
-    index: int
-
-
-class _Send(LightFuture):
-    """One message on its way: the future the user holds, and the request the
-    broker connection completes."""
-
-    def __init__(self, producer: Producer, topic: str, payload: bytes, flag: int,
-                 checksum: int, deadline: float) -> None:
-        if _LAZY_OK:  # LightFuture.__init__, inlined: this runs once per message
-            self._state = RUNNING
-            self._result = None
-            self._exception = None
-        else:  # pragma: no cover
-            LightFuture.__init__(self)
-        self.producer = producer
-        self.topic = topic
-        self.payload = payload
-        self.flag = flag
-        self.checksum = checksum
-        self.deadline = deadline
-
-    #: Set per attempt (class defaults save stores on the hot path).
-    attempts = 0
-    part: Partition | None = None
-    tried: set[Partition] | None = None
-    flush = False  # write from the sending thread (a blocking send waits anyway)
-
-    def on_reply(self, code: int, body: bytes) -> None:
-        part = self.part
-        if code == 200:
-            try:
-                msg_id, index, offset = map(int, body.split(b" "))
-            except ValueError:
-                self.set_exception(ProtocolError(
-                    f"broker {part.broker_id} answered a put with {bytes(body[:120])!r}, not "
-                    f"'<msgId> <partition> <offset>'"))
-                return
-            bid = part.broker_id
-            self.payload = b""  # done with it: a finished future should not pin the body
-            self.set_result(_new_tuple(SendResult, (msg_id, f"{bid}-{index}", offset, bid,
-                                                    index)))
-            return
-        err = BrokerError(code, body.decode("utf-8", "replace"),
-                          broker=f"broker {part.broker_id}, partition {part}")
-        if code in _NO_RETRY:
-            self.set_exception(err)
-        else:
-            self.producer._failed(self, err)
-
-    def on_error(self, exc: BaseException) -> None:
-        self.producer._failed(self, exc)
 
 
 class Producer:

@@ -1,0 +1,116 @@
+"""LightFuture: a ``concurrent.futures.Future`` that is cheap to complete.
+
+A producer creates one future per message and completes it from the thread
+that reads the broker's replies, usually before anyone waits on it.  A plain
+``Future`` builds a ``threading.Condition`` at birth and takes it to complete;
+:class:`LightFuture` builds it only when a thread waits, adds a callback or
+passes the future to :func:`concurrent.futures.wait` / ``as_completed``.  It
+relies on ``Future``'s private fields (stable since Python 3.2) and falls back
+to a plain ``Future`` set-up if they ever change.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, InvalidStateError
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
+from typing import Any
+
+__all__ = ["LightFuture"]
+
+_FUTURE_FIELDS = frozenset(("_condition", "_state", "_result", "_exception", "_waiters",
+                            "_done_callbacks"))
+# The lazy trick needs Future's private layout to be what this module knows.
+_LAZY_OK = set(Future().__dict__) == _FUTURE_FIELDS
+_DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+
+
+class LightFuture(Future):
+    """A ``Future`` that is RUNNING from birth (so it cannot be cancelled: the
+    request may already be on the wire) and builds its condition variable
+    lazily, the first time a thread waits, adds a callback or calls
+    :func:`concurrent.futures.wait` / ``as_completed`` on it.
+
+    Completing it is two attribute stores and a dict lookup; only when a
+    condition exists (someone may wait) does it take the condition and notify,
+    exactly like a ``Future``.  Why this is race-free: the waiting side
+    creates the condition (atomic ``dict.setdefault``) *before* it looks at
+    the state under it; the completing side writes the state *before* it looks
+    for a condition.  So either the waiter sees the final state, or the
+    completer sees the condition and notifies under it.
+    """
+
+    def __init__(self) -> None:
+        if not _LAZY_OK:  # pragma: no cover - a Python whose Future changed
+            Future.__init__(self)
+            self._state = RUNNING
+            return
+        self._state = RUNNING
+        self._result = None
+        self._exception = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes missing from the instance: the lazy ones.
+        if name in ("_condition", "_waiters", "_done_callbacks"):
+            d = self.__dict__
+            d.setdefault("_waiters", [])
+            d.setdefault("_done_callbacks", [])
+            if "_condition" not in d:
+                d.setdefault("_condition", threading.Condition())
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!s} object has no attribute {name!r}")
+
+    def set_result(self, result: Any) -> None:
+        if self._state in _DONE_STATES:
+            raise _invalid(self)
+        self._result = result
+        self._state = FINISHED
+        if "_condition" in self.__dict__:
+            self._notify()
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        if self._state in _DONE_STATES:
+            raise _invalid(self)
+        self._exception = exception
+        self._state = FINISHED
+        if "_condition" in self.__dict__:
+            self._notify()
+
+    def _notify(self) -> None:
+        # What Future.set_result does after storing the outcome.
+        with self._condition:
+            for waiter in self._waiters:
+                waiter.add_result(self) if self._exception is None \
+                    else waiter.add_exception(self)
+            self._condition.notify_all()
+        self._invoke_callbacks()
+
+    def done(self) -> bool:
+        return self._state in _DONE_STATES
+
+    def running(self) -> bool:
+        return self._state == RUNNING
+
+    def cancel(self) -> bool:
+        return False  # never: it is RUNNING from birth (the request may be on the wire)
+
+    def cancelled(self) -> bool:
+        return False
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == FINISHED:
+            exc = self._exception
+            if exc is not None:
+                raise exc
+            return self._result
+        return Future.result(self, timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return Future.exception(self, timeout)
+
+
+def _invalid(fut: Future) -> Exception:
+    return InvalidStateError(f"{fut._state}: {type(fut).__name__} at {id(fut):#x} is "
+                             f"already done")

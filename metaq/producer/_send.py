@@ -1,0 +1,82 @@
+"""One message on its way (:class:`_Send`) and where it was stored (:class:`SendResult`)."""
+
+from __future__ import annotations
+
+from concurrent.futures._base import RUNNING
+from typing import TYPE_CHECKING, NamedTuple
+
+from metaq._errors import BrokerError, ProtocolError
+from metaq._future import _LAZY_OK, LightFuture
+from zk_layout import Partition
+
+if TYPE_CHECKING:
+    from metaq.producer._producer import Producer
+
+__all__ = ["SendResult"]
+
+#: Result codes a retry cannot fix: the same bytes would be refused anywhere.
+NO_RETRY = frozenset((400, 401))
+_new_tuple = tuple.__new__
+
+
+class SendResult(NamedTuple):
+    """Where a message was stored: its broker-assigned ``msg_id``, the
+    partition name ``"<brokerId>-<index>"``, and its byte ``offset`` in that
+    partition; ``broker_id`` and ``index`` are the two parts of the name."""
+
+    msg_id: int
+    partition: str
+    offset: int
+    broker_id: int
+    index: int
+
+
+class _Send(LightFuture):
+    """One message on its way: the future the user holds, and the request the
+    broker connection completes."""
+
+    def __init__(self, producer: Producer, topic: str, payload: bytes, flag: int,
+                 checksum: int, deadline: float) -> None:
+        if _LAZY_OK:  # LightFuture.__init__, inlined: this runs once per message
+            self._state = RUNNING
+            self._result = None
+            self._exception = None
+        else:  # pragma: no cover
+            LightFuture.__init__(self)
+        self.producer = producer
+        self.topic = topic
+        self.payload = payload
+        self.flag = flag
+        self.checksum = checksum
+        self.deadline = deadline
+
+    #: Set per attempt (class defaults save stores on the hot path).
+    attempts = 0
+    part: Partition | None = None
+    tried: set[Partition] | None = None
+    flush = False  # write from the sending thread (a blocking send waits anyway)
+
+    def on_reply(self, code: int, body: bytes) -> None:
+        part = self.part
+        if code == 200:
+            try:
+                msg_id, index, offset = map(int, body.split(b" "))
+            except ValueError:
+                self.set_exception(ProtocolError(
+                    f"broker {part.broker_id} answered a put with {bytes(body[:120])!r}, not "
+                    f"'<msgId> <partition> <offset>'"))
+                return
+            bid = part.broker_id
+            self.payload = b""  # done with it: a finished future should not pin the body
+            self.set_result(_new_tuple(SendResult, (msg_id, f"{bid}-{index}", offset, bid,
+                                                    index)))
+            return
+        err = BrokerError(code, body.decode("utf-8", "replace"),
+                          broker=f"broker {part.broker_id}, partition {part}")
+        if code in NO_RETRY:
+            self.set_exception(err)
+        else:
+            self.producer._failed(self, err)
+
+    def on_error(self, exc: BaseException) -> None:
+        self.producer._failed(self, exc)
