@@ -122,18 +122,51 @@ def ceiling_source(total: int, batch_rows: int):  # type: ignore[no-untyped-def]
     return Ceiling
 
 
-def run_queries(df) -> tuple[float, float, int]:  # type: ignore[no-untyped-def]
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu(exclude: set[int]) -> float:
+    """CPU seconds (user + system) used so far by this process and all its
+    descendants (the Spark JVM, its Python workers, the broker), minus
+    ``exclude`` (ZooKeeper) -- a measure that other load on the machine
+    disturbs far less than wall time."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry)
+        parent[pid] = int(fields[1])
+        cpu[pid] = (int(fields[11]) + int(fields[12])) / _TICK
+    me = os.getpid()
+    total = 0.0
+    for pid, used in cpu.items():
+        p = pid
+        while p not in (0, 1, me) and p not in exclude:
+            p = parent.get(p, 0)
+        if p == me and pid not in exclude:
+            total += used
+    return total
+
+
+def run_queries(df, exclude: set[int]) -> tuple[float, float, float, float, int]:  # type: ignore[no-untyped-def]
+    """(count s, group-by s, count cpu-s, group-by cpu-s, rows)."""
     from pyspark.sql import functions as F
 
-    t0 = time.perf_counter()
+    c0, t0 = tree_cpu(exclude), time.perf_counter()
     n = df.count()
-    t1 = time.perf_counter()
+    c1, t1 = tree_cpu(exclude), time.perf_counter()
     rows = df.groupBy("partition").agg(F.count("*").alias("n"),
                                        F.sum(F.length("value")).alias("bytes")).collect()
-    t2 = time.perf_counter()
+    c2, t2 = tree_cpu(exclude), time.perf_counter()
     if sum(r.n for r in rows) != n or len(rows) != PARTS:
         raise SystemExit(f"group-by disagrees with count: {rows} vs {n}")
-    return t1 - t0, t2 - t1, n
+    return t1 - t0, t2 - t1, c1 - c0, c2 - c1, n
 
 
 def main() -> None:
@@ -174,32 +207,34 @@ def main() -> None:
                 .option("topic", TOPIC).option("verifyChecksums", "false").load(),
                 "ceiling": spark.read.format("metaq_bench_ceiling").load(),
             }
+            exclude = {zk.pid} if zk.pid else set()
             for df in frames.values():  # warm-up: JIT, workers, first-query costs
-                run_queries(df)
-            times: dict[str, list[tuple[float, float]]] = {k: [] for k in frames}
+                run_queries(df, exclude)
+            times: dict[str, list[tuple[float, float, float, float]]] = {k: [] for k in frames}
             for run in range(args.runs):
                 for name, df in frames.items():
-                    count_s, group_s, n = run_queries(df)
+                    count_s, group_s, count_cpu, group_cpu, n = run_queries(df, exclude)
                     if n != args.messages:
                         raise SystemExit(f"{name} counted {n} rows, expected {args.messages}")
-                    times[name].append((count_s, group_s))
-                    print(f"run {run + 1} {name:12s} count {count_s:6.2f}s  "
-                          f"group-by {group_s:6.2f}s", flush=True)
+                    times[name].append((count_s, group_s, count_cpu, group_cpu))
+                    print(f"run {run + 1} {name:12s} count {count_s:6.2f}s ({count_cpu:5.2f} "
+                          f"cpu-s)  group-by {group_s:6.2f}s ({group_cpu:5.2f} cpu-s)",
+                          flush=True)
             spark.stop()
         finally:
             broker.terminate()
             broker.wait(30)
-    med = {k: (statistics.median(c for c, _ in v), statistics.median(g for _, g in v))
-           for k, v in times.items()}
+    med = {k: [statistics.median(r[i] for r in v) for i in range(4)] for k, v in times.items()}
     n = args.messages
-    print(f"\n{n} messages x {SIZE} B, {PARTS} partitions, local[2], median of {args.runs}:")
-    print(f"{'source':14s} {'count s':>8s} {'rows/s':>10s} {'group-by s':>11s} {'rows/s':>10s}"
-          f" {'% of ceiling (count / group-by)':>32s}")
-    for name, (c, g) in med.items():
-        pc, pg = med["ceiling"][0] / c * 100, med["ceiling"][1] / g * 100
-        print(f"{name:14s} {c:8.2f} {n / c:10,.0f} {g:11.2f} {n / g:10,.0f} "
-              f"{pc:15.0f}% / {pg:.0f}%")
-
+    ceiling = med["ceiling"]
+    print(f"\n{n} messages x {SIZE} B, {PARTS} partitions, local[2], median of {args.runs} "
+          f"(% = ceiling time / source time):")
+    print(f"{'source':12s} {'count s':>8s} {'rows/s':>10s} {'%':>5s} {'cpu-s':>6s} {'%':>5s} "
+          f"{'group-by s':>11s} {'rows/s':>10s} {'%':>5s} {'cpu-s':>6s} {'%':>5s}")
+    for name, (c, g, cc, gc) in med.items():
+        print(f"{name:12s} {c:8.2f} {n / c:10,.0f} {ceiling[0] / c:5.0%} {cc:6.2f} "
+              f"{ceiling[2] / cc:5.0%} {g:11.2f} {n / g:10,.0f} {ceiling[1] / g:5.0%} "
+              f"{gc:6.2f} {ceiling[3] / gc:5.0%}")
 
 if __name__ == "__main__":
     main()

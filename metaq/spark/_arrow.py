@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
 from dataclasses import dataclass
 
@@ -53,6 +54,8 @@ def _i64(value: int) -> pa.Scalar:
 
 
 _ZERO, _ONE = _i32(0), _i32(1)
+_U8_ZERO = pa.scalar(0, pa.uint8())
+_U8_ATTR = pa.scalar(FLAG_HAS_ATTRIBUTE, pa.uint8())
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +71,8 @@ class Walk:
     bounds: pa.Array
     stop: int
     problem: str | None
+    #: ``bounds`` as int64.
+    positions: pa.Array
 
     @property
     def count(self) -> int:
@@ -89,6 +94,7 @@ class WalkHint:
 _MIN_STRETCH, _MAX_STRETCH = 32, 8192
 _MIN_WINDOW, _MAX_WINDOW = 64, 1 << 16
 _IOTA = pa.array(range(_MAX_WINDOW + 1), pa.int32())
+_IOTA64 = _IOTA.cast(pa.int64())
 
 
 def _leap(data: pa.Buffer, pos: int, size: int, end: int, window: int) -> int:
@@ -106,8 +112,12 @@ def _leap(data: pa.Buffer, pos: int, size: int, end: int, window: int) -> int:
     starts = pc.add(pc.multiply(_IOTA[:k + 1], _i32(size)), _i32(pos))
     heads = pc.binary_slice(
         pa.Array.from_buffers(pa.binary(), k, [None, starts.buffers()[1], data]), 0, 4)
-    expected = pa.scalar((size - HEADER_SIZE).to_bytes(4, "big"), pa.binary())
-    first_other = pc.index(pc.equal(heads, expected), False).as_py()
+    # the 4 length bytes of each candidate, read as a native int32, against the
+    # same bytes of the expected length
+    native = pa.Array.from_buffers(pa.int32(), k, [None, heads.buffers()[2]])
+    expected = int.from_bytes((size - HEADER_SIZE).to_bytes(4, "big"), sys.byteorder,
+                              signed=True)
+    first_other = pc.index(pc.equal(native, _i32(expected)), False).as_py()
     return k if first_other < 0 else first_other
 
 
@@ -129,6 +139,7 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
     unpack = _len_of
     pos = 0
     budget = end // HEADER_SIZE + 1  # garbage lengths can send pos backwards: bounded
+    stepped = False  # any message found by the Python loop (not by a leap)
     while 0 <= pos <= lim and budget > 0:
         length = unpack(buf, pos)[0]
         if 0 <= length <= max_payload:
@@ -139,7 +150,7 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
                     pieces.append(pa.array(found, pa.int64()))
                     found = []
                     app = found.append
-                run = pc.multiply(_IOTA[:got].cast(pa.int64()), _i64(size))
+                run = pc.multiply(_IOTA64[:got], _i64(size))
                 pieces.append(pc.add(run, _i64(pos)))
                 pos += got * size
                 budget -= got
@@ -148,6 +159,7 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
                 hint.stretch = _MIN_STRETCH
                 continue
             hint.stretch = min(hint.stretch * 2, _MAX_STRETCH)
+        stepped = True
         try:
             for _ in range(min(hint.stretch, budget)):
                 if pos > lim:
@@ -160,6 +172,12 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
     app(pos)
     pieces.append(pa.array(found, pa.int64()))
     bounds = pa.concat_arrays(pieces) if len(pieces) > 1 else pieces[0]
+    if not stepped:  # leaps only: every message is complete and its length checked
+        positions = bounds
+        bounds = positions.cast(pa.int32())
+        if verify and len(bounds) > 1:
+            return _verified(buf, bounds, positions, None)
+        return Walk(bounds, pos, None, positions)
     sizes = pc.subtract(bounds[1:], bounds[:-1])
     bad = pc.or_(pc.less(sizes, _i64(HEADER_SIZE)),
                  pc.greater(sizes, _i64(HEADER_SIZE + max_payload)))
@@ -174,15 +192,24 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
         count = len(bounds) - 2  # the last one is cut short
     else:
         count = len(bounds) - 1
-    bounds = bounds[:count + 1].cast(pa.int32())
+    positions = bounds[:count + 1]
+    bounds = positions.cast(pa.int32())
     if verify and count:
-        bad_at = _first_bad_checksum(buf, bounds)
-        if bad_at is not None:
-            at, stored, actual = bad_at
-            count = at
-            bounds = bounds[:count + 1]
-            problem = f"checksum mismatch (header says {stored}, payload has {actual})"
-    return Walk(bounds, bounds[count].as_py(), problem)
+        return _verified(buf, bounds, positions, problem)
+    return Walk(bounds, positions[count].as_py(), problem, positions)
+
+
+def _verified(buf: memoryview, bounds: pa.Array, positions: pa.Array,
+              problem: str | None) -> Walk:
+    """The walk cut at the first message whose checksum does not match."""
+    count = len(bounds) - 1
+    bad_at = _first_bad_checksum(buf, bounds)
+    if bad_at is not None:
+        at, stored, actual = bad_at
+        count = at
+        bounds, positions = bounds[:count + 1], positions[:count + 1]
+        problem = f"checksum mismatch (header says {stored}, payload has {actual})"
+    return Walk(bounds, positions[count].as_py(), problem, positions)
 
 
 def _records(buf: pa.Buffer, bounds: pa.Array) -> pa.Array:
@@ -223,9 +250,10 @@ def arrow_schema(codec: str | None = None) -> pa.Schema:
 
 
 def _be(rec: pa.Array, lo: int, hi: int, typ: pa.DataType) -> pa.Array:
-    """The big-endian integer at bytes ``lo..hi`` of every element of ``rec``
-    (each element at least ``hi`` bytes long)."""
-    raw = pc.binary_reverse(pc.binary_slice(rec, lo, hi))
+    """The big-endian integer at bytes ``lo..hi`` (``lo >= 1``) of every element
+    of ``rec`` (each element at least ``hi`` bytes long): the bytes are sliced
+    out in reverse order, which is the little-endian integer."""
+    raw = pc.binary_slice(rec, hi - 1, lo - 1, -1)
     return pa.Array.from_buffers(typ, len(rec), [None, raw.buffers()[2]], offset=0)
 
 
@@ -247,13 +275,26 @@ def _spans(data: pa.Buffer, starts: pa.Array, sizes: pa.Array) -> pa.Array:
     return pc.filter(every, even)
 
 
-@dataclass(frozen=True, kw_only=True)
 class Where:
-    """Which partition a chunk came from, for the constant columns and for errors."""
+    """The partition a chunk came from: its constant columns (cached, so a run of
+    chunks reuses them) and the names used in errors."""
 
-    topic: str
-    partition: str
-    broker_id: int
+    __slots__ = ("topic", "partition", "broker_id", "_consts")
+
+    def __init__(self, *, topic: str, partition: str, broker_id: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.broker_id = broker_id
+        self._consts: list[pa.Array] = []
+
+    def constant_columns(self, n: int) -> list[pa.Array]:
+        """``topic``, ``partition`` and ``broker_id`` repeated ``n`` times."""
+        if not self._consts or len(self._consts[0]) < n:
+            size = max(n, 2 * len(self._consts[0]) if self._consts else n)
+            self._consts = [pa.repeat(pa.scalar(self.topic, pa.string()), size),
+                            pa.repeat(pa.scalar(self.partition, pa.string()), size),
+                            pa.repeat(pa.scalar(self.broker_id, pa.int32()), size)]
+        return [c.slice(0, n) for c in self._consts]
 
 
 def _decode(value: pa.Array, codec: str, where: Where, offsets: pa.Array) -> pa.Array:
@@ -300,22 +341,20 @@ def chunk_to_batch(data: memoryview, found: Walk, base: int, where: Where,
     buf = pa.py_buffer(data)
     starts = found.bounds
     rec = _records(buf, starts)
-    pos64 = pc.add(starts.cast(pa.int64()), _i64(base))
+    pos64 = pc.add(found.positions, _i64(base))
     offsets, next_offsets = pos64[:n], pos64[1:]
     msg_id = _be(rec, 8, 16, pa.int64())
-    flag = _be(rec, 16, 20, pa.int32())
-    has_attr = pc.not_equal(pc.bit_wise_and(flag, _i32(FLAG_HAS_ATTRIBUTE)), _ZERO)
-    if n and pc.any(has_attr).as_py():
+    # flag bit 0 (has attribute) is the low bit of the flag's last byte
+    low = pc.binary_slice(rec, HEADER_SIZE - 1, HEADER_SIZE)
+    attr_bits = pc.bit_wise_and(
+        pa.Array.from_buffers(pa.uint8(), n, [None, low.buffers()[2]]), _U8_ATTR)
+    if n and pc.max(attr_bits).as_py():
+        has_attr = pc.not_equal(attr_bits, _U8_ZERO)
         attribute, value = _with_attributes(buf, rec, starts, has_attr, offsets, where)
     else:
         attribute = pa.nulls(n, pa.string())
         value = pc.binary_slice(rec, HEADER_SIZE, _BIG)
-    columns = [
-        pa.repeat(pa.scalar(where.topic, pa.string()), n),
-        pa.repeat(pa.scalar(where.partition, pa.string()), n),
-        pa.repeat(pa.scalar(where.broker_id, pa.int32()), n),
-        offsets, next_offsets, msg_id, attribute, value,
-    ]
+    columns = [*where.constant_columns(n), offsets, next_offsets, msg_id, attribute, value]
     if codec is not None:
         columns.append(_decode(value, codec, where, offsets))
     return pa.RecordBatch.from_arrays(columns, schema=schema)

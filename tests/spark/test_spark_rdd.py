@@ -167,3 +167,46 @@ def test_corrupt_bytes_are_data_loss_or_skipped(make_topic) -> None:  # type: ig
         list(fetch_range(rng))
     got = list(fetch_range(rng, fail_on_data_loss=False))
     assert [m.value for m in got] == bodies[:victim] + bodies[victim + 1:]
+
+
+def test_fetch_waits_for_a_broker_that_is_down_and_finds_it_again(make_topic) -> None:  # type: ignore[no-untyped-def]
+    import threading
+
+    from metaq.testing import wait_until
+
+    topic = make_topic("patient", parts=1)
+    bodies = [b"msg-%d" % i for i in range(50)]
+    topic.produce(bodies)
+    (rng,) = offset_ranges(topic.zk_connect, "patient", starting="earliest")
+    broker = topic.brokers[0]
+    broker.stop()
+
+    retried = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "retrying for up to" in record.getMessage():
+                retried.set()
+
+    handler = Seen(level=logging.WARNING)
+    fetch_log = logging.getLogger("metaq.spark._fetch")
+    fetch_log.addHandler(handler)
+    result: dict[str, object] = {}
+
+    def read() -> None:
+        try:
+            result["values"] = [m.value for m in fetch_range(
+                rng, zk_connect=topic.zk_connect, retry_timeout=60.0, broker_timeout=5.0)]
+        except Exception as e:  # handed to the test thread
+            result["error"] = e
+
+    reader = threading.Thread(target=read, name="test-fetch-range", daemon=True)
+    try:
+        reader.start()
+        wait_until(retried.is_set, 30, what="the fetch to fail and start retrying")
+        broker.start()
+        reader.join(60)
+    finally:
+        fetch_log.removeHandler(handler)
+    assert not reader.is_alive()
+    assert result.get("values") == bodies, result.get("error")
