@@ -1,17 +1,15 @@
 """A seeded fault plan and the threads that carry it out.
 
 :func:`make_plan` turns a seed into a list of :class:`Fault` (start time,
-kind, target, how long).  The first five faults are one of each kind in a
-seeded order (so every run injects every kind), the first ZooKeeper fault
-stops the leader; then kinds and targets are drawn at random until the
-chaos window ends.
+kind, target, how long): rounds of the five kinds in a seeded order (so every
+run injects every kind), the first ZooKeeper fault stopping the leader, until
+the chaos window ends.
 
 :class:`FaultRunner` starts each fault on its own thread at its time.  A
 fault first takes its target's lock (one fault per member, broker or the
 ensemble at a time) and, for member faults, one of two "impaired member"
 slots, so the group always keeps two healthy members and the ensemble keeps
-a quorum.  The plan itself keeps at most one broker down and two members
-impaired at once, with a rough estimate of each target's recovery time.
+a quorum.
 Each executed fault records when it really started and ended.
 """
 
@@ -53,56 +51,67 @@ class Fault:
 
 def make_plan(seed: int, window: float, *, members: int, brokers: int,
               session_timeout: float, max_impaired_members: int = 2) -> list[Fault]:
-    """A seeded plan whose faults fit the window: each target is planned busy for its
-    fault plus an estimate of its recovery, and only free targets are drawn."""
+    """A seeded plan whose faults fit the window.
+
+    Rounds of the five kinds in a seeded order; each fault starts at the first moment
+    (after the previous one) when a target of its kind is free.  A target stays busy
+    for its fault plus a rough estimate of its recovery.  At most one broker is down,
+    at most ``max_impaired_members`` members are impaired, and ZooKeeper stops never
+    overlap session faults (a leader election restarts session timers, so it could
+    save a session held past its timeout).
+    """
     rng = random.Random(seed)
-    first = list(KINDS)
-    rng.shuffle(first)
-    busy: dict[object, float] = {}  # target key -> planned free again at
+    busy: dict[tuple, float] = {}  # target key -> planned free again at
     plan: list[Fault] = []
     t = 1.0
     first_zk = True
-    while t < window:
-        impaired = sum(1 for k, until in busy.items() if k[0] == "member" and until > t)
-        free_members = [i for i in range(members) if busy.get(("member", i), 0.0) <= t]
-        broker_down = any(k[0] == "broker" and until > t for k, until in busy.items())
-        free_brokers = [] if broker_down else list(range(brokers))  # one down at a time
-        kinds = [k for k in KINDS if
-                 (k in MEMBER_KINDS and free_members and impaired < max_impaired_members)
-                 or (k == "broker_kill" and free_brokers)
-                 or (k == "zk_stop" and busy.get(("zk",), 0.0) <= t)]
-        pending = [k for k in first if k in kinds]
-        if not kinds:
-            t += 0.5
-            continue
-        kind = pending[0] if pending else rng.choice(kinds)
-        if kind in first:
-            first.remove(kind)
+
+    def free(kind: str, at: float) -> list[int] | list[str]:
+        def is_busy(key: tuple) -> bool:
+            return busy.get(key, 0.0) > at
         if kind in MEMBER_KINDS:
-            target: int | str = rng.choice(free_members)
-            key: tuple = ("member", target)
-        elif kind == "broker_kill":
-            target = rng.choice(free_brokers)
-            key = ("broker", target)
-        else:
-            target = "leader" if first_zk or rng.random() < 0.5 else "follower"
-            first_zk = False
-            key = ("zk",)
-        hold = {
-            "consumer_kill": rng.uniform(0.0, 1.5),          # down before the restart
-            "broker_kill": rng.uniform(0.5, 2.0),
-            "zk_stop": rng.uniform(1.5, 4.0),
-            # held beyond the session timeout: the server expires the session
-            "session_expire": session_timeout + rng.uniform(1.0, 2.0),
-            "consumer_sigstop": session_timeout + rng.uniform(1.0, 2.0),
-        }[kind]
-        recovery = {  # rough: the old session to expire, a start, a new registration
-            "consumer_kill": session_timeout + 3.0, "broker_kill": 7.0, "zk_stop": 3.0,
-            "session_expire": 2.0, "consumer_sigstop": 2.0}[kind]
-        busy[key] = t + hold + recovery
-        plan.append(Fault(round(t, 2), kind, target, round(hold, 2)))
-        t += rng.uniform(0.8, 2.0)
-    return plan
+            impaired = sum(1 for k, until in busy.items() if k[0] == "member" and until > at)
+            if impaired >= max_impaired_members or (
+                    kind != "consumer_kill" and is_busy(("zk",))):
+                return []
+            return [i for i in range(members) if not is_busy(("member", i))]
+        if kind == "broker_kill":
+            down = any(k[0] == "broker" and until > at for k, until in busy.items())
+            return [] if down else list(range(brokers))
+        return [] if is_busy(("zk",)) or is_busy(("session",)) else ["zk"]
+
+    while True:
+        kinds = list(KINDS)
+        rng.shuffle(kinds)
+        for kind in kinds:
+            while not free(kind, t) and t < window:
+                t += 0.25
+            if t >= window:
+                return plan
+            choices = free(kind, t)
+            hold = {
+                "consumer_kill": rng.uniform(0.0, 1.5),  # down before the restart
+                "broker_kill": rng.uniform(0.5, 2.0),
+                "zk_stop": rng.uniform(1.5, 4.0),
+                # held beyond the session timeout: the server expires the session
+                "session_expire": session_timeout + rng.uniform(1.0, 2.0),
+                "consumer_sigstop": session_timeout + rng.uniform(1.0, 2.0),
+            }[kind]
+            recovery = {  # rough: the old session to expire, a start, a new registration
+                "consumer_kill": session_timeout + 3.0, "broker_kill": 7.0, "zk_stop": 3.0,
+                "session_expire": 2.0, "consumer_sigstop": 2.0}[kind]
+            if kind == "zk_stop":
+                target: int | str = "leader" if first_zk or rng.random() < 0.5 else "follower"
+                first_zk = False
+                busy[("zk",)] = t + hold + recovery
+            else:
+                target = rng.choice(choices)
+                busy[("member" if kind in MEMBER_KINDS else "broker", target)] = (
+                    t + hold + recovery)
+            if kind in ("session_expire", "consumer_sigstop"):
+                busy[("session",)] = max(busy.get(("session",), 0.0), t + hold + 1.0)
+            plan.append(Fault(round(t, 2), kind, target, round(hold, 2)))
+            t += rng.uniform(0.8, 2.0)
 
 
 @dataclass

@@ -42,7 +42,7 @@ def _seeds() -> list[int]:
 
 def _settings() -> ChaosSettings:
     window = os.environ.get("METAQ_CHAOS_SECONDS", "").strip()
-    return ChaosSettings(window=float(window) if window else (120.0 if SOAK else 30.0))
+    return ChaosSettings(window=float(window) if window else (120.0 if SOAK else 40.0))
 
 
 @pytest.mark.timeout(_settings().window + 300)
