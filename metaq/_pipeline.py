@@ -13,9 +13,10 @@ throughput is not bounded by the round trip:
   outstanding: :meth:`PipelinedConnection.put` blocks (until its deadline)
   while the window is full;
 - when the connection fails (reset, EOF, a malformed reply, a write error,
-  or no reply to the oldest request within ``request_timeout``) every request
-  in flight fails with :class:`~metaq.ConnectionClosedError` and later puts
-  raise it at once.
+  or nothing answered for ``request_timeout`` while requests wait) every
+  request in flight fails with :class:`~metaq.ConnectionClosedError` and later
+  puts raise it at once; a single request left unanswered for
+  ``stale_timeout`` while later ones were answered fails alone.
 
 A request is any object with ``on_reply(code, body)`` and ``on_error(exc)``
 (the producer passes its own per-message state).  :meth:`PipelinedConnection.put`
@@ -112,19 +113,25 @@ class PutFuture(LightFuture):
 class PipelinedConnection:
     """Many ``put`` requests in flight on one TCP connection to a broker.
 
-    ``request_timeout``: when the oldest request has waited that long for its
-    reply the connection is declared dead (everything in flight fails with
-    ConnectionClosedError).  ``name`` labels the threads and errors.
+    ``request_timeout``: when requests wait and nothing at all was answered
+    for that long, the connection is declared dead (everything in flight
+    fails with ConnectionClosedError).  ``stale_timeout`` (default four times
+    ``request_timeout``): a single request unanswered that long while later
+    ones were answered fails alone with SendTimeoutError.  ``name`` labels
+    the threads and errors.
     """
 
     def __init__(self, host: str, port: int, *, connect_timeout: float = 3.0,
-                 request_timeout: float = 3.0, max_in_flight: int = 16384,
-                 max_in_flight_bytes: int = 64 * 1024 * 1024, name: str | None = None) -> None:
+                 request_timeout: float = 3.0, stale_timeout: float | None = None,
+                 max_in_flight: int = 16384, max_in_flight_bytes: int = 64 * 1024 * 1024,
+                 name: str | None = None) -> None:
         if max_in_flight < 1 or max_in_flight_bytes < 1:
             raise ValueError("max_in_flight and max_in_flight_bytes must be >= 1")
         self.address = (host, port)
         self.name = name or f"{host}:{port}"
         self.request_timeout = request_timeout
+        self.stale_timeout = 4 * request_timeout if stale_timeout is None else stale_timeout
+        self._last_reply = 0.0
         self.max_in_flight = max_in_flight
         self.max_in_flight_bytes = max_in_flight_bytes
         try:
@@ -404,6 +411,8 @@ class PipelinedConnection:
     def _handle(self, buf: bytes) -> bytes:
         """Complete every whole reply in ``buf``; return the unparsed rest."""
         replies, used = scan_results(buf)
+        if replies:
+            self._last_reply = time.monotonic()
         pop = self._pending.pop
         freed = 0
         try:
@@ -426,16 +435,48 @@ class PipelinedConnection:
         return buf[used:] if used else buf
 
     def _sweep(self) -> None:
-        """Declare the connection dead when the oldest request waited too long."""
+        """Time out what the broker does not answer (runs on the reader thread).
+
+        - Nothing answered for ``request_timeout`` while requests wait: the
+          broker or the path to it is stuck; the connection is declared dead.
+        - One request unanswered for ``stale_timeout`` while later ones were
+          answered (a reply lost, or a broker answering out of order that
+          forgot one): that request alone fails with SendTimeoutError.
+        """
+        pending = self._pending
         try:
-            oldest = next(iter(self._pending.values()))
+            oldest = next(iter(pending.values()))
         except (StopIteration, RuntimeError):
             return
-        waited = time.monotonic() - oldest[1]
-        if waited > self.request_timeout:
-            raise _closed(f"no reply from broker {self.name} for {waited:.1f}s "
+        now = time.monotonic()
+        idle = now - max(oldest[1], self._last_reply)
+        if idle > self.request_timeout:
+            raise _closed(f"no reply from broker {self.name} for {idle:.1f}s "
                           f"(request_timeout {self.request_timeout:g}s, "
-                          f"{len(self._pending)} requests in flight)", None)
+                          f"{len(pending)} requests in flight)", None)
+        if now - oldest[1] <= self.stale_timeout:
+            return
+        expired = []
+        for opaque, entry in list(itertools.islice(pending.items(), 1024)):
+            if now - entry[1] <= self.stale_timeout:
+                break
+            if pending.pop(opaque, None) is not None:
+                expired.append(entry)
+        if not expired:
+            return
+        with self._lock:
+            self._inflight_bytes -= sum(e[2] for e in expired)
+            if self._room_waiters:
+                self._room.notify_all()
+        log.warning("%d request(s) to broker %s unanswered for over %gs while later ones "
+                    "were answered", len(expired), self.name, self.stale_timeout)
+        for request, sent, _size in expired:
+            try:
+                request.on_error(SendTimeoutError(
+                    f"broker {self.name} answered later requests but not this one in "
+                    f"{now - sent:.1f}s (stale_timeout {self.stale_timeout:g}s)"))
+            except Exception:
+                log.exception("request callback failed on %s", self.name)
 
 
 def _closed(msg: str, cause: BaseException | None) -> ConnectionClosedError:

@@ -189,6 +189,25 @@ def test_no_reply_within_request_timeout_kills_the_connection(server_factory) ->
     conn.close()
 
 
+def test_one_unanswered_request_times_out_alone(server_factory) -> None:  # type: ignore[no-untyped-def]
+    def answer(reqs):  # type: ignore[no-untyped-def]
+        return b"".join(b"result 200 5 %d\r\n1 0 0" % r.opaque for r in reqs
+                        if r.payload != b"lost")
+
+    server = server_factory(answer)
+    with PipelinedConnection("127.0.0.1", server.port, request_timeout=0.3,
+                             stale_timeout=0.6) as conn:
+        lost = conn.put("t", 0, b"lost", 0, 1)
+        t0 = time.monotonic()
+        while not lost.done() and time.monotonic() - t0 < 10:  # replies keep flowing
+            conn.put("t", 0, b"ok", 0, 1).result(5)
+        with pytest.raises(SendTimeoutError, match="answered later requests but not this one"):
+            lost.result(0)
+        assert 0.6 <= time.monotonic() - t0 < 5
+        assert not conn.closed and conn.in_flight == 0
+        assert conn.put("t", 0, b"ok", 0, 1).result(5).msg_id == 1
+
+
 def test_garbage_reply_fails_everything_in_flight(server_factory) -> None:  # type: ignore[no-untyped-def]
     server = server_factory(lambda reqs: b"HTTP/1.1 400 Bad Request\r\n\r\n")
     conn = PipelinedConnection("127.0.0.1", server.port)

@@ -60,9 +60,9 @@ class ProducerConfig:
     send_timeout: float = 3.0
     #: Extra attempts after a failed one, each on another partition when there is one [2].
     retries: int = 2
-    #: No reply to the oldest request on a broker connection for this long and the
-    #: connection is declared dead (its requests are retried); ``None``:
-    #: ``send_timeout / (retries + 1)``.
+    #: Nothing answered on a broker connection for this long while messages wait
+    #: for replies and the connection is declared dead (its messages are retried);
+    #: ``None``: ``send_timeout / (retries + 1)``.
     request_timeout: float | None = None
     #: TCP connect timeout to a broker, seconds (capped by what is left of send_timeout).
     connect_timeout: float = 3.0

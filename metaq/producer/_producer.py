@@ -327,7 +327,9 @@ class Producer:
             new = PipelinedConnection(
                 addr[0], addr[1], name=f"{bid}@{addr[0]}:{addr[1]}",
                 connect_timeout=max(0.05, min(cfg.connect_timeout, deadline - _monotonic())),
-                request_timeout=cfg.attempt_timeout, max_in_flight=cfg.max_in_flight,
+                request_timeout=cfg.attempt_timeout,
+                stale_timeout=max(cfg.send_timeout, 4 * cfg.attempt_timeout),
+                max_in_flight=cfg.max_in_flight,
                 max_in_flight_bytes=cfg.max_in_flight_bytes)
             self._conns[bid] = new
             self._faults.pop(bid, None)
