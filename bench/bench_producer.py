@@ -305,7 +305,7 @@ def main() -> None:
                                       group_commit=policy == "group-commit",
                                       zk_session_timeout=30.0)
                 try:
-                    with Producer(zk_connect, send_timeout=30.0, request_timeout=20.0) as producer:
+                    with Producer(zk_connect, send_timeout=30.0) as producer:
                         producer_async(producer, b"warm-up", 2000)
                         for size in SIZES:
                             body = b"x" * size
