@@ -378,10 +378,14 @@ def test_cli_produce(brokers: StartBroker, zk_connect: str, tmp_path: Path) -> N
     assert done.stdout.decode().splitlines()[-1] == "acknowledged 2 of 2 messages"
     done = _cli(["--zk", zk_connect, "--topic", "t", "--count", "500", "--size", "64"])
     assert done.stdout.decode().splitlines()[-1] == "acknowledged 500 of 500 messages"
+    done = _cli(["--zk", zk_connect, "--topic", "t", "--sync", "--print"], b"s1\ns2\n")
+    out = done.stdout.decode().splitlines()
+    assert out[-1] == "acknowledged 2 of 2 messages" and len(out) == 3
+    assert all(len(line.split()) == 3 and line.split()[0] in ("0-0", "0-1") for line in out[:2])
     with b0.connection() as conn:
         stored = [m for p in range(2) for m in read_partition(conn, "t", p)]
     payloads = {m.payload for m in stored}
-    assert {b"alpha", b"beta gamma", b"", b"delta"} <= payloads
+    assert {b"alpha", b"beta gamma", b"", b"delta", b"s1", b"s2"} <= payloads
     assert {b"\x00\x00\x00\x01ffrom file 1", b"\x00\x00\x00\x01ffrom file 2"} <= payloads
     assert sum(1 for m in stored if len(m.payload) == 64) == 500
 

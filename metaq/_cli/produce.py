@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from typing import BinaryIO
 
 from metaq._errors import ConfigError, MetaqError
-from metaq.producer import Producer, ProducerConfig
+from metaq.producer import Producer, ProducerConfig, SendResult
 
 __all__ = ["register", "generated", "lines"]
 
@@ -120,6 +120,9 @@ class _Tally:
         except MetaqError as e:
             self.error(e)
             return
+        self.acked_one(r)
+
+    def acked_one(self, r: SendResult) -> None:
         self.acked += 1
         if self.print_results:
             self.out.write(f"{r.partition} {r.offset} {r.msg_id}\n")
@@ -151,13 +154,20 @@ def run(args: argparse.Namespace) -> int:
             window: collections.deque[Future] = collections.deque()
             for body in source:
                 tally.sent += 1
+                if args.sync:
+                    try:
+                        tally.acked_one(producer.send(args.topic, body, args.attribute,
+                                                      args.key))
+                    except MetaqError as e:
+                        tally.error(e)
+                    continue
                 try:
                     fut = producer.send_async(args.topic, body, args.attribute, args.key)
                 except MetaqError as e:
                     tally.error(e)
                     continue
                 window.append(fut)
-                if args.sync or len(window) >= _WINDOW:
+                if len(window) >= _WINDOW:
                     tally.settle(window.popleft())
                 while window and window[0].done():
                     tally.settle(window.popleft())
