@@ -58,6 +58,7 @@ class ZkAudit:
     def __post_init__(self) -> None:
         self.client = KazooClient(hosts=self.hosts, timeout=30.0)
         self._stop = threading.Event()
+        self._pace = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._sample_loop, name="chaos-zk-sampler",
                                         daemon=True)
@@ -128,7 +129,7 @@ class ZkAudit:
             except KazooException:
                 if time.monotonic() > deadline:
                     raise
-                self._stop.wait(0.1)  # retry pacing while ZooKeeper elects
+                self._pace.wait(0.1)  # retry pacing while ZooKeeper elects (never set)
 
     def _sample_loop(self) -> None:
         while not self._stop.wait(self.interval):  # the sampling period itself
