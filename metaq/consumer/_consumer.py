@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +13,14 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._codec import get_codec
-from metaq._errors import ConfigError, ConsumerClosedError, ConsumerError, CoordinationError
+from metaq._connection import BrokerConnection
+from metaq._errors import (
+    ConfigError,
+    ConsumerClosedError,
+    ConsumerError,
+    CoordinationError,
+    MetaqError,
+)
 from metaq._zkclient import make_client
 from metaq.consumer._config import MIB, ConsumerConfig
 from metaq.consumer._coordinator import Coordinator, State
@@ -84,6 +92,8 @@ class MessageConsumer:
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
+        self._metrics_mark = (time.monotonic(), 0)
+        self._consumed_released = 0  # messages of partitions no longer owned
         if isinstance(zk_connect, KazooClient):
             self._client, self._own_client = zk_connect, False
         else:
@@ -211,6 +221,63 @@ class MessageConsumer:
         self._check_open()
         self._coordinator.request_commit()
 
+    def committed(self) -> dict[tuple[str, str], int]:
+        """(topic, partition) -> the offset this member last committed, for owned ones."""
+        return {k: c[1] for k, _, c in self._coordinator.owned()}
+
+    def positions(self) -> dict[tuple[str, str], int]:
+        """(topic, partition) -> the next offset to deliver, for owned ones."""
+        return {k: pf.offset for k, pf, _ in self._coordinator.owned()}
+
+    def lag(self, timeout: float = 5.0) -> dict[tuple[str, str], int | None]:
+        """(topic, partition) -> log end (asked of the broker) minus the consumed position.
+
+        None where the broker could not be asked.  Does network I/O: call it from
+        a monitoring thread, not from a listener.
+        """
+        by_broker: dict[tuple[str, int], list[PartitionFetch]] = {}
+        out: dict[tuple[str, str], int | None] = {}
+        for key, pf, _ in self._coordinator.owned():
+            out[key] = None
+            if pf.broker_address is not None:
+                by_broker.setdefault(pf.broker_address, []).append(pf)
+        for address, pfs in by_broker.items():
+            try:
+                with BrokerConnection(*address, timeout=timeout) as conn:
+                    for pf in pfs:
+                        end = conn.offset(pf.topic, self.config.group, pf.index, 2**63 - 1)
+                        pos = pf.offset if pf.offset >= 0 else end
+                        out[(pf.topic, pf.partition)] = max(0, end - pos)
+            except (OSError, MetaqError) as e:
+                log.debug("lag: broker %s:%s did not answer: %r", *address, e)
+        return out
+
+    def metrics(self, *, with_lag: bool = False) -> dict[str, Any]:
+        """A snapshot for dashboards: state, rebalances, per-partition progress, rates.
+
+        ``rate`` is messages/s since the previous call (or since start).
+        ``with_lag`` adds each partition's lag (asks the brokers, see :meth:`lag`).
+        """
+        now = time.monotonic()
+        owned = self._coordinator.owned()
+        total = self._consumed_released + sum(pf.consumed for _, pf, _ in owned)
+        last_t, last_n = self._metrics_mark
+        self._metrics_mark = (now, total)
+        lags = self.lag() if with_lag else {}
+        store = self._rejecter.store_size()
+        return {
+            "consumer_id": self.consumer_id, "group": self.config.group,
+            "state": self.state.value, "generation": self.generation,
+            "rebalances": self._coordinator.rebalances,
+            "messages": total, "rate": (total - last_n) / max(now - last_t, 1e-9),
+            "rejected": self._rejecter.rejected, "recover_store_size": store,
+            "errors": len(self._errors),
+            "partitions": {f"{t}/{p}": {"position": pf.offset, "committed": c[1],
+                                        "consumed": pf.consumed,
+                                        **({"lag": lags.get((t, p))} if with_lag else {})}
+                           for (t, p), pf, c in owned},
+        }
+
     def threads(self) -> list[threading.Thread]:
         return [self._coordinator.thread, *self.fetcher.threads]
 
@@ -276,8 +343,10 @@ class MessageConsumer:
         if self._on_assigned is not None:
             self._callback(self._on_assigned, key)
 
-    def on_revoked(self, key: tuple[str, str]) -> None:
+    def on_revoked(self, key: tuple[str, str], pf: PartitionFetch | None = None) -> None:
         """Called after fetching stopped, before the offset is committed and released."""
+        if pf is not None:
+            self._consumed_released += pf.consumed
         if self._on_revoked is not None:
             self._callback(self._on_revoked, key)
 

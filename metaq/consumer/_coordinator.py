@@ -92,6 +92,7 @@ class Coordinator:
         self.store = ZkOffsetStore(client, self._layout, self._group, self.fence)
         self.state = State.INIT
         self.generation = 0
+        self.rebalances = 0
         self._owned: dict[tuple[str, str], _Owned] = {}
         self._claims: dict[tuple[str, str], _Claim] = {}
         self._cond = threading.Condition()
@@ -169,6 +170,10 @@ class Coordinator:
         for topic, part in sorted(self._owned):
             out.setdefault(topic, []).append(part)
         return out
+
+    def owned(self) -> list[tuple[tuple[str, str], PartitionFetch, tuple[int, int]]]:
+        """(key, fetch state, last committed (msg_id, offset)) of every owned partition."""
+        return [(k, o.pf, o.committed) for k, o in sorted(list(self._owned.items()))]
 
     def waiting(self) -> dict[tuple[str, str], str | None]:
         return {k: c.holder for k, c in self._claims.items()}
@@ -307,6 +312,7 @@ class Coordinator:
     def _rebalance(self) -> None:
         self._register()
         self.generation += 1
+        self.rebalances += 1
         gen = self.generation
         self._set_state(State.REBALANCING)
         topo = read_topology(self._client, self._layout, self._group, self._c.topics(),
@@ -351,7 +357,7 @@ class Coordinator:
         owned = self._owned[key]
         if not self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout):
             raise CoordinationError(f"partition {key} still busy after close_timeout")
-        self._c.on_revoked(key)
+        self._c.on_revoked(key, owned.pf)
         self._commit_one(key, owned)
         with self.fence.lock:
             if self.fence.epoch == owned.ownership.epoch:

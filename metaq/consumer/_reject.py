@@ -76,6 +76,14 @@ class RejectHandler:
                 self._store = RecoverStore(self._store_dir, self.group, interval=self._interval)
             return self._store
 
+    def store_size(self) -> int:
+        """Messages in the recover store (0 without opening one)."""
+        with self._lock:
+            store = self._store
+        if store is None and not (self._store_dir / self.group).is_dir():
+            return 0
+        return len(self.store)
+
     def __call__(self, message: Message, error: BaseException) -> None:
         self.rejected += 1
         if self.policy == "drop":

@@ -1,0 +1,47 @@
+"""The consumer's control and inspection API: assignment, positions, committed, lag, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from metaq import MessageConsumer, Producer
+from metaq.broker import Broker, BrokerConfig
+from metaq.testing import free_port, wait_until
+
+TOPIC = "ctl"
+
+
+@pytest.fixture
+def broker(zk_connect, tmp_path):
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path / "b0", port=free_port(),
+                       topics={TOPIC: 2}, zk_connect=zk_connect)
+    with Broker(cfg) as b:
+        yield b
+
+
+def _produce(zk_connect, n, start=0):
+    with Producer(zk_connect) as p:
+        for f in [p.send_async(TOPIC, f"m{i}".encode()) for i in range(start, start + n)]:
+            f.result(timeout=30)
+
+
+def test_positions_committed_lag_and_metrics(zk_connect, broker, tmp_path):
+    _produce(zk_connect, 200)
+    seen = []
+    with MessageConsumer("ctl", zk_connect, consumer_id="c", commit_period=0.1,
+                         recover_dir=str(tmp_path / "rs")) as c:
+        c.subscribe(TOPIC, seen.append)
+        c.start()
+        wait_until(lambda: len(seen) == 200, timeout=30, what="all consumed")
+        wait_until(lambda: c.committed() == c.positions(), timeout=10, what="committed")
+        keys = {(TOPIC, "0-0"), (TOPIC, "0-1")}
+        assert set(c.positions()) == keys
+        assert c.lag() == {k: 0 for k in keys}
+        m = c.metrics(with_lag=True)
+        assert m["messages"] == 200 and m["state"] == "stable" and m["rebalances"] >= 1
+        assert m["rate"] > 0 and m["recover_store_size"] == 0 and m["errors"] == 0
+        assert {p: v["lag"] for p, v in m["partitions"].items()} == {"ctl/0-0": 0, "ctl/0-1": 0}
+        assert sum(v["consumed"] for v in m["partitions"].values()) == 200
+        _produce(zk_connect, 50, start=200)
+        wait_until(lambda: len(seen) == 250, timeout=30, what="the next 50")
+        assert c.metrics()["messages"] == 250
