@@ -45,3 +45,23 @@ def test_positions_committed_lag_and_metrics(zk_connect, broker, tmp_path):
         _produce(zk_connect, 50, start=200)
         wait_until(lambda: len(seen) == 250, timeout=30, what="the next 50")
         assert c.metrics()["messages"] == 250
+
+
+def test_prometheus_exporter_serves_consumer_metrics(zk_connect, broker, tmp_path):
+    import urllib.request
+
+    from metaq.prometheus import serve_metrics
+
+    _produce(zk_connect, 40)
+    seen = []
+    with MessageConsumer("prom", zk_connect, consumer_id="p", commit_period=0.1,
+                         recover_dir=str(tmp_path / "rs")) as c:
+        c.subscribe(TOPIC, seen.append)
+        c.start()
+        wait_until(lambda: len(seen) == 40, timeout=30, what="all consumed")
+        with serve_metrics([c], with_lag=True) as server:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics",
+                                          timeout=10).read().decode()
+    assert 'metaq_consumer_messages_total{consumer_id="prom_p",group="prom"} 40.0' in text
+    assert 'metaq_consumer_partitions{consumer_id="prom_p",group="prom"} 2.0' in text
+    assert 'metaq_consumer_lag{consumer_id="prom_p",group="prom",partition="ctl/0-0"} 0.0' in text
