@@ -19,7 +19,7 @@ import logging
 import os
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from metaq import __version__
 from metaq._errors import ProtocolError, StorageError
@@ -248,89 +248,95 @@ class BrokerServer:
             conn.send(data)
 
     def _fast_puts(self, conn: Connection, puts: list) -> None:
-        """The hot path: valid puts to known partitions, as tuples from the parser."""
+        """The hot path: valid puts to known partitions, as tuples from the parser.
+
+        Puts are grouped by partition (one group when a client writes one
+        partition, else buckets in request order); each group becomes one
+        write, and every reply is formatted straight into its slot.
+        """
         n = len(puts)
         self.stats["cmd_put"] += n
         ids = self.ids.next_ids(n)
-        id_len = len(b"%d" % ids[0])
-        if len(b"%d" % ids[-1]) != id_len:
-            id_len = 0  # digits change inside this batch: count per message
-        replies: list[bytes] = []
-        add_reply = replies.append
-        groups: dict[PartitionLog, list] = {}
-        plog = None            # current group, kept in locals
-        parts: list = []
-        add = parts.append
-        idxs: list[int] = []
-        base = size = 0
-        pbytes = b""
-        off_len = next_pow = 0
+        replies: list = [None] * n
+        targets = [p[0] for p in puts]
+        first = targets[0]
+        if first[0] is not None and targets.count(first) == n:
+            groups: Iterable = ((first, range(n)),)
+        else:
+            buckets: dict[tuple, list[int]] = {}
+            for k, t in enumerate(targets):
+                if t[0] is None:  # partition -1: the broker picks
+                    t = self._rr_target(t[1])
+                    if t is None:
+                        replies[k] = result(404, f"topic {targets[k][1]} not found",
+                                            int(puts[k][4]))
+                        continue
+                b = buckets.get(t)
+                if b is None:
+                    buckets[t] = [k]
+                else:
+                    b.append(k)
+            groups = buckets.items()
+        written = []
         bad = 0
-        for k in range(n):
-            target, length, flag, check, opaque, payload = puts[k]
-            if _crc32(payload) & _MASK != check:
-                add_reply(b"result 400 17 %b\r\nchecksum mismatch" % opaque)
-                bad += 1
+        for (plog, pbytes), idxs in groups:
+            if plog.closed:
+                for k in idxs:
+                    replies[k] = result(
+                        403, f"partition {plog.topic}-{plog.partition} is closed",
+                        int(puts[k][4]))
+                bad += len(idxs)
                 continue
-            t_log = target[0]
-            if t_log is None:  # partition -1: the broker picks
-                p = self._pick_partition(target[1])
-                t_log = self.storage.get(target[1], p) if p is not None else None
-                if t_log is None:
-                    add_reply(result(404, f"topic {target[1]} not found", int(opaque)))
+            parts: list = []
+            add = parts.append
+            base = plog.end
+            size = 0
+            off_len = next_pow = 0
+            fixed = len(pbytes) + 2
+            for k in idxs:
+                _t, length, flag, check, opaque, payload = puts[k]
+                if _crc32(payload) & _MASK != check:
+                    replies[k] = b"result 400 17 %b\r\nchecksum mismatch" % opaque
                     bad += 1
                     continue
-            if t_log is not plog:
-                if plog is not None:
-                    groups[plog] = [parts, base, size, idxs, pbytes, off_len, next_pow]
-                g = groups.get(t_log)
-                if g is None:
-                    g = [[], t_log.end, 0, [], b"%d" % t_log.partition, 0, 0]
-                parts, base, size, idxs, pbytes, off_len, next_pow = g
-                add = parts.append
-                plog = t_log
-            if plog.closed:
-                add_reply(result(403, f"partition {plog.topic}-{plog.partition} is closed",
-                                  int(opaque)))
-                bad += 1
-                continue
-            msg_id = ids[k]
-            add(_pack(length, check, msg_id, flag))
-            add(payload)
-            off = base + size
-            size += 20 + length
-            if off >= next_pow:
-                off_len = len(b"%d" % off)
-                next_pow = 10 ** off_len
-            idxs.append(len(replies))
-            add_reply(b"result 200 %d %b\r\n%d %b %d" % (
-                (id_len or len(b"%d" % msg_id)) + off_len + len(pbytes) + 2, opaque,
-                msg_id, pbytes, off))
-        if plog is not None:
-            groups[plog] = [parts, base, size, idxs, pbytes, off_len, next_pow]
-        for glog, g in groups.items():
-            if not g[0]:
+                msg_id = ids[k]
+                add(_pack(length, check, msg_id, flag))
+                add(payload)
+                off = base + size
+                size += 20 + length
+                if off >= next_pow:
+                    off_len = len(b"%d" % off)
+                    next_pow = 10 ** off_len
+                replies[k] = b"result 200 %d %b\r\n%d %b %d" % (
+                    len(b"%d" % msg_id) + off_len + fixed, opaque, msg_id, pbytes, off)
+            if not parts:
                 continue
             try:
-                start = glog.append(b"".join(g[0]), len(g[0]) >> 1)
-                if start != g[1]:  # cannot happen: offsets are only assigned here
-                    raise StorageError(f"append to {glog.dir} landed at {start}, "
-                                       f"expected {g[1]}")
+                start = plog.append(b"".join(parts), len(parts) >> 1)
+                if start != base:  # cannot happen: offsets are only assigned here
+                    raise StorageError(f"append to {plog.dir} landed at {start}, "
+                                       f"expected {base}")
+                written.append(plog)
             except StorageError as e:
                 log.error("put failed: %s", e)
-                for i in g[3]:
-                    opaque = replies[i].split(b"\r\n", 1)[0].rsplit(b" ", 1)[1]
-                    replies[i] = result(500, f"write failed: {e}", int(opaque))
-                    bad += 1
+                for k in idxs:
+                    if replies[k].startswith(b"result 200 "):
+                        replies[k] = result(500, f"write failed: {e}", int(puts[k][4]))
+                        bad += 1
         self.stats["put_failed"] += bad
         data = b"".join(replies)
-        if self.config.unflush_threshold == 0 and groups:
-            futs = [glog.request_flush() for glog, g in groups.items() if g[0]]
-            if futs:
-                fut = futs[0] if len(futs) == 1 else asyncio.gather(*futs)
-                conn.send_gated(Gate(fut, data, [int(p[4]) for p in puts]))
-                return
-        conn.send(data)
+        if written and self.config.unflush_threshold == 0:
+            futs = [plog.request_flush() for plog in written]
+            fut = futs[0] if len(futs) == 1 else asyncio.gather(*futs)
+            conn.send_gated(Gate(fut, data, [int(p[4]) for p in puts]))
+        else:
+            conn.send(data)
+
+    def _rr_target(self, topic: str) -> tuple | None:
+        p = self._pick_partition(topic)
+        if p is None:
+            return None
+        return self.fast_keys.get(b"%b %d" % (topic.encode(), p))
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1
