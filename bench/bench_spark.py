@@ -18,7 +18,8 @@ Each query: ``df.count()`` and ``df.groupBy("partition").agg(count, sum(length(v
 Reported: median seconds over ``--runs`` runs, rows/s, and metaq/ceiling as a
 percentage of the ceiling's speed (target >= 80%).
 
-Run: ``.venv/bin/python bench/bench_spark.py [--runs 5] [--messages 2000000]``.
+Run: ``.venv/bin/python bench/bench_spark.py [--runs 5] [--messages 2000000] [--vary]``
+(``--vary``: bodies of 50..150 B, mean 100, so the walker takes its general path).
 """
 
 from __future__ import annotations
@@ -64,8 +65,23 @@ def wait_registered(zk: str, timeout: float = 60) -> None:
         client.close()
 
 
-def produce(zk: str, count: int) -> float:
+def body_size(i: int, vary: bool) -> int:
+    """Message i's body size: 100 B, or with ``vary`` 50..150 B (mean 100) in a
+    fixed pseudo-random order that the ceiling source reproduces."""
+    return 50 + (i * 7919) % 101 if vary else SIZE
+
+
+def produce(zk: str, count: int, vary: bool) -> float:
     start = time.perf_counter()
+    if vary:
+        from metaq import Producer
+
+        with Producer(zk, send_timeout=60.0, max_in_flight=65536) as producer:
+            futures = [producer.send_async(TOPIC, b"v" * body_size(i, True))
+                       for i in range(count)]
+            for f in futures:
+                f.result(120)
+        return time.perf_counter() - start
     out = subprocess.run([sys.executable, "-m", "metaq", "produce", "--zk", zk, "--topic", TOPIC,
                           "--count", str(count), "--size", str(SIZE), "--send-timeout", "60"],
                          capture_output=True, text=True, check=False)
@@ -75,7 +91,7 @@ def produce(zk: str, count: int) -> float:
     return time.perf_counter() - start
 
 
-def ceiling_source(total: int, batch_rows: int):  # type: ignore[no-untyped-def]
+def ceiling_source(total: int, batch_rows: int, vary: bool):  # type: ignore[no-untyped-def]
     """A Python data source yielding prebuilt batches shaped like metaq's."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -94,14 +110,19 @@ def ceiling_source(total: int, batch_rows: int):  # type: ignore[no-untyped-def]
 
             n = batch_rows
             name = f"0-{partition.value}"
-            base = pa.array(range(0, (n + 1) * (SIZE + 20), SIZE + 20), pa.int64())
+            sizes = [body_size(i, vary) for i in range(n)]
+            ends = [0]
+            for size in sizes:
+                ends.append(ends[-1] + size)
+            base = pa.array([e + 20 * i for i, e in enumerate(ends)], pa.int64())
             batch = pa.RecordBatch.from_arrays([
-                pa.repeat(pa.scalar(TOPIC), n), pa.repeat(pa.scalar(name), n),
+                pa.repeat(pa.scalar(TOPIC, pa.string()), n),
+                pa.repeat(pa.scalar(name, pa.string()), n),
                 pa.repeat(pa.scalar(0, pa.int32()), n), base[:n], base[1:],
                 pa.array(range(n), pa.int64()), pa.nulls(n, pa.string()),
                 pa.Array.from_buffers(pa.binary(), n, [
-                    None, pa.array(range(0, (n + 1) * SIZE, SIZE), pa.int32()).buffers()[1],
-                    pa.py_buffer(b"x" * (n * SIZE))]),
+                    None, pa.array(ends, pa.int32()).buffers()[1],
+                    pa.py_buffer(b"x" * ends[-1])]),
             ], schema=arrow_schema())
             left = per_part
             while left > 0:
@@ -173,6 +194,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--messages", type=int, default=2_000_000)
+    ap.add_argument("--vary", action="store_true",
+                    help="bodies of 50..150 B (mean 100) instead of exactly 100 B")
     args = ap.parse_args()
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -185,8 +208,9 @@ def main() -> None:
         broker, _port = start_broker(zk.hosts, Path(tmp) / "broker0")
         try:
             wait_registered(zk.hosts)
-            took = produce(zk.hosts, args.messages)
-            print(f"produced {args.messages} messages of {SIZE} B in {took:.1f}s", flush=True)
+            took = produce(zk.hosts, args.messages, args.vary)
+            print(f"produced {args.messages} messages of {'50..150' if args.vary else SIZE} B "
+                  f"in {took:.1f}s", flush=True)
             spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
                      .config("spark.ui.enabled", "false")
                      .config("spark.ui.showConsoleProgress", "false")
@@ -199,7 +223,7 @@ def main() -> None:
             spark.sparkContext.setLogLevel("ERROR")
             register(spark)
             batch_rows = (1 << 20) // (SIZE + 20)  # rows in one 1 MiB broker reply
-            spark.dataSource.register(ceiling_source(args.messages, batch_rows))
+            spark.dataSource.register(ceiling_source(args.messages, batch_rows, args.vary))
             frames = {
                 "metaq": spark.read.format("metaq").option("zk.connect", zk.hosts)
                 .option("topic", TOPIC).load(),
@@ -227,7 +251,8 @@ def main() -> None:
     med = {k: [statistics.median(r[i] for r in v) for i in range(4)] for k, v in times.items()}
     n = args.messages
     ceiling = med["ceiling"]
-    print(f"\n{n} messages x {SIZE} B, {PARTS} partitions, local[2], median of {args.runs} "
+    sizes = "50..150" if args.vary else str(SIZE)
+    print(f"\n{n} messages x {sizes} B, {PARTS} partitions, local[2], median of {args.runs} "
           f"(% = ceiling time / source time):")
     print(f"{'source':12s} {'count s':>8s} {'rows/s':>10s} {'%':>5s} {'cpu-s':>6s} {'%':>5s} "
           f"{'group-by s':>11s} {'rows/s':>10s} {'%':>5s} {'cpu-s':>6s} {'%':>5s}")
