@@ -31,19 +31,25 @@ class LightFuture(Future):
     lazily, the first time a thread waits, adds a callback or calls
     :func:`concurrent.futures.wait` / ``as_completed`` on it.
 
-    Completing it is two attribute stores and a dict lookup; only when a
+    Completing it is two attribute stores and a flag test; only when a
     condition exists (someone may wait) does it take the condition and notify,
     exactly like a ``Future``.  Why this is race-free: the waiting side
-    creates the condition (atomic ``dict.setdefault``) *before* it looks at
-    the state under it; the completing side writes the state *before* it looks
-    for a condition.  So either the waiter sees the final state, or the
-    completer sees the condition and notifies under it.
+    creates the condition (atomic ``dict.setdefault``) and raises the
+    ``_waited`` flag *before* it looks at the state under the condition; the
+    completing side writes the state *before* it tests the flag.  So either
+    the waiter sees the final state, or the completer sees the flag and
+    notifies under the condition.  (The fast path never touches
+    ``__dict__``, which would make CPython build a dict per object.)
     """
+
+    #: Raised (on the instance) once the condition exists.
+    _waited = False
 
     def __init__(self) -> None:
         if not _LAZY_OK:  # pragma: no cover - a Python whose Future changed
             Future.__init__(self)
             self._state = RUNNING
+            self._waited = True
             return
         self._state = RUNNING
         self._result = None
@@ -57,6 +63,7 @@ class LightFuture(Future):
             d.setdefault("_done_callbacks", [])
             if "_condition" not in d:
                 d.setdefault("_condition", threading.Condition())
+            self._waited = True
             return d[name]
         raise AttributeError(f"{type(self).__name__!s} object has no attribute {name!r}")
 
@@ -65,7 +72,7 @@ class LightFuture(Future):
             raise _invalid(self)
         self._result = result
         self._state = FINISHED
-        if "_condition" in self.__dict__:
+        if self._waited:
             self._notify()
 
     def set_exception(self, exception: BaseException | None) -> None:
@@ -73,7 +80,7 @@ class LightFuture(Future):
             raise _invalid(self)
         self._exception = exception
         self._state = FINISHED
-        if "_condition" in self.__dict__:
+        if self._waited:
             self._notify()
 
     def _notify(self) -> None:
