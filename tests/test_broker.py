@@ -159,6 +159,40 @@ def test_put_partition_minus_one_round_robin(broker, client):
     assert parts == [1, 1, 1]
 
 
+def test_one_pipelined_batch_over_many_partitions(broker, client):
+    broker.add_topic("wide", 4)
+    broker.set_partition_closed("wide", 3)
+    rng = random.Random(7)
+    reqs, want = [], []
+    for i in range(400):
+        part = rng.choice([0, 1, 2, 3, -1])
+        payload = b"%04d" % i
+        good = rng.random() > 0.1
+        reqs.append(encode_put("wide", part, payload, 0, checksum(payload) ^ (0 if good else 1),
+                               i))
+        want.append((part, good))
+    client.send(b"".join(reqs))
+    got = client.replies(400)
+    assert [r.opaque for r in got] == list(range(400))
+    placed = {0: [], 1: [], 2: []}
+    for (part, good), r in zip(want, got, strict=True):
+        if not good:
+            assert (r.code, r.body) == (400, b"checksum mismatch")
+        elif part == 3:
+            assert r.code == 403
+        else:
+            assert r.code == 200, r
+            _m, p, off = parse_put_result(r.body)
+            assert p == part or (part == -1 and p in (0, 1, 2))
+            placed[p].append((off, r.opaque))
+    for p, offs in placed.items():
+        # offsets of a partition follow request order, back to back (24-byte records)
+        assert [o for o, _ in offs] == [24 * i for i in range(len(offs))]
+        v = client.call(encode_get("wide", "g", p, 0, 1 << 20, 9999))
+        assert [m.payload for m in iter_messages(v.body, 0)] == [b"%04d" % o for _, o in offs]
+    assert broker.offsets("wide", 3) == (0, 0)
+
+
 def test_get_result_rules(tmp_path):
     cfg = make_config(tmp_path, max_segment_size=4096)
     with Broker(cfg) as broker:

@@ -282,9 +282,12 @@ class BrokerServer:
         for (plog, pbytes), idxs in groups:
             if plog.closed:
                 for k in idxs:
-                    replies[k] = result(
-                        403, f"partition {plog.topic}-{plog.partition} is closed",
-                        int(puts[k][4]))
+                    _t, _l, _f, check, opaque, payload = puts[k]
+                    replies[k] = (
+                        b"result 400 17 %b\r\nchecksum mismatch" % opaque
+                        if _crc32(payload) & _MASK != check else
+                        result(403, f"partition {plog.topic}-{plog.partition} is closed",
+                               int(opaque)))
                 bad += len(idxs)
                 continue
             parts: list = []
