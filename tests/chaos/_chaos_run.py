@@ -195,6 +195,14 @@ class ChaosRun:
                 and all(n == len(self.partitions) // MEMBERS for n in owners.values())
                 and all(p.lag == 0 for p in report.partitions))
 
+    def _group_summary(self) -> str:
+        report = getattr(self, "_last_group", None)
+        if report is None:
+            return "(never read)"
+        parts = ", ".join(f"{p.partition}:{p.owner or '-'}/lag {p.lag}"
+                          for p in report.partitions)
+        return f"members {sorted(report.members)}; {parts}"
+
     # -- the run ---------------------------------------------------------------------------
 
     def execute(self) -> None:
@@ -247,8 +255,9 @@ class ChaosRun:
             acked = set(self.producer.acked.values())
             self._wait(f"all {len(acked)} acknowledged messages consumed",
                        lambda: acked <= self._consumed(), self.s.settle_timeout)
-            self._wait("the group settled: 4 members, 3 partitions each, lag 0",
-                       lambda: self._settled(group_client), self.s.settle_timeout)
+            if not self._wait("the group settled: 4 members, 3 partitions each, lag 0",
+                              lambda: self._settled(group_client), self.s.settle_timeout):
+                self.problems.append(f"last group state: {self._group_summary()}")
             self.timings["settle"] = time.monotonic() - t_settle
             self.audit.stop_sampling()
             self._stop_members(group_client)
