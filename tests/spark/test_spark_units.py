@@ -6,12 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("pyarrow")
-
-from metaq import ConfigError, MessageError  # noqa: E402
-from metaq._message import build_payload, encode_message, iter_messages, scan_messages  # noqa: E402
-from metaq.spark import SourceOptions  # noqa: E402
-from metaq.spark._arrow import WalkHint, Where, arrow_schema, chunk_to_batch, walk  # noqa: E402
+from metaq import ConfigError, MessageError
+from metaq._message import build_payload, encode_message, iter_messages, scan_messages
+from metaq.spark import SourceOptions
+from metaq.spark._arrow import WalkHint, Where, arrow_schema, chunk_to_batch, walk
 
 pytestmark = pytest.mark.spark
 
@@ -66,6 +64,7 @@ def test_bad_options_are_refused_by_name(options: dict, message: str) -> None:
     assert message in str(info.value)
 
 
+@settings(deadline=None)
 @given(st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=6))
 def test_any_option_map_parses_or_raises_config_error(options: dict) -> None:
     try:
@@ -87,7 +86,7 @@ def _log(messages: list[tuple[bytes, str | None]], first_id: int = 1) -> bytes:
     return b"".join(out)
 
 
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_message, max_size=60), st.data())
 def test_walk_agrees_with_the_reference_scan(messages, data) -> None:  # type: ignore[no-untyped-def]
     buf = bytearray(_log(messages))
@@ -102,7 +101,7 @@ def test_walk_agrees_with_the_reference_scan(messages, data) -> None:  # type: i
     assert found.bounds.to_pylist()[-1] == valid
 
 
-@settings(max_examples=200)
+@settings(max_examples=200, deadline=None)
 @given(st.integers(0, 300), st.integers(1, 400), st.integers(0, 400), st.data())
 def test_leaps_over_equal_sizes_are_exact(size: int, n: int, cut: int, data) -> None:  # type: ignore[no-untyped-def]
     """Runs of one size (leapt over) mixed with other sizes, bodies that look like headers."""
@@ -130,7 +129,7 @@ def test_walk_names_an_impossible_length() -> None:
 # -- Arrow batches --------------------------------------------------------------------------
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_message, max_size=80), st.integers(0, 2**40))
 def test_batches_hold_exactly_the_messages(messages, base: int) -> None:  # type: ignore[no-untyped-def]
     buf = _log(messages, first_id=2**40)
