@@ -486,6 +486,30 @@ def test_reader_that_never_reads_costs_bounded_memory(tmp_path, get_size):
         c.close()
 
 
+def test_disk_full_answers_500_and_keeps_the_log_whole(broker, client, monkeypatch, caplog):
+    import errno
+
+    import metaq.broker._segment as segmod
+    assert client.put("t", 0, b"first").code == 200
+    real = os.pwrite
+
+    def enospc(fd, data, offset):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(segmod.os, "pwrite", enospc)
+    payloads = [b"lost-%d" % i for i in range(5)]
+    client.send(b"".join(encode_put("t", 0, p, 0, checksum(p), i) for i, p in enumerate(payloads)))
+    got = client.replies(5)
+    monkeypatch.setattr(segmod.os, "pwrite", real)
+    assert [(r.code, r.opaque) for r in got] == [(500, i) for i in range(5)]
+    assert b"No space left" in got[0].body
+    assert client.put("t", 0, b"second").code == 200
+    v = client.call(encode_get("t", "g", 0, 0, 1000, 1))
+    assert [m.payload for m in iter_messages(v.body, 0)] == [b"first", b"second"]
+    assert "put failed" in caplog.text
+    caplog.clear()  # the error logged above is expected
+
+
 # --------------------------------------------------------------------------- modes
 
 def test_group_commit_acks_only_synced_messages(tmp_path):

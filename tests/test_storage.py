@@ -323,3 +323,28 @@ def test_nearest_valid_offset(tmp_path):
         assert plog.nearest_valid_offset(3 * 120 + 50) == 4 * 120
         assert plog.nearest_valid_offset(2 * 120 + 1) == 2 * 120
         assert plog.nearest_valid_offset(10 * 120 + 7) == 10 * 120
+
+
+def test_failed_write_leaves_no_partial_message(tmp_path, monkeypatch):
+    import errno
+
+    import metaq.broker._segment as segmod
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        plog.append(rec(0), 1)
+        real = os.pwrite
+
+        def half_then_enospc(fd, data, offset):
+            if len(data) > 100:
+                real(fd, bytes(data)[:50], offset)  # a torn write reaches the file...
+                return 50
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(segmod.os, "pwrite", half_then_enospc)
+        with pytest.raises(metaq.StorageError, match="No space left"):
+            plog.append(rec(1) + rec(2), 2)
+        monkeypatch.setattr(segmod.os, "pwrite", real)
+        # ...and is cut away: the log is as before and appends go on
+        assert plog.end == 120 and os.path.getsize(plog.segments[-1].path) == 120
+        assert plog.append(rec(3), 1) == 120
+        assert [m.msg_id for m in read_all(plog)] == [0, 3]
