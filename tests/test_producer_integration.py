@@ -26,6 +26,7 @@ from metaq import (
     ProtocolError,
     SendResult,
     SendTimeoutError,
+    ZkSecurity,
 )
 from metaq._codec import get_codec
 from metaq._message import build_payload, scan_messages
@@ -244,8 +245,8 @@ def test_hash_and_user_partitioners(brokers: StartBroker, zk_connect: str) -> No
     brokers(1, {"t": 2})
     names = ["0-0", "0-1", "1-0", "1-1"]
     placed: list[dict[str, str]] = []
-    for _ in range(2):  # two producers (fresh round-robin and caches): the same placement
-        with Producer(zk_connect, partitioner="hash") as producer:
+    for security in (None, ZkSecurity(auth="producer:secret")):  # two producers: same placement
+        with Producer(zk_connect, partitioner="hash", zk_security=security) as producer:
             where: dict[str, str] = {}
             for i in range(60):
                 key = f"user-{i % 12}"

@@ -67,6 +67,7 @@ def test_config_is_frozen_and_keyword_only() -> None:
     ("request_timeout", 0, "request_timeout"),
     ("retry_backoff", -0.1, "retry_backoff"),
     ("close_timeout", 0, "close_timeout"),
+    ("zk_security", "user:pw", "zk_security"),
 ])
 def test_config_rejects_bad_values_naming_the_field(field: str, value: object,
                                                     words: str) -> None:

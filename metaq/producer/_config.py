@@ -13,6 +13,7 @@ from typing import Any
 from metaq._codec import Codec, get_codec
 from metaq._errors import ConfigError
 from metaq._message import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE
+from metaq._zkclient import ZkSecurity
 from zk_layout import InvalidNameError, Layout, Partition
 
 __all__ = ["ProducerConfig", "PartitionerFn", "PARTITIONERS", "MIB"]
@@ -56,6 +57,8 @@ class ProducerConfig:
     zk_session_timeout: float = 30.0
     #: How long the constructor waits for a ZooKeeper session, seconds.
     zk_connect_timeout: float = 15.0
+    #: ZooKeeper credentials and TLS (:class:`metaq.ZkSecurity`); None: plain, open.
+    zk_security: ZkSecurity | None = None
     #: Total time one message may take, all attempts included, seconds [3].
     send_timeout: float = 3.0
     #: Extra attempts after a failed one, each on another partition when there is one [2].
@@ -96,6 +99,9 @@ class ProducerConfig:
             _number(name, getattr(self, name))
         for name in ("broker_backoff", "retry_backoff"):
             _number(name, getattr(self, name), allow_equal=True)
+        if self.zk_security is not None and not isinstance(self.zk_security, ZkSecurity):
+            raise ConfigError(f"zk_security must be a metaq.ZkSecurity, got "
+                              f"{type(self.zk_security).__name__}")
         if self.request_timeout is not None:
             _number("request_timeout", self.request_timeout)
         _integer("retries", self.retries, 0, 100)
@@ -115,6 +121,9 @@ class ProducerConfig:
     @property
     def attempt_timeout(self) -> float:
         """The effective ``request_timeout``."""
+        if self.zk_security is not None and not isinstance(self.zk_security, ZkSecurity):
+            raise ConfigError(f"zk_security must be a metaq.ZkSecurity, got "
+                              f"{type(self.zk_security).__name__}")
         if self.request_timeout is not None:
             return self.request_timeout
         return self.send_timeout / (self.retries + 1)

@@ -40,6 +40,7 @@ from metaq._errors import (
 from metaq._message import FLAG_HAS_ATTRIBUTE
 from metaq._pipeline import READER_PREFIX, PipelinedConnection
 from metaq._protocol import check_topic
+from metaq._zkclient import make_client
 from metaq.producer._config import ProducerConfig
 from metaq.producer._partitioner import make_partitioner
 from metaq.producer._router import Router, TopicRoute
@@ -101,7 +102,8 @@ class Producer:
         if isinstance(zk_connect, KazooClient):
             self._client, self._own_client = zk_connect, False
         elif isinstance(zk_connect, str) and zk_connect:
-            self._client = KazooClient(hosts=zk_connect, timeout=config.zk_session_timeout)
+            self._client = make_client(zk_connect, timeout=config.zk_session_timeout,
+                                       security=config.zk_security)
             self._own_client = True
             try:
                 self._client.start(timeout=config.zk_connect_timeout)
