@@ -103,9 +103,9 @@ def test_member_restarted_before_its_old_session_expired_joins_once_it_does(
         consumer.start()
         t0 = time.monotonic()
         # Failed at least once, then either no retry for longer than the largest
-        # backoff (7.5 s: the retries stopped) or 25 s of retrying (they go on).
+        # backoff (7.5 s: the retries stopped) or 12 s of retrying (they go on).
         wait_until(lambda: failures.count >= 1 and (time.monotonic() - failures.last > 8.0
-                                                    or time.monotonic() - t0 > 25.0),
+                                                    or time.monotonic() - t0 > 12.0),
                    timeout=60, interval=0.1, what="the member to fail registering")
         predecessor.stop()  # the old session ends: its ids node goes
         predecessor.close()
