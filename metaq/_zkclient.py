@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_acl, make_digest_acl
 
 from metaq._errors import ConfigError
 
@@ -65,6 +65,17 @@ class ZkSecurity:
         user, password = self.auth.split(":", 1)
         mine = make_digest_acl(user, password, all=True)
         return [mine] if self.acl == "creator" else [mine, *READ_ACL_UNSAFE]
+
+    def shared_acl(self) -> list[ACL]:
+        """ACL for directories shared with other credentials (``topics-sub/<t>``,
+        ``brokers/ids``, ``consumers``): anyone may read and add children, only
+        this credential may delete them or change the directory.  ZooKeeper checks
+        a delete against the parent's ACL, so this is what protects the children."""
+        if self.acl == "open" or self.auth is None:
+            return list(OPEN_ACL_UNSAFE)
+        user, password = self.auth.split(":", 1)
+        everyone = make_acl("world", "anyone", read=True, create=True)
+        return [make_digest_acl(user, password, all=True), everyone]
 
     def client_kwargs(self) -> dict[str, object]:
         kw: dict[str, object] = {}

@@ -76,3 +76,27 @@ def test_security_config_is_validated():
     kw = ZkSecurity(tls=True, ca_file="/ca.pem", auth="a:b").client_kwargs()
     assert kw["use_ssl"] is True and kw["ca"] == "/ca.pem" and kw["auth_data"] == [
         ("digest", "a:b")]
+
+
+def test_secured_broker_protects_its_nodes_and_leaves_shared_dirs_open(zk_connect, tmp_path):
+    from metaq.broker import Broker, BrokerConfig
+    from metaq.testing import free_port
+
+    def broker(bid, auth):
+        return Broker(BrokerConfig(broker_id=bid, data_dir=tmp_path / f"b{bid}",
+                                   port=free_port(), topics={"t": 1}, zk_connect=zk_connect,
+                                   zk_security=ZkSecurity(auth=auth, acl="creator-read")))
+
+    with broker(0, "ops0:pw0"), broker(1, "ops1:pw1"):  # different credentials, same topic
+        stranger = KazooClient(hosts=zk_connect)
+        stranger.start(timeout=20)
+        try:
+            assert sorted(stranger.get_children(L.topic_sub_dir("t"))) == ["0-m", "1-m"]
+            assert stranger.get(L.broker_master(0))[0].startswith(b"meta://127.0.0.1:")
+            for path in (L.broker_master(0), L.topic_pub("t", 1), L.broker_id(0)):
+                with pytest.raises(NoAuthError):
+                    stranger.set(path, b"meta://evil:1")
+                with pytest.raises(NoAuthError):
+                    stranger.delete(path, recursive=False)
+        finally:
+            stranger.stop()

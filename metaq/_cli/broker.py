@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from metaq._cli._zkflags import add_zk_security_args, security_from_args
 from metaq._errors import ConfigError
 from metaq.broker import Broker, load_config, parse_topic_spec
 
@@ -89,6 +90,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        help="largest put payload accepted")
     start.add_argument("--correct-offsets", action="store_true", default=None,
                        help="answer gets past the end with 301 and the end")
+    add_zk_security_args(start)
     start.set_defaults(func=_start)
 
 
@@ -108,7 +110,8 @@ def _start(args: argparse.Namespace) -> int:
         unflush_threshold=0 if args.group_commit else args.unflush_threshold,
         unflush_interval=args.unflush_interval, max_segment_size=args.max_segment_size,
         retention_hours=args.retention_hours, max_transfer_size=args.max_transfer_size,
-        max_message_size=args.max_message_size, correct_offsets=args.correct_offsets)
+        max_message_size=args.max_message_size, correct_offsets=args.correct_offsets,
+        zk_security=security_from_args(args))
 
     def ready(broker: Broker) -> None:
         print(f"metaq broker {config.broker_id} serving on {config.host}:{broker.port}",

@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 
+from metaq._cli._zkflags import add_zk_security_args, security_from_args
 from metaq.consumer import ConsumerConfig, Message, MessageConsumer, Rewind
 
 __all__ = ["register"]
@@ -38,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fetch-runners", type=int, default=None, metavar="N")
     p.add_argument("--max-size", type=int, default=1024 * 1024, metavar="BYTES",
                    help="fetch size per request")
+    add_zk_security_args(p)
     p.set_defaults(func=run)
 
 
@@ -49,7 +51,7 @@ def _line(m: Message) -> bytes:
 def run(args: argparse.Namespace) -> int:
     options = dict(consumer_id=args.consumer_id, zk_root=args.root, strategy=args.strategy,
                    start_position=args.start, zk_session_timeout=args.session_timeout,
-                   commit_period=args.commit_period)
+                   commit_period=args.commit_period, zk_security=security_from_args(args))
     if args.fetch_runners is not None:
         options["fetch_runner_count"] = args.fetch_runners
     if args.count is not None and args.count < 1:

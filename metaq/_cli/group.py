@@ -16,7 +16,9 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._admin import describe_group, log_ends, reset_offsets
+from metaq._cli._zkflags import add_zk_security_args, security_from_args
 from metaq._errors import ConfigError, CoordinationError
+from metaq._zkclient import make_client
 from zk_layout import Layout, take_snapshot
 
 __all__ = ["register"]
@@ -28,6 +30,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="/meta", help="ZooKeeper root of the Metaq tree")
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="ZooKeeper and broker timeout (default 10)")
+    add_zk_security_args(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -71,7 +74,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @contextmanager
 def _client(args: argparse.Namespace) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=args.zk, timeout=args.timeout)
+    client = make_client(args.zk, timeout=args.timeout, security=security_from_args(args))
     try:
         client.start(timeout=args.timeout)
     except KazooTimeoutError:

@@ -169,7 +169,7 @@ class Broker:
                 reg = BrokerRegistry(
                     zk_connect=cfg.zk_connect, zk_root=cfg.zk_root, broker_id=cfg.broker_id,
                     host=_advertised_host(cfg), port=self.port, topics=lambda: self._topics,
-                    session_timeout=cfg.zk_session_timeout)
+                    session_timeout=cfg.zk_session_timeout, security=cfg.zk_security)
                 await loop.run_in_executor(None, reg.start, cfg.zk_connect_timeout)
                 self._registry = reg
             tasks.append(loop.create_task(self._flush_loop(), name="metaq-broker-flush"))

@@ -19,6 +19,7 @@ from typing import Any
 import zk_layout
 from metaq._errors import ConfigError, ProtocolError
 from metaq._protocol import DEFAULT_MAX_PAYLOAD, MAX_LINE, check_topic
+from metaq._zkclient import ZkSecurity
 
 __all__ = ["BrokerConfig", "load_config", "parse_topic_spec"]
 
@@ -101,6 +102,8 @@ class BrokerConfig:
     zk_connect: str | None = None
     #: Metaq's root node in ZooKeeper.
     zk_root: str = zk_layout.DEFAULT_ROOT
+    #: ZooKeeper credentials, ACLs of the nodes the broker creates, TLS (default: open).
+    zk_security: ZkSecurity | None = None
     #: ZooKeeper session timeout (seconds).
     zk_session_timeout: float = 10.0
     #: How long start() waits for the first ZooKeeper connection (seconds).

@@ -23,12 +23,19 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import (
+    KazooException,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
 import zk_layout
 from metaq._errors import CoordinationError
+from metaq._zkclient import ZkSecurity, make_client
 
 __all__ = ["BrokerRegistry"]
 
@@ -45,12 +52,15 @@ class BrokerRegistry:
     """Registers one master broker and its topics; re-registers after session loss."""
 
     def __init__(self, *, zk_connect: str, zk_root: str, broker_id: int, host: str, port: int,
-                 topics: Callable[[], dict[str, int]], session_timeout: float = 10.0) -> None:
+                 topics: Callable[[], dict[str, int]], session_timeout: float = 10.0,
+                 security: ZkSecurity | None = None) -> None:
         self.layout = zk_layout.Layout(zk_root)
         self.broker_id = broker_id
         self.uri = zk_layout.encode_broker_uri(zk_layout.BrokerUri(host, port))
         self._topics = topics
-        self._client = KazooClient(hosts=zk_connect, timeout=session_timeout)
+        self._client = make_client(zk_connect, timeout=session_timeout, security=security)
+        self._shared_acl = security.shared_acl() if security is not None and \
+            security.acl != "open" else None
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._was_lost = False
@@ -172,9 +182,17 @@ class BrokerRegistry:
         if old != data:
             zk.set(path, data, version=stat.version)
 
+    def _open_parents(self, *paths: str) -> None:
+        """Directories shared with other brokers stay open to them; our nodes below
+        carry the client's ACL (see metaq.ZkSecurity)."""
+        if self._shared_acl is not None:
+            for path in paths:
+                self._client.ensure_path(path, acl=self._shared_acl)
+
     def _register_all(self) -> None:
         zk = self._client
         lay = self.layout
+        self._open_parents(lay.broker_ids())
         id_path = lay.broker_id(self.broker_id)
         try:
             zk.create(id_path, self.uri, makepath=True)
@@ -192,6 +210,8 @@ class BrokerRegistry:
     def _register_topic(self, topic: str, partitions: int) -> None:
         lay = self.layout
         b = self.broker_id
+        self._open_parents(lay.topic_legacy_dir(topic), lay.topic_pub_dir(topic),
+                           lay.topic_sub_dir(topic))
         self._ensure_ephemeral(lay.topic_legacy(topic, b), zk_layout.encode_num_parts(partitions))
         json = zk_layout.encode_topic_broker(zk_layout.TopicBroker(partitions, b))
         self._ensure_ephemeral(lay.topic_pub(topic, b), json)
@@ -202,8 +222,8 @@ class BrokerRegistry:
             _data, stat = self._client.get(path)
             if stat.ephemeralOwner == self._session():
                 self._client.delete(path, version=stat.version)
-        except NoNodeError:
-            pass
+        except (NoNodeError, NoAuthError):
+            pass  # NoAuth: a shared directory refuses deletes; the session end removes it
 
     def _unregister_all(self) -> None:
         lay = self.layout
@@ -218,6 +238,6 @@ class BrokerRegistry:
             data, _stat = self._client.get(id_path)
             if data == self.uri:
                 self._client.delete(id_path)  # fails if a slave is still registered
-        except (NoNodeError, NotEmptyError):
+        except (NoNodeError, NotEmptyError, NoAuthError):
             pass
         log.info("broker %d unregistered from ZooKeeper", b)

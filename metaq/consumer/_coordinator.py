@@ -295,7 +295,9 @@ class Coordinator:
         data = self._c.topics_data()
         # Parents shared with other components stay open; with an ACL mode, the group's
         # own nodes (created below with the client's default ACL) are protected.
-        self._client.ensure_path(self._layout.consumer_groups(), acl=OPEN_ACL_UNSAFE)
+        security = self._cfg.zk_security
+        self._client.ensure_path(self._layout.consumer_groups(),
+                                 acl=security.shared_acl() if security else OPEN_ACL_UNSAFE)
         try:
             self._client.create(path, data, ephemeral=True, makepath=True)
         except NodeExistsError:
