@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -46,9 +47,11 @@ def test_batch_example(spark, make_topic) -> None:  # type: ignore[no-untyped-de
 def test_batch_example_runs_as_a_script(make_topic) -> None:  # type: ignore[no-untyped-def]
     topic = make_topic("script", parts=2)
     topic.produce([b"a", b"bb", b"ccc"])
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1",
+           "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}  # a JVM that starts faster
     out = subprocess.run([sys.executable, str(EXAMPLES / "spark_batch.py"),
-                          "--zk", topic.zk_connect, "--topic", "script"],
-                         capture_output=True, text=True, timeout=240, check=False)
+                          "--zk", topic.zk_connect, "--topic", "script", "--master", "local[1]"],
+                         capture_output=True, text=True, timeout=240, check=False, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "total: 3 messages"
 
