@@ -357,6 +357,16 @@ def test_scan_results_garbage_never_crashes(data: bytes) -> None:
     assert all(isinstance(c, int) and isinstance(o, int) for c, o, _ in out)
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=5000))
+def test_producer_checksum_is_metaqs(payload: bytes) -> None:
+    """The producer may use ISA-L's CRC32; it must equal Metaq's checksum."""
+    from metaq._message import checksum
+    from metaq.producer._producer import _crc32
+
+    assert _crc32(payload) & 0x7FFFFFFF == checksum(payload)
+
+
 # --------------------------------------------------------------------------- CLI input
 
 def test_cli_lines_strip_newline_and_cr_only() -> None:

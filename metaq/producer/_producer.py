@@ -54,7 +54,10 @@ log = logging.getLogger(__name__)
 _MASK = 0x7FFFFFFF
 #: Most bytes an attribute may take, so that payloads stay within the broker's limit.
 MAX_ATTRIBUTE_BYTES = 32 * 1024
-_crc32 = zlib.crc32
+try:  # ISA-L's CRC32 (same polynomial as zlib) is 3-9x faster on message-sized buffers
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:  # pragma: no cover - depends on the environment
+    _crc32 = zlib.crc32
 _monotonic = time.monotonic
 
 
