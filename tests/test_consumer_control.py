@@ -65,3 +65,20 @@ def test_prometheus_exporter_serves_consumer_metrics(zk_connect, broker, tmp_pat
     assert 'metaq_consumer_messages_total{consumer_id="prom_p",group="prom"} 40.0' in text
     assert 'metaq_consumer_partitions{consumer_id="prom_p",group="prom"} 2.0' in text
     assert 'metaq_consumer_lag{consumer_id="prom_p",group="prom",partition="ctl/0-0"} 0.0' in text
+
+
+def test_message_bigger_than_transfer_cap_and_fetch_size_is_consumed_whole(
+        zk_connect, broker, tmp_path):
+    big = bytes(range(256)) * (3 * 4096)  # 3 MiB: over the broker's 1 MiB maxTransferSize
+    with Producer(zk_connect) as p:
+        p.send(TOPIC, b"small-before")
+        p.send(TOPIC, big)
+        p.send(TOPIC, b"small-after")
+    seen = []
+    with MessageConsumer("big", zk_connect, consumer_id="b",
+                         recover_dir=str(tmp_path / "rs")) as c:
+        c.subscribe(TOPIC, lambda m: seen.append(m.raw_body), max_size=64 * 1024)
+        c.start()
+        wait_until(lambda: len(seen) == 3, timeout=30, what="all three, the big one whole")
+        assert c.errors() == []
+    assert sorted(seen) == sorted([b"small-before", big, b"small-after"])
