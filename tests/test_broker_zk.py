@@ -104,7 +104,8 @@ def test_reregisters_after_session_expiry(tmp_path, zk_connect, zk_client, zk_se
 def test_duplicate_broker_id_is_refused(tmp_path, zk_connect, zk_client):
     with Broker(config(tmp_path / "a", zk_connect)) as first:
         with pytest.raises(metaq.CoordinationError, match="another broker running with id 7"):
-            Broker(config(tmp_path / "b", zk_connect)).start()
+            # waits out one session timeout for a dead predecessor, then refuses
+            Broker(config(tmp_path / "b", zk_connect, zk_connect_timeout=1.0)).start()
         # the first one is untouched
         found = nodes_of(zk_client, 7, first.config.topics)
         assert found[LAYOUT.broker_master(7)][0] == f"meta://127.0.0.1:{first.port}".encode()
@@ -198,3 +199,40 @@ def test_cli_config_file_merged_with_flags(tmp_path, zk_connect, zk_client):
     r = subprocess.run([sys.executable, "-m", "metaq", "broker", "start", "--config", str(bad)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown keys bogus" in r.stderr
+
+
+def test_restart_right_after_kill_9_waits_for_the_old_session(tmp_path, zk_connect, zk_client):
+    import signal
+    import subprocess
+    import sys
+
+    from metaq.testing import free_port, wait_until
+
+    port = free_port()
+    args = [sys.executable, "-m", "metaq", "broker", "start", "--zk", zk_connect, "--id", "9",
+            "--port", str(port), "--data-dir", str(tmp_path / "d"), "--topic", "t:1"]
+    log1, log2 = tmp_path / "first.log", tmp_path / "second.log"
+    with open(log1, "wb") as out:
+        first = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+    second = None
+    try:
+        wait_until(lambda: zk_client.exists(LAYOUT.broker_master(9)), timeout=30,
+                   what="first broker registered")
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        assert zk_client.exists(LAYOUT.broker_master(9))  # the dead session still holds it
+        old_owner = zk_client.exists(LAYOUT.broker_master(9)).ephemeralOwner
+        with open(log2, "wb") as out:
+            second = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        wait_until(lambda: b"serving on" in log2.read_bytes() or second.poll() is not None,
+                   timeout=60, what="the restarted broker to serve or exit")
+        assert second.poll() is None, log2.read_text()
+        stat = zk_client.exists(LAYOUT.broker_master(9))
+        assert stat is not None and stat.ephemeralOwner != old_owner
+        assert b"waiting for the old session to expire" in log2.read_bytes()
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(30)
+    assert second.returncode == 0

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -58,6 +59,7 @@ class BrokerRegistry:
         self.broker_id = broker_id
         self.uri = zk_layout.encode_broker_uri(zk_layout.BrokerUri(host, port))
         self._topics = topics
+        self._session_timeout = session_timeout
         self._client = make_client(zk_connect, timeout=session_timeout, security=security)
         self._shared_acl = security.shared_acl() if security is not None and \
             security.acl != "open" else None
@@ -80,7 +82,7 @@ class BrokerRegistry:
             self._client.close()
             raise CoordinationError(f"cannot connect to ZooKeeper: {e}") from e
         try:
-            self._register_all()
+            self._register_first(timeout)
         except Exception as e:
             self._client.stop()
             self._client.close()
@@ -91,6 +93,25 @@ class BrokerRegistry:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"metaq-broker-{self.broker_id}-zk")
         self._thread.start()
+
+    def _register_first(self, timeout: float) -> None:
+        """Register; while a node is still held by another session, wait for it to go.
+
+        After a crash (kill -9) and a quick restart, the old process's ephemeral nodes
+        live until its session expires.  Waiting out one session timeout (plus the
+        start timeout) tells a dead predecessor from a live broker with our id.
+        """
+        deadline = time.monotonic() + self._session_timeout + timeout
+        while True:
+            try:
+                self._register_all()
+                return
+            except _Conflict as e:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("broker %d: %s; waiting for the old session to expire",
+                            self.broker_id, e)
+                time.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
     def stop(self) -> None:
         """Delete this broker's nodes and close the session."""
