@@ -32,6 +32,7 @@ from zk_layout._codecs import (
     encode_topic_broker,
     encode_topic_list,
 )
+from zk_layout._codecs import _local_ip as local_ip
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import (
     BrokerChild,
@@ -92,6 +93,7 @@ __all__ = [
     "StoredOffset",
     "TopicBroker",
     "build_consumer_id",
+    "local_ip",
     "decode_broker_uri",
     "decode_node",
     "decode_num_parts",

@@ -65,6 +65,25 @@ class ConsumerConfig:
     recover_dir: str | None = None
     #: Seconds between redeliveries from the recover store [300, Metaq's 5 min].
     recover_interval: float = 300.0
+    #: ``orderly`` (one message at a time per partition, in offset order) or
+    #: ``concurrent`` (a partition's messages handed to a pool of consume_threads;
+    #: the committed offset is the smallest one still in flight).
+    consume_mode: str = "orderly"
+    #: Worker threads of concurrent mode [RocketMQ: 20].
+    consume_threads: int = 20
+    #: Concurrent mode flow control: stop pulling a partition while more than this many
+    #: messages [1000] or bytes [100 MiB] of it are in flight, or while the span of its
+    #: in-flight messages is over max_span messages [2000] (RocketMQ's defaults).
+    pull_threshold_messages: int = 1000
+    pull_threshold_bytes: int = 100 * MIB
+    max_span: int = 2000
+    #: Broadcast: every member consumes every partition; offsets go to a local file,
+    #: the ZooKeeper group is ``<group>-<ip>`` (Metaq's naming).
+    broadcast: bool = False
+    #: Broadcast offsets file (default under $XDG_STATE_HOME/metaq/broadcast/).
+    offset_file: str | None = None
+    #: A custom offset store (load/load_many/commit), replacing ZooKeeper's.
+    offset_store: Any = None
     #: Upper limit for the fetch size when a message is larger than max_size.
     max_fetch_size: int = 16 * MIB
     #: Assignment strategy: ``default``, ``consist``, ``roundrobin`` or ``sticky``.
@@ -115,6 +134,18 @@ class ConsumerConfig:
             raise ConfigError(f"max_fetch_retries must be >= 0, got {self.max_fetch_retries}")
         if self.max_fetch_size < 1024:
             raise ConfigError(f"max_fetch_size must be >= 1024, got {self.max_fetch_size}")
+        if self.consume_mode not in ("orderly", "concurrent"):
+            raise ConfigError(f"consume_mode must be 'orderly' or 'concurrent', "
+                              f"got {self.consume_mode!r}")
+        for name in ("consume_threads", "pull_threshold_messages", "pull_threshold_bytes",
+                     "max_span"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an int >= 1, got {value!r}")
+        if self.offset_store is not None and not all(
+                callable(getattr(self.offset_store, m, None))
+                for m in ("load", "load_many", "commit")):
+            raise ConfigError("offset_store needs load(), load_many() and commit() methods")
         if self.start_position not in START_POSITIONS:
             raise ConfigError(
                 f"start_position must be one of {START_POSITIONS}, got {self.start_position!r}")

@@ -7,6 +7,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -22,17 +23,34 @@ from metaq._errors import (
     MetaqError,
 )
 from metaq._zkclient import make_client
+from metaq.consumer._concurrent import ConcurrentDispatcher, InFlight
 from metaq.consumer._config import MIB, ConsumerConfig
 from metaq.consumer._coordinator import Coordinator, State
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._lease import Lease
 from metaq.consumer._message import Message
+from metaq.consumer._offsets import LocalFileOffsetStore
 from metaq.consumer._processor import PartitionFetch
 from metaq.consumer._recover import RecoverStore
-from metaq.consumer._reject import RejectHandler
-from zk_layout import Layout, StoredOffset, build_consumer_id, check_topic, encode_topic_list
+from metaq.consumer._reject import RejectHandler, default_recover_dir
+from zk_layout import (
+    Layout,
+    StoredOffset,
+    build_consumer_id,
+    check_topic,
+    encode_topic_list,
+    local_ip,
+)
 
 __all__ = ["MessageConsumer"]
+
+
+def _state_dir() -> Path:
+    return default_recover_dir().parent
+
+
+def _local_ip() -> str:
+    return local_ip()
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +63,7 @@ class _Subscription:
     listener: Listener | None
     batch_listener: Callable[[list[Message]], Any] | None
     max_size: int
+    auto_ack: bool = True
 
 
 class MessageConsumer:
@@ -82,7 +101,18 @@ class MessageConsumer:
         if self.config.group != group:
             raise ConfigError(f"config.group {self.config.group!r} differs from {group!r}")
         self.layout = Layout(self.config.zk_root)
-        self.consumer_id = build_consumer_id(group, self.config.consumer_id)
+        #: the group as registered in ZooKeeper (``<group>-<ip>`` in broadcast mode)
+        self.zk_group = f"{group}-{_local_ip()}" if self.config.broadcast else group
+        self.consumer_id = build_consumer_id(self.zk_group, self.config.consumer_id)
+        self.offset_store = self.config.offset_store
+        if self.config.broadcast and self.offset_store is None:
+            path = self.config.offset_file or str(
+                _state_dir() / "broadcast" / self.zk_group / f"{self.consumer_id}.json")
+            self.offset_store = LocalFileOffsetStore(path)
+        self._dispatcher: ConcurrentDispatcher | None = None
+        if self.config.consume_mode == "concurrent":
+            self._dispatcher = ConcurrentDispatcher(
+                workers=self.config.consume_threads, name=f"metaq-consume-{self.consumer_id}")
         self._codec = get_codec(self.config.codec)
         self._subs: dict[str, _Subscription] = {}
         self._on_error = on_error
@@ -122,8 +152,13 @@ class MessageConsumer:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def subscribe(self, topic: str, listener: Any, *, max_size: int = MIB) -> MessageConsumer:
-        """Consume ``topic`` with ``listener``; call before :meth:`start`."""
+    def subscribe(self, topic: str, listener: Any, *, max_size: int = MIB,
+                  auto_ack: bool = True) -> MessageConsumer:
+        """Consume ``topic`` with ``listener``; call before :meth:`start`.
+
+        With ``auto_ack=False`` progress stays tentative until :meth:`ack`;
+        :meth:`rollback` delivers again from the last acknowledged message.
+        """
         self._check_open()
         if self._started:
             raise ConsumerError("subscribe() must be called before start()")
@@ -135,9 +170,13 @@ class MessageConsumer:
                               f"{self.config.max_fetch_size}")
         batch = getattr(listener, "on_messages", None)
         if batch is not None and callable(batch):
-            sub = _Subscription(topic, None, batch, max_size)
+            if self._dispatcher is not None or not auto_ack:
+                raise ConfigError("a batch listener works in orderly auto-ack mode only")
+            sub = _Subscription(topic, None, batch, max_size, auto_ack)
         elif callable(listener):
-            sub = _Subscription(topic, listener, None, max_size)
+            if self._dispatcher is not None and not auto_ack:
+                raise ConfigError("manual ack works in orderly mode only")
+            sub = _Subscription(topic, listener, None, max_size, auto_ack)
         else:
             raise ConfigError("listener must be callable or have on_messages(batch)")
         if topic in self._subs:
@@ -185,6 +224,8 @@ class MessageConsumer:
         if self._started:
             self._coordinator.close(timeout)
         self.fetcher.close(timeout)
+        if self._dispatcher is not None:
+            self._dispatcher.close(timeout)
         self._rejecter.close()
         if self._own_client:
             try:
@@ -279,7 +320,8 @@ class MessageConsumer:
         }
 
     def threads(self) -> list[threading.Thread]:
-        return [self._coordinator.thread, *self.fetcher.threads]
+        extra = self._dispatcher.threads if self._dispatcher is not None else []
+        return [self._coordinator.thread, *self.fetcher.threads, *extra]
 
     def errors(self) -> list[BaseException]:
         with self._lock:
@@ -322,13 +364,63 @@ class MessageConsumer:
             offset, msg_id = -1, -1  # resolved by the fetcher from the broker's log end
         else:
             offset, msg_id = 0, -1
-        return PartitionFetch(
+        pf = PartitionFetch(
             topic=topic, partition=partition, broker_id=broker_id,
             index=int(partition.split("-", 1)[1]), broker_address=address, offset=offset,
             msg_id=msg_id, max_size=sub.max_size, listener=sub.listener,
             batch_listener=sub.batch_listener, codec=self._codec,
             verify=self.config.verify_checksums, max_retries=self.config.max_fetch_retries,
             reject=self._reject, epoch=epoch)
+        pf.auto_ack = sub.auto_ack
+        if self._dispatcher is not None:
+            cfg = self.config
+            pf.dispatcher, pf.inflight = self._dispatcher, InFlight()
+            pf.flow = (cfg.pull_threshold_messages, cfg.pull_threshold_bytes, cfg.max_span)
+        return pf
+
+    def drain(self, pf: PartitionFetch, timeout: float = 2.0) -> None:
+        """Concurrent mode: give in-flight messages of a leaving partition a moment to
+        finish, so fewer are delivered again by the next owner."""
+        if self._dispatcher is not None and pf.inflight is not None:
+            self._dispatcher.wait_idle(pf, timeout)
+
+    # -- control ---------------------------------------------------------------
+
+    def _state_of(self, topic: str, partition: str) -> PartitionFetch:
+        pf = self._coordinator.fetch_state(topic, partition)
+        if pf is None:
+            raise ConsumerError(f"{topic}/{partition} is not assigned to {self.consumer_id}")
+        return pf
+
+    def ack(self, message: Message) -> None:
+        """Manual ack: everything of the message's partition up to it is done."""
+        pf = self._state_of(message.topic, message.partition)
+        if message.next_offset > pf.acked[1]:
+            pf.acked = (message.msg_id, message.next_offset)
+
+    def rollback(self, topic: str, partition: str) -> None:
+        """Manual ack: deliver again from the last acknowledged message."""
+        self.fetcher.rollback(self._state_of(topic, partition))
+
+    def seek(self, topic: str, partition: str, offset: int) -> None:
+        """Deliver ``topic``/``partition`` from byte ``offset`` next (it must be a
+        message boundary; the broker moves an offset below its log start up)."""
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ConfigError(f"offset must be an int >= 0, got {offset!r}")
+        self.fetcher.seek(self._state_of(topic, partition), offset)
+
+    def seek_to_earliest(self, topic: str, partition: str) -> None:
+        self.fetcher.seek(self._state_of(topic, partition), 0)
+
+    def seek_to_latest(self, topic: str, partition: str) -> None:
+        self.fetcher.seek(self._state_of(topic, partition), -1)  # resolved from the broker
+
+    def pause(self, topic: str, partition: str) -> None:
+        """Stop fetching a partition (it stays assigned) until :meth:`resume`."""
+        self.fetcher.pause(self._state_of(topic, partition))
+
+    def resume(self, topic: str, partition: str) -> None:
+        self.fetcher.unpause(self._state_of(topic, partition))
 
     def _reject(self, message: Message, error: BaseException) -> None:
         self._rejecter(message, error)

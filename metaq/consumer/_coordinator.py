@@ -64,7 +64,7 @@ class State(enum.Enum):
 @dataclass
 class _Owned:
     pf: PartitionFetch
-    ownership: Ownership
+    ownership: Ownership | None  # None in broadcast mode: nothing is owned exclusively
     committed: tuple[int, int]  # (msg_id, offset) last written
 
 
@@ -84,12 +84,14 @@ class Coordinator:
         self._cfg = consumer.config
         self._client = client
         self._layout = consumer.layout
-        self._group = self._cfg.group
+        self._group = consumer.zk_group  # <group>-<ip> in broadcast mode, as Metaq names it
+        self._broadcast = self._cfg.broadcast
         self.consumer_id: str = consumer.consumer_id
         self._strategy = get_strategy(self._cfg.strategy)
         self.fence = SessionFence()
         self.lease = consumer.lease
-        self.store = ZkOffsetStore(client, self._layout, self._group, self.fence)
+        self.store = consumer.offset_store or ZkOffsetStore(client, self._layout, self._group,
+                                                             self.fence)
         self.state = State.INIT
         self.generation = 0
         self.rebalances = 0
@@ -171,6 +173,10 @@ class Coordinator:
             out.setdefault(topic, []).append(part)
         return out
 
+    def fetch_state(self, topic: str, partition: str) -> PartitionFetch | None:
+        owned = self._owned.get((topic, partition))
+        return None if owned is None else owned.pf
+
     def owned(self) -> list[tuple[tuple[str, str], PartitionFetch, tuple[int, int]]]:
         """(key, fetch state, last committed (msg_id, offset)) of every owned partition."""
         return [(k, o.pf, o.committed) for k, o in sorted(list(self._owned.items()))]
@@ -217,7 +223,7 @@ class Coordinator:
                 if time.monotonic() >= self._next_commit:
                     self._next_commit = time.monotonic() + self._cfg.commit_period
                     if self._client.connected:
-                        self._guarded(self.commit_all)
+                        self._guarded(self.commit_all, retry=False)
         except BaseException as e:  # noqa: BLE001 - must reach the user
             log.exception("coordinator of %s died", self.consumer_id)
             self._c.report_error(e, None)
@@ -248,13 +254,21 @@ class Coordinator:
             due.append(self._next_zk_retry)
         return max(0.0, min(due) - now)
 
-    def _guarded(self, step: Callable[[], None]) -> None:
-        """Run a ZooKeeper step; on a ZooKeeper failure retry it later with backoff."""
+    def _guarded(self, step: Callable[[], None], *, retry: bool = True) -> None:
+        """Run a ZooKeeper step.  A failed rebalance (``retry``) is retried with backoff;
+        only its own success clears that retry (a commit tick succeeding says nothing
+        about a registration that failed).  A failed commit waits for the next tick."""
         try:
             step()
-            self._zk_failures = 0
-            self._next_zk_retry = 0.0
+            if retry:
+                self._zk_failures = 0
+                self._next_zk_retry = 0.0
         except (KazooException, CoordinationError, MetaqError, OSError) as e:
+            if not retry:
+                log.warning("group %s consumer %s gen %d: %s failed (%r); next period retries",
+                            self._group, self.consumer_id, self.generation,
+                            getattr(step, "__name__", step), e)
+                return
             self._zk_failures += 1
             wait = min(5.0, 0.05 * 2 ** min(self._zk_failures, 7)) * (0.5 + random.random())
             self._next_zk_retry = time.monotonic() + wait
@@ -303,6 +317,9 @@ class Coordinator:
         except NodeExistsError:
             _, stat = self._client.get(path)
             if stat.ephemeralOwner != session:
+                # a predecessor's session (e.g. this process restarted after kill -9) still
+                # holds our id: rebalance the moment its node goes, backoff retries meanwhile
+                self._client.exists(path, watch=self.request_rebalance)
                 raise CoordinationError(
                     f"consumer id {self.consumer_id} is registered by another session "
                     f"(0x{stat.ephemeralOwner:x}); waiting for it to expire") from None
@@ -324,8 +341,11 @@ class Coordinator:
         for topic in self._c.topics():
             members = topo.members.get(topic, [])
             parts = topo.partitions.get(topic, [])
-            share = self._strategy(members, parts, me=self.consumer_id,
-                                   previous=topo.owners.get(topic) or None)
+            if self._broadcast:
+                share = parts  # every member consumes every partition, owning none
+            else:
+                share = self._strategy(members, parts, me=self.consumer_id,
+                                       previous=topo.owners.get(topic) or None)
             for p in share:
                 target[(topic, p)] = int(p.split("-", 1)[0])
         release = [k for k in self._owned if k not in target]
@@ -360,9 +380,10 @@ class Coordinator:
         if not self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout):
             raise CoordinationError(f"partition {key} still busy after close_timeout")
         self._c.on_revoked(key, owned.pf)
+        self._c.drain(owned.pf)
         self._commit_one(key, owned)
         with self.fence.lock:
-            if self.fence.epoch == owned.ownership.epoch:
+            if owned.ownership is not None and self.fence.epoch == owned.ownership.epoch:
                 pending = self._client.delete_async(owned.ownership.owner_path,
                                                     owned.ownership.version)
             else:
@@ -380,6 +401,9 @@ class Coordinator:
                     brokers: dict[int, tuple[str, int] | None]) -> None:
         """Claim partitions with ephemeral owner nodes, pipelined on the one connection."""
         if not keys:
+            return
+        if self._broadcast:
+            self._start_fetching(keys, target, brokers, {k: None for k in keys})
             return
         epoch = self.fence.epoch
         session = self._client.client_id[0]
@@ -405,16 +429,21 @@ class Coordinator:
                 won[k] = stat.version  # ours already (a rebalance retried after a failure)
             else:
                 self._retry_claim(k, holder.decode("utf-8", "replace"))
-        stored = self.store.load_many([k for k in keys if k in won])
+        self._start_fetching([k for k in keys if k in won], target, brokers,
+                             {k: Ownership(owner_path=paths[k], version=v, epoch=epoch)
+                              for k, v in won.items()})
+
+    def _start_fetching(self, keys: list[tuple[str, str]], target: dict[tuple[str, str], int],
+                        brokers: dict[int, tuple[str, int] | None],
+                        ownership: dict[tuple[str, str], Ownership | None]) -> None:
+        epoch = self.fence.epoch
+        stored = self.store.load_many(keys)
         for k in keys:
-            if k not in won:
-                continue
             self._claims.pop(k, None)
             broker_id = target[k]
             pf = self._c.new_fetch(k[0], k[1], broker_id, brokers.get(broker_id),
                                    stored.get(k), epoch)
-            ownership = Ownership(owner_path=paths[k], version=won[k], epoch=epoch)
-            self._owned[k] = _Owned(pf, ownership, (pf.msg_id, pf.offset))
+            self._owned[k] = _Owned(pf, ownership[k], pf.commit_position())
             self._c.on_assigned(k)
             self._c.fetcher.add(pf)
 
@@ -438,8 +467,8 @@ class Coordinator:
 
     def _commit_one(self, key: tuple[str, str], owned: _Owned) -> None:
         pf = owned.pf
-        now = (pf.msg_id, pf.offset)
-        if now == owned.committed or pf.offset < 0:
+        now = pf.commit_position()
+        if now == owned.committed or now[1] < 0:
             return
         try:
             self.store.commit(key[0], key[1], now[0], now[1], owned.ownership)

@@ -44,6 +44,22 @@ __all__ = ["FetchManager"]
 log = logging.getLogger(__name__)
 
 _LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
+_FLOW_POLL = 0.02  # seconds between looks at a flow-controlled partition
+
+
+def _apply_control(pf: PartitionFetch) -> None:
+    """Apply a seek or a rollback asked for by another thread (runner holds ``pf``)."""
+    if pf.rollback:
+        pf.rollback = False
+        pf.msg_id, pf.offset = pf.acked
+    to = pf.seek_to
+    if to is not None:
+        pf.seek_to = None
+        pf.offset, pf.msg_id = to, -1
+        if not pf.auto_ack:
+            pf.acked = (-1, to)
+    pf.ready = None  # bytes fetched ahead belong to the old position
+    pf.retry_offset, pf.retry_count, pf.retry_delay = -1, 0, None
 
 ErrorHandler = Callable[[BaseException, "PartitionFetch | None"], None]
 
@@ -107,6 +123,25 @@ class FetchManager:
                     return False
                 self._cond.wait(left)
         return True
+
+    def seek(self, pf: PartitionFetch, offset: int) -> None:
+        """Deliver ``pf`` from ``offset`` next (applied before its next fetch)."""
+        pf.seek_to = offset
+        self.wake(pf)
+
+    def rollback(self, pf: PartitionFetch) -> None:
+        """Manual ack: deliver again from the last acknowledged position."""
+        pf.rollback = True
+        self.wake(pf)
+
+    def pause(self, pf: PartitionFetch) -> None:
+        with self._cond:
+            pf.paused = True
+
+    def unpause(self, pf: PartitionFetch) -> None:
+        with self._cond:
+            pf.paused = False
+        self.wake(pf)
 
     def suspend(self) -> None:
         """Stop handing out partitions (ZooKeeper connection uncertain)."""
@@ -201,6 +236,10 @@ class FetchManager:
 
     def _fetch_once(self, pf: PartitionFetch,
                     connections: dict[tuple[str, int], BrokerConnection]) -> float:
+        if pf.seek_to is not None or pf.rollback:
+            _apply_control(pf)
+        if pf.inflight is not None and pf.inflight.blocked(*pf.flow):
+            return _FLOW_POLL  # flow control: too much of this partition is in flight
         address = pf.broker_address
         if address is None:
             pf.ready = None

@@ -11,18 +11,22 @@ current one (see :class:`SessionFence`), so a consumer whose ownership moved
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
-from metaq._errors import CoordinationError
+from metaq._errors import CoordinationError, StorageError
 from zk_layout import Layout, StoredOffset, decode_offset, encode_offset
 
-__all__ = ["OffsetStore", "ZkOffsetStore", "SessionFence", "Ownership", "StaleOwnershipError"]
+__all__ = ["OffsetStore", "ZkOffsetStore", "LocalFileOffsetStore", "SessionFence", "Ownership",
+           "StaleOwnershipError"]
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +154,58 @@ class ZkOffsetStore:
                 self._client.create(path, data)
             except NodeExistsError:
                 self._client.set(path, data)
+
+
+class LocalFileOffsetStore:
+    """Offsets in a local JSON file (broadcast mode: each member keeps its own progress).
+
+    Written atomically (temporary file, fsync, rename, fsync of the directory) so a
+    crash leaves either the previous or the new content, never a torn file.
+    Values use Metaq's ``<msgId>-<offset>`` text, keys are ``<topic>/<partition>``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._data: dict[str, str] = {}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                raw = json.loads(self.path.read_text("utf-8"))
+                if not isinstance(raw, dict) or not all(
+                        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+                    raise ValueError("expected an object of strings")
+                for k, v in raw.items():
+                    decode_offset(v.encode(), f"{self.path}:{k}")
+                self._data = raw
+        except (OSError, ValueError) as e:
+            raise StorageError(f"offset file {self.path} cannot be used: {e}") from None
+
+    def load(self, topic: str, partition: str) -> StoredOffset | None:
+        v = self._data.get(f"{topic}/{partition}")
+        return None if v is None else decode_offset(v.encode(), str(self.path))
+
+    def load_many(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], StoredOffset]:
+        out = {}
+        for k in keys:
+            v = self.load(*k)
+            if v is not None:
+                out[k] = v
+        return out
+
+    def commit(self, topic: str, partition: str, msg_id: int, offset: int,
+               ownership: Ownership | None) -> None:
+        with self._lock:
+            self._data[f"{topic}/{partition}"] = encode_offset(
+                StoredOffset(offset=offset, msg_id=msg_id)).decode()
+            tmp = self.path.with_suffix(".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(self._data, f, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+            fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

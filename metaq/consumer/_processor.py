@@ -18,6 +18,7 @@ from typing import Any
 
 from metaq._codec import Codec
 from metaq._errors import ChecksumError
+from metaq.consumer._concurrent import RECONSUME_LATER, ReconsumeLater
 from metaq.consumer._message import Message, message_classes
 
 try:  # ISA-L's CRC32 (same polynomial as zlib) is 4-8x faster on message-sized buffers
@@ -116,6 +117,26 @@ class PartitionFetch:
         self.ready: bytes | None = None
         self.ready_offset = -1
         self.ready_address: tuple[str, int] | None = None
+        # control requests, applied by the runner before its next fetch
+        self.seek_to: int | None = None
+        self.rollback = False
+        # manual acknowledgement: progress to commit is what was acked
+        self.auto_ack = True
+        self.acked: tuple[int, int] = (msg_id, offset)
+        # concurrent mode: the pool and the in-flight tracker (None when orderly)
+        self.dispatcher: Any = None
+        self.inflight: Any = None
+        self.flow: tuple[int, int, int] = (1000, 100 * 1024 * 1024, 2000)
+
+    def commit_position(self) -> tuple[int, int]:
+        """(msgId, offset) safe to commit: nothing before it is unfinished or unacked."""
+        if self.inflight is not None:
+            low = self.inflight.low()
+            if low is not None:
+                return low[1], low[0]
+        if not self.auto_ack:
+            return self.acked
+        return self.msg_id, self.offset
 
     def __repr__(self) -> str:
         return f"PartitionFetch({self.topic}/{self.partition} @ {self.offset})"
@@ -188,6 +209,10 @@ def process_batch(pf: PartitionFetch, data: bytes | bytearray | memoryview) -> B
         data = bytes(data)  # one copy; slicing bytes is the cheapest way to the bodies
     if pf.batch_listener is not None:
         return _deliver_batch(pf, data)
+    if pf.dispatcher is not None:
+        return _deliver_concurrent(pf, data)
+    if not pf.auto_ack:
+        return _deliver_manual(pf, data)
     return _deliver_each(pf, data)
 
 
@@ -224,7 +249,8 @@ def _deliver_each(pf: PartitionFetch, data: bytes) -> BatchResult:
                     break
                 m = (plain if not flag else with_attribute if flag & 1 else plain)(
                     (topic, partition, base + pos, base + end, msg_id, flag, payload, codec))
-                listener(m)
+                if listener(m) is RECONSUME_LATER:
+                    raise ReconsumeLater()
                 pos = end
             break
         except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
@@ -274,7 +300,8 @@ def _deliver_batch(pf: PartitionFetch, data: bytes) -> BatchResult:
         if not batch:
             break
         try:
-            listener(batch)
+            if listener(batch) is RECONSUME_LATER:
+                raise ReconsumeLater()
         except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
             if not _fail(pf, batch[0], exc):
                 break
@@ -289,6 +316,62 @@ def _deliver_batch(pf: PartitionFetch, data: bytes) -> BatchResult:
             break
     if not consumed:
         return BatchResult(0, None if pf.retry_delay is not None else _stop_at_start(pf, data))
+    return _progress(pf, consumed)
+
+
+def _walk(pf: PartitionFetch, data: bytes):  # noqa: ANN202 - a generator of messages
+    """Messages of ``data`` in order, checksums verified; stops at the first bad or cut one."""
+    topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
+    plain, with_attribute = message_classes(codec)
+    n, pos = len(data), 0
+    while pos + 20 <= n:
+        length, check, msg_id, flag = _unpack_header(data, pos)
+        end = pos + 20 + length
+        if end > n:
+            return
+        payload = data[pos + 20:end]
+        if pf.verify and _crc32(payload) & 0x7FFFFFFF != check:
+            return
+        yield (plain if not flag else with_attribute if flag & 1 else plain)(
+            (topic, partition, base + pos, base + end, msg_id, flag, payload, codec))
+        pos = end
+
+
+def _deliver_manual(pf: PartitionFetch, data: bytes) -> BatchResult:
+    """Manual-ack mode: progress per message, a rollback stops the batch at once."""
+    consumed = 0
+    listener = pf.listener
+    assert listener is not None
+    for m in _walk(pf, data):
+        try:
+            if listener(m) is RECONSUME_LATER:
+                raise ReconsumeLater()
+        except Exception as exc:  # noqa: BLE001
+            if not _fail(pf, m, exc):
+                break
+        consumed += 1
+        pf.offset, pf.msg_id = m[3], m[4]
+        if pf.rollback:
+            break
+    if not consumed:
+        return BatchResult(0, None if pf.retry_delay is not None
+                           else _stop_at_start(pf, data))
+    return _progress(pf, consumed)
+
+
+def _deliver_concurrent(pf: PartitionFetch, data: bytes) -> BatchResult:
+    """Concurrent mode: hand each message to the pool; fetching moves on at once."""
+    consumed = 0
+    inflight, submit = pf.inflight, pf.dispatcher.submit
+    prev = pf.msg_id
+    for m in _walk(pf, data):
+        inflight.add(m[2], prev, m[3] - m[2])
+        submit(pf, m)
+        prev = m[4]
+        consumed += 1
+        pf.offset, pf.msg_id = m[3], m[4]
+    if not consumed:
+        return BatchResult(0, _stop_at_start(pf, data))
     return _progress(pf, consumed)
 
 

@@ -11,7 +11,6 @@ import logging
 import threading
 import time
 
-import pytest
 from _chaos_procs import Event, Member
 from _procs import start_broker
 from kazoo.client import KazooClient
@@ -81,12 +80,6 @@ class _Records(logging.Handler):
             self.last = time.monotonic()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "consumer bug: a member whose registration fails (its id still held by the session of "
-    "its crashed predecessor) stops retrying after the first successful periodic commit: "
-    "Coordinator._guarded resets _next_zk_retry after ANY successful step, so "
-    "commit_all() (nothing owned) cancels the pending _rebalance retry; the member then "
-    "never joins the group"))
 def test_member_restarted_before_its_old_session_expired_joins_once_it_does(
         zk_server, zk_connect, zk_client):
     path = f"{L.consumer_ids(GROUP)}/{GROUP}_x"
