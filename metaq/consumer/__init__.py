@@ -1,6 +1,7 @@
 """Consumer side of metaq: ZooKeeper-coordinated consumer groups."""
 
 from metaq.consumer._assignors import STRATEGIES, Strategy, get_strategy
+from metaq.consumer._concurrent import RECONSUME_LATER
 from metaq.consumer._config import ConsumerConfig
 from metaq.consumer._consumer import MessageConsumer
 from metaq.consumer._coordinator import State
@@ -12,6 +13,7 @@ __all__ = [
     "ConsumerConfig",
     "Message",
     "Rewind",
+    "RECONSUME_LATER",
     "State",
     "Strategy",
     "STRATEGIES",
