@@ -38,7 +38,10 @@ first reply read) to the last message delivered, ``time.perf_counter``.  The
 start()-to-last figure (which adds joining the group: ZooKeeper registration,
 rebalance, owner nodes) is printed too.  Medians over ``--runs``.
 
-Run: ``.venv/bin/python bench/bench_consumer.py [--runs 5] [--max-size 1048576]``.
+Also printed: the processing floor, ``process_batch`` alone over one reply
+already in memory (no network, no threads), same listeners.
+
+Run: ``.venv/bin/python bench/bench_consumer.py [--runs 7] [--runners 1]``.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import socket
 import statistics
 import struct
@@ -199,13 +203,15 @@ def _walk(data: bytes) -> tuple[int, int]:
 
 
 def raw_run(port: int, topic: str, partitions: int, max_size: int,
-            ahead: bool) -> tuple[int, int, float]:
-    """Pull a whole topic; (messages, body bytes, seconds from first reply to last walked)."""
+            ahead: bool) -> tuple[int, int, float, float]:
+    """Pull a whole topic; (messages, body bytes, seconds from first reply to last walked,
+    CPU seconds of this thread)."""
     conn = _RawConn(port, max_size)
     name = topic.encode()
     offsets = [0] * partitions
     count = size = 0
     first = 0.0
+    cpu = time.thread_time()
     try:
         if ahead:
             # one get in flight per partition, sent as soon as the previous reply is in,
@@ -245,9 +251,10 @@ def raw_run(port: int, topic: str, partitions: int, max_size: int,
                     count += n
                     size += used - 20 * n
         last = time.perf_counter()
+        cpu = time.thread_time() - cpu
     finally:
         conn.close()
-    return count, size, last - first
+    return count, size, last - first, cpu
 
 
 # -- the consumer --------------------------------------------------------------------------
@@ -272,8 +279,9 @@ class _Clock:
 
 
 def consumer_run(zk: str, topic: str, total: int, mode: str, runners: int, max_size: int,
-                 group: str, timeout: float = 300.0) -> tuple[int, int, float, float]:
-    """(messages, body bytes, seconds first->last, seconds start()->last)."""
+                 group: str, timeout: float = 300.0) -> tuple[int, int, float, float, float]:
+    """(messages, body bytes, seconds first->last, seconds start()->last, CPU seconds of
+    the fetch runner threads, where the listeners run)."""
     clock = _Clock(total)
     count = size = 0
     mark = 1
@@ -305,27 +313,72 @@ def consumer_run(zk: str, topic: str, total: int, mode: str, runners: int, max_s
                                on_error=errors.append)
     try:
         consumer.subscribe(topic, listener, max_size=max_size)
+        clocks = [time.pthread_getcpuclockid(t.ident) for t in consumer.fetcher.threads
+                  if t.ident is not None]
+        cpu = sum(time.clock_gettime(c) for c in clocks)
         t_start = time.perf_counter()
         consumer.start()
         if not clock.done.wait(timeout):
             raise RuntimeError(f"{mode} consumer of {topic} stalled at {count}/{total}: "
                                f"{errors[:3]}")
+        cpu = sum(time.clock_gettime(c) for c in clocks) - cpu
     finally:
         consumer.close()
     if errors:
         raise RuntimeError(f"consumer errors: {errors[:3]}")
-    return count, size, clock.last - clock.first, clock.last - t_start
+    return count, size, clock.last - clock.first, clock.last - t_start, cpu
+
+
+# -- in memory: the processing floor -------------------------------------------------------
+
+def in_memory(size: int, mode: str, max_size: int, reps: int = 30) -> tuple[float, float]:
+    """process_batch alone over ``max_size`` bytes of ``size``-byte messages already in
+    memory (no network, no threads): (best M msg/s wall, best CPU ns per message)."""
+    from metaq._codec import get_codec
+    from metaq._message import encode_message
+    from metaq.consumer._processor import PartitionFetch, process_batch
+
+    per = max_size // (size + 20)
+    data = b"".join(encode_message(i, 0, bytes([i % 251]) * size) for i in range(per))
+    count = total = 0
+
+    def on_message(m):  # noqa: ANN001, ANN202 - same work as the consumer runs
+        nonlocal count, total
+        count += 1
+        total += len(m.body)
+
+    def on_messages(batch):  # noqa: ANN001, ANN202
+        nonlocal count, total
+        s = 0
+        for m in batch:
+            s += len(m.body)
+        count += len(batch)
+        total += s
+
+    best_wall = best_cpu = float("inf")
+    for _ in range(reps):
+        pf = PartitionFetch(topic="t", partition="0-0", broker_id=0, index=0,
+                            broker_address=None, offset=0, msg_id=-1, max_size=max_size,
+                            listener=on_message if mode == "each" else None,
+                            batch_listener=on_messages if mode == "batch" else None,
+                            codec=get_codec("bytes"), verify=True, max_retries=5)
+        w, c = time.perf_counter(), time.thread_time()
+        process_batch(pf, data)
+        best_cpu = min(best_cpu, time.thread_time() - c)
+        best_wall = min(best_wall, time.perf_counter() - w)
+    assert count == per * reps
+    return per / best_wall / 1e6, best_cpu / per * 1e9
 
 
 # -- main ------------------------------------------------------------------------------------
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--max-size", type=int, default=1024 * 1024,
                     help="get max_size, consumer and raw client alike (default 1 MiB)")
-    ap.add_argument("--runners", type=int, default=2, help="fetch_runner_count (default 2)")
+    ap.add_argument("--runners", type=int, default=1, help="fetch_runner_count (default 1)")
     ap.add_argument("--topics", default="small,large")
     ap.add_argument("--modes", default="each,batch")
     ap.add_argument("--scale", type=float, default=1.0,
@@ -356,23 +409,29 @@ def main() -> None:
             print(f"loaded {topic}: {count} x {size} B in {took:.1f}s", flush=True)
         print(f"crc32: {CRC32_IMPL}; max_size {args.max_size}; partitions {args.partitions}; "
               f"fetch_runner_count {args.runners}; {args.runs} runs", flush=True)
+        floor = {(t, m): in_memory(size, m, args.max_size)
+                 for t, (_count, size) in topics.items() for m in modes}
 
         for run in range(args.runs):
             for topic, (count, size) in topics.items():
                 want = (count, expected_bytes(count, size))
                 best = None
+                raw_cpu = 0.0
                 for ahead in (False, True):
-                    n, b, secs = raw_run(broker.port, topic, args.partitions, args.max_size,
-                                         ahead)
+                    n, b, secs, cpu = raw_run(broker.port, topic, args.partitions,
+                                              args.max_size, ahead)
                     if (n, b) != want:
                         raise RuntimeError(f"raw read {n} messages / {b} B of {topic}, "
                                            f"want {want}")
                     kind = "raw-ahead" if ahead else "raw-serial"
-                    results.setdefault(f"{topic}/{kind}", []).append({"rate": n / secs})
-                    best = max(best or 0.0, n / secs)
-                results.setdefault(f"{topic}/raw", []).append({"rate": best or 0.0})
+                    results.setdefault(f"{topic}/{kind}", []).append(
+                        {"rate": n / secs, "cpu_ns": cpu / n * 1e9})
+                    if n / secs > (best or 0.0):
+                        best, raw_cpu = n / secs, cpu / n * 1e9
+                results.setdefault(f"{topic}/raw", []).append({"rate": best or 0.0,
+                                                               "cpu_ns": raw_cpu})
                 for mode in modes:
-                    n, b, secs, from_start = consumer_run(
+                    n, b, secs, from_start, cpu = consumer_run(
                         zk_connect, topic, count, mode, args.runners, args.max_size,
                         f"bench-{topic}-{mode}-{run}")
                     if (n, b) != want:
@@ -380,31 +439,44 @@ def main() -> None:
                                            f"{topic}, want {want}")
                     results.setdefault(f"{topic}/{mode}", []).append(
                         {"rate": n / secs, "rate_from_start": n / from_start,
-                         "ratio": (n / secs) / best if best else 0.0})
+                         "ratio": (n / secs) / best if best else 0.0,
+                         "cpu_ns": cpu / n * 1e9, "load": os.getloadavg()[0]})
                 line = "  ".join(
                     f"{k.split('/')[1]} {v[-1]['rate'] / 1e6:.2f}"
                     for k, v in results.items() if k.startswith(topic + "/"))
                 print(f"run {run + 1} {topic}: {line} (M msg/s)", flush=True)
 
     print()
+    print(f"medians of {args.runs} runs; M msg/s from the first message delivered to the last; "
+          f"CPU = fetch runner threads (raw: its one thread), ns per message")
     print(f"{'topic':<6} {'listener':<8} {'M msg/s':>8} {'from start':>10} {'raw M/s':>8} "
-          f"{'ratio':>6}   (medians of {args.runs} runs)")
+          f"{'ratio':>6} {'CPU ns':>7} {'CPU ratio':>9}")
     for topic in topics:
         raw = statistics.median(r["rate"] for r in results[f"{topic}/raw"])
+        raw_cpu = statistics.median(r["cpu_ns"] for r in results[f"{topic}/raw"])
         serial = statistics.median(r["rate"] for r in results[f"{topic}/raw-serial"])
         ahead = statistics.median(r["rate"] for r in results[f"{topic}/raw-ahead"])
-        print(f"{topic:<6} {'raw':<8} {raw / 1e6:>8.2f} {'':>10} {'':>8} {'':>6}   "
-              f"(serial {serial / 1e6:.2f}, ahead {ahead / 1e6:.2f})")
+        print(f"{topic:<6} {'raw':<8} {raw / 1e6:>8.2f} {'':>10} {'':>8} {'':>6} "
+              f"{raw_cpu:>7.0f} {'':>9}   (serial {serial / 1e6:.2f}, ahead {ahead / 1e6:.2f})")
         for mode in modes:
             rs = results[f"{topic}/{mode}"]
             rate = statistics.median(r["rate"] for r in rs)
             start = statistics.median(r["rate_from_start"] for r in rs)
             ratio = statistics.median(r["ratio"] for r in rs)
+            cpu = statistics.median(r["cpu_ns"] for r in rs)
             print(f"{topic:<6} {mode:<8} {rate / 1e6:>8.2f} {start / 1e6:>10.2f} "
-                  f"{raw / 1e6:>8.2f} {ratio:>6.0%}")
+                  f"{raw / 1e6:>8.2f} {ratio:>6.0%} {cpu:>7.0f} {raw_cpu / cpu:>9.0%}")
+    print()
+    print("in memory (process_batch alone on one max_size reply, no network; best of 30):")
+    for (topic, mode), (rate, cpu) in floor.items():
+        print(f"{topic:<6} {mode:<8} {rate:>8.2f} M msg/s {cpu:>7.0f} CPU ns/msg")
+    loads = [r["load"] for k, v in results.items() for r in v if "load" in r]
+    print(f"load average during the runs: {min(loads):.1f} .. {max(loads):.1f} "
+          f"(other work on this machine skews wall-clock numbers; CPU ns much less)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "crc32": CRC32_IMPL,
-                                               "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {"args": vars(args), "crc32": CRC32_IMPL, "results": results,
+             "in_memory": {f"{t}/{m}": v for (t, m), v in floor.items()}}, indent=1))
 
 
 if __name__ == "__main__":
