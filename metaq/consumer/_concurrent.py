@@ -17,10 +17,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["InFlight", "ConcurrentDispatcher", "RECONSUME_LATER", "ReconsumeLater"]
@@ -101,7 +101,12 @@ class ConcurrentDispatcher:
 
     def __init__(self, *, workers: int, name: str, backoff: float = 0.5,
                  max_backoff: float = 30.0) -> None:
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+        # plain threads on a C queue: no Future per message (ThreadPoolExecutor's cost)
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._workers = [threading.Thread(target=self._work_loop, name=f"{name}-{i}",
+                                          daemon=True) for i in range(workers)]
+        for t in self._workers:
+            t.start()
         self._backoff = backoff
         self._max_backoff = max_backoff
         self._cond = threading.Condition()
@@ -113,7 +118,15 @@ class ConcurrentDispatcher:
         self._thread.start()
 
     def submit(self, pf: Any, message: Any, attempt: int = 0) -> None:
-        self._pool.submit(self._run, pf, message, attempt)
+        self._work.put((pf, message, attempt))
+
+    def _work_loop(self) -> None:
+        get, run = self._work.get, self._run
+        while True:
+            item = get()
+            if item is None:
+                return
+            run(*item)
 
     def _run(self, pf: Any, m: Any, attempt: int) -> None:
         listener: Callable[[Any], Any] = pf.listener
@@ -157,7 +170,7 @@ class ConcurrentDispatcher:
                     return
                 _, _, pf, m, attempt = heapq.heappop(self._retries)
             if pf.active:  # a revoked partition's message is not committed: the next
-                self._pool.submit(self._run, pf, m, attempt)  # owner delivers it again
+                self._work.put((pf, m, attempt))  # owner delivers it again
 
     def wait_idle(self, pf: Any, timeout: float) -> bool:
         """Wait until ``pf`` has nothing in flight (True) or ``timeout`` passes."""
@@ -170,11 +183,14 @@ class ConcurrentDispatcher:
 
     @property
     def threads(self) -> list[threading.Thread]:
-        return [self._thread, *getattr(self._pool, "_threads", ())]
+        return [self._thread, *self._workers]
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._thread.join(timeout)
+        for _ in self._workers:
+            self._work.put(None)  # after the queued work: in-flight messages finish first
+        deadline = time.monotonic() + timeout
+        for t in [*self._workers, self._thread]:
+            t.join(max(0.0, deadline - time.monotonic()))
