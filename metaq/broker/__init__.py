@@ -19,6 +19,7 @@ import logging
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -174,6 +175,8 @@ class Broker:
                 self._registry = reg
             tasks.append(loop.create_task(self._flush_loop(), name="metaq-broker-flush"))
             tasks.append(loop.create_task(self._retention_loop(), name="metaq-broker-retention"))
+            if cfg.idle_timeout > 0:
+                tasks.append(loop.create_task(self._idle_loop(), name="metaq-broker-idle"))
             self._running = True
             log.info("broker %d serving on %s:%d (%s)", cfg.broker_id, cfg.host, self.port,
                      VERSION)
@@ -202,6 +205,18 @@ class Broker:
                 self._storage.flush_due(interval)
             except Exception:
                 log.exception("interval flush failed")
+
+    async def _idle_loop(self) -> None:
+        """Close connections that sent nothing for ``idle_timeout`` seconds."""
+        limit = self.config.idle_timeout
+        while True:
+            await asyncio.sleep(min(limit / 4, 30.0))
+            now = time.monotonic()
+            for conn in list(self._server.connections):
+                if conn.idle_for(now) > limit:
+                    log.info("closing %s: idle for over %gs", conn.peer, limit)
+                    self._server.stats["idle_closed"] += 1
+                    conn.abort(f"idle for over {limit:g}s")
 
     async def _retention_loop(self) -> None:
         while True:  # once at start, then every retention_check_interval

@@ -116,6 +116,9 @@ class BrokerConfig:
     max_inflight_requests: int = 100_000
     #: Most simultaneous client connections; more are closed at once.
     max_connections: int = 10_000
+    #: Close a connection that sent nothing for this long, seconds (0: never).  Metaq
+    #: clients send ``version`` heartbeats, so live ones are never idle this long.
+    idle_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         _int("broker_id", self.broker_id, 0, 1023)
@@ -165,6 +168,9 @@ class BrokerConfig:
         _int("max_pending_bytes", self.max_pending_bytes, 64 * 1024)
         _int("max_inflight_requests", self.max_inflight_requests, 1)
         _int("max_connections", self.max_connections, 1)
+        if isinstance(self.idle_timeout, bool) or not isinstance(self.idle_timeout, (int, float)) \
+                or self.idle_timeout < 0:
+            raise ConfigError(f"idle_timeout must be a number >= 0, got {self.idle_timeout!r}")
 
     @property
     def group_commit(self) -> bool:

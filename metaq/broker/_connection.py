@@ -12,6 +12,7 @@ import asyncio
 import collections
 import logging
 import socket
+import time
 from typing import TYPE_CHECKING
 
 from metaq._errors import ProtocolError
@@ -82,6 +83,7 @@ class Connection(asyncio.Protocol):
         self._quit = False            # no more requests are read (quit, fatal error, EOF)
         self._write_paused = False
         self._read_paused = False
+        self.last_seen = time.monotonic()  # last bytes received, for the idle timeout
 
     # -- asyncio callbacks -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,6 +104,7 @@ class Connection(asyncio.Protocol):
         srv.connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self.last_seen = time.monotonic()
         if self._closing or self._quit:
             return
         try:
@@ -129,6 +132,10 @@ class Connection(asyncio.Protocol):
             if type(item) is FileReply:
                 item.plog.unpin(item.slice)
         self._outq.clear()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since this client last sent bytes, 0 while replies are still queued."""
+        return 0.0 if self._outq or self._busy else now - self.last_seen
 
     def pause_writing(self) -> None:
         self._write_paused = True
