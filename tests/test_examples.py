@@ -46,3 +46,15 @@ def test_producer_then_consumers_then_inspection(zk_connect, cluster):
     assert "topic orders: 3 partitions" in out
     assert "group billing: 0 members" in out and "group reports: 0 members" in out
     assert re.search(r"orders 0-0: owner=None committed=\d+", out)
+
+
+def test_broadcast_and_manual_ack_examples(zk_connect, cluster, tmp_path):
+    run("producer.py", "--zk", zk_connect, "--topic", TOPIC, "--count", "60")
+    for member in ("n1", "n2"):
+        out = run("broadcast_consumer.py", "--zk", zk_connect, "--topic", TOPIC, "--group",
+                  "caches", "--id", member, "--state-dir", str(tmp_path), "--count", "60")
+        assert re.search(rf"member {member} of caches-\S+ got 60 messages", out), out
+        assert (tmp_path / f"{member}.offsets").exists()
+    out = run("manual_ack_consumer.py", "--zk", zk_connect, "--topic", TOPIC, "--group",
+              "ledger", "--count", "60", "--fail-first-write")
+    assert "wrote 60 messages with 1 rollback(s)" in out
