@@ -172,3 +172,15 @@ def test_a_bad_attribute_length_is_named() -> None:
     where = Where(topic="t", partition="0-0", broker_id=0)
     with pytest.raises(MessageError, match="bad attribute length 1000"):
         chunk_to_batch(memoryview(buf), walk(memoryview(buf)), 0, where, arrow_schema())
+
+
+def test_metaq_imports_without_pyspark() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, metaq, metaq.consumer, metaq.producer, metaq.broker\n"
+            "assert 'pyspark' not in sys.modules and 'pyarrow' not in sys.modules, "
+            "sorted(m for m in sys.modules if m.startswith(('pyspark', 'pyarrow')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, timeout=60)
+    assert out.returncode == 0, out.stderr
