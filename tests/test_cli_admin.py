@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -114,3 +115,13 @@ def test_bad_arguments_are_named_with_exit_2(zk_connect, args, code, needle):
 def test_unreachable_zookeeper_exits_1():
     out = metaq("group", "list", "--zk", f"127.0.0.1:{free_port()}", "--timeout", "1")
     assert out.returncode == 1 and "cannot reach ZooKeeper" in out.stderr
+
+
+def test_produce_progress_bar_and_rate(zk_connect, cluster):
+    out = metaq("produce", "--zk", zk_connect, "--topic", TOPIC, "--count", "3000",
+                "--progress")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "acknowledged 3000 of 3000 messages"
+    last = out.stderr.split("\r")[-1]
+    assert "[" + "#" * 30 + "] 3000/3000" in last and "acknowledged 3000" in last
+    assert re.search(r"[\d,]+ msg/s", last)

@@ -80,6 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="most messages in flight per broker (default %(default)s)")
     p.add_argument("--sync", action="store_true",
                    help="send one message at a time, waiting for each acknowledgement")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar and the rate on stderr (default: when it is a tty)")
     p.add_argument("--print", dest="print_", action="store_true",
                    help="print '<partition> <offset> <msgId>' per acknowledged message")
     p.set_defaults(func=run)
@@ -91,6 +93,20 @@ def lines(stream: BinaryIO) -> Iterator[bytes]:
         if line.endswith(b"\n"):
             line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
         yield line
+
+
+def _progress(acked: int, sent: int, total: int | None, started: float, *,
+              final: bool = False) -> None:
+    """One self-overwriting status line on stderr: a bar when the total is known."""
+    rate = acked / max(time.monotonic() - started, 1e-6)
+    if total:
+        filled = 30 * sent // total
+        head = f"[{'#' * filled}{'.' * (30 - filled)}] {sent}/{total}"
+    else:
+        head = f"sent {sent}"
+    sys.stderr.write(f"\r{head}  acknowledged {acked}  {rate:,.0f} msg/s"
+                     + ("\n" if final else ""))
+    sys.stderr.flush()
 
 
 def generated(count: int, size: int) -> Iterator[bytes]:
@@ -149,11 +165,16 @@ def run(args: argparse.Namespace) -> int:
         source = lines(sys.stdin.buffer)
     tally = _Tally(args.print_)
     started = time.monotonic()
+    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    next_show = started + 0.5
     try:
         with Producer(args.zk, config=config) as producer:
             window: collections.deque[Future] = collections.deque()
             for body in source:
                 tally.sent += 1
+                if show and not tally.sent % 1000 and time.monotonic() >= next_show:
+                    next_show = time.monotonic() + 0.5
+                    _progress(tally.acked, tally.sent, args.count, started)
                 if args.sync:
                     try:
                         tally.acked_one(producer.send(args.topic, body, args.attribute,
@@ -177,6 +198,8 @@ def run(args: argparse.Namespace) -> int:
         if stream is not None:
             stream.close()
     elapsed = time.monotonic() - started
+    if show:
+        _progress(tally.acked, tally.sent, args.count, started, final=True)
     for kind, n in tally.errors.most_common():
         print(f"metaq produce: {n} message(s) failed with {kind}: {tally.examples[kind]}",
               file=sys.stderr)
