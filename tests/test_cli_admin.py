@@ -125,3 +125,14 @@ def test_produce_progress_bar_and_rate(zk_connect, cluster):
     last = out.stderr.split("\r")[-1]
     assert "[" + "#" * 30 + "] 3000/3000" in last and "acknowledged 3000" in last
     assert re.search(r"[\d,]+ msg/s", last)
+
+
+def test_json_logs(zk_connect, cluster):
+    out = metaq("--log-json", "-v", "consume", "--zk", zk_connect, "--group", "jl", "--topic",
+                TOPIC, "--count", "5")
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    assert records and all({"ts", "level", "logger", "thread", "message"} <= r.keys()
+                           for r in records)
+    assert any(r["logger"] == "metaq.consumer._coordinator" and "gen" in r["message"]
+               for r in records)

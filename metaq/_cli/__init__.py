@@ -10,10 +10,24 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
 
 from metaq._errors import ConfigError, MetaqError
+
+
+class JsonFormatter(logging.Formatter):
+    """Structured logs: one JSON object per record."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname,
+               "logger": record.name, "thread": record.threadName,
+               "message": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, ensure_ascii=False)
+
 
 # One line per sub-command module, in the order they appear in --help.
 _COMMAND_MODULES = [
@@ -33,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
+    parser.add_argument("--log-json", action="store_true",
+                        help="log one JSON object per line (time, level, logger, thread, "
+                             "message) for log shippers")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in _COMMAND_MODULES:
@@ -44,7 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = {0: logging.WARNING, 1: logging.INFO}.get(args.verbose, logging.DEBUG)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.log_json:
+        handler = logging.StreamHandler()
+        handler.setFormatter(JsonFormatter())
+        logging.basicConfig(level=level, handlers=[handler])
+    else:
+        logging.basicConfig(level=level,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return int(args.func(args) or 0)
     except ConfigError as e:
