@@ -43,8 +43,11 @@ Metaq's tools show a streaming job's progress like any consumer's.  The write
 happens when Spark plans the next micro-batch (``latestOffset``, whose start
 is the end of the last completed batch; this also records the final batch of
 an ``availableNow`` run) and in ``commit()``; all partitions go in one
-ZooKeeper transaction.  A new query (no checkpoint) starts from the group's
-committed offsets by default (``startingOffsets=group``; earliest where none).
+ZooKeeper transaction.  When a running query is stopped, ZooKeeper can trail the
+checkpoint by the last micro-batch: :func:`commit_query_offsets` publishes
+the final position after ``query.stop()``.  A new query (no checkpoint)
+starts from the group's committed offsets by default
+(``startingOffsets=group``; earliest where none).
 
 A streaming query does not register as a group member and owns no
 partitions: it reads *every* partition of its topics, which a member of a
@@ -70,7 +73,12 @@ from metaq.spark._cluster import LiveGroupError
 from metaq.spark._fetch import FetchSettings, RangeMessage, fetch_range
 from metaq.spark._options import OffsetSpec, SourceOptions
 from metaq.spark._ranges import OffsetRange
-from metaq.spark._rdd import commit_ranges, foreach_partition, offset_ranges
+from metaq.spark._rdd import (
+    commit_query_offsets,
+    commit_ranges,
+    foreach_partition,
+    offset_ranges,
+)
 from metaq.spark._source import MetaqDataSource, spark_schema
 
 __all__ = [
@@ -86,6 +94,7 @@ __all__ = [
     "fetch_range",
     "foreach_partition",
     "commit_ranges",
+    "commit_query_offsets",
     "msg_id_timestamp",
     "LiveGroupError",
 ]

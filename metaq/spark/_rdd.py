@@ -33,7 +33,7 @@ from metaq.spark._options import (
 )
 from metaq.spark._ranges import OffsetRange, plan_ranges
 
-__all__ = ["offset_ranges", "foreach_partition", "commit_ranges"]
+__all__ = ["offset_ranges", "foreach_partition", "commit_ranges", "commit_query_offsets"]
 
 log = logging.getLogger(__name__)
 
@@ -164,3 +164,40 @@ def foreach_partition(spark: Any, ranges: Iterable[OffsetRange],
     log.info("foreach_partition: %d ranges done, committed %s for group %s", len(ranges),
              committed, group)
     return committed
+
+
+def commit_query_offsets(query: Any, *, zk_connect: str, group: str, zk_root: str = "/meta",
+                         zk_timeout: float = 15.0) -> dict[tuple[str, str], int]:
+    """Publish a streaming query's last completed position to ZooKeeper.
+
+    A running query writes its position when it plans the next micro-batch, so
+    after ``query.stop()`` ZooKeeper can trail the checkpoint by the last
+    batch; call this after stopping to bring it level.  Reads the end offset
+    of every ``metaq`` source in ``query.lastProgress`` and commits it (msgId
+    -1) under ``group``, refused while the group has live consumers.  Returns
+    what was committed (``{}`` when the query made no progress).
+    """
+    import json
+
+    progress = query.lastProgress
+    if not progress:
+        return {}
+    offsets: dict[tuple[str, str], tuple[int, int]] = {}
+    for source in progress.get("sources", []):
+        end = source.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                continue
+        if not isinstance(end, dict):
+            continue
+        for topic, parts in end.items():
+            if isinstance(parts, dict) and all(isinstance(v, int) for v in parts.values()):
+                for part, offset in parts.items():
+                    offsets[(topic, part)] = (offset, -1)
+    if not offsets:
+        return {}
+    with Cluster(zk_connect, zk_root=zk_root, group=group, zk_timeout=zk_timeout) as cluster:
+        cluster.commit(offsets)
+    return {key: offset for key, (offset, _) in offsets.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooClient
 
+from metaq.spark import commit_query_offsets
 from metaq.testing import wait_until
 from zk_layout import Layout, take_snapshot
 
@@ -98,6 +99,9 @@ def test_processing_time_trigger_follows_new_data_and_survives_a_broker_restart(
     finally:
         q.stop()
     assert _sunk(spark, out) == _expected(bodies, sent)
+    published = commit_query_offsets(q, zk_connect=topic.zk_connect, group=GROUP)
+    assert published == {("metrics", p): e for p, e in _ends(bodies, sent).items()}
+    assert _committed(zk_client, "metrics") == _ends(bodies, sent)
 
 
 def test_refuses_a_group_with_live_members(spark, make_topic, zk_client,
