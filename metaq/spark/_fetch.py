@@ -224,7 +224,12 @@ def _after_refusal(link: _Link, e: BrokerError, pos: int, until: int, where: str
         log.warning("%s; skipping them (failOnDataLoss=false)", what)
         return min(moved, until)
     if e.code == 404:
-        end = link.nearest(LOG_END)
+        try:
+            end = link.nearest(LOG_END)
+        except BrokerError as again:
+            if again.code != 404:
+                raise
+            return pos  # the broker does not know the partition (yet): again, for a while
         if end > pos:  # the broker has the bytes after all (it was restarting): again
             return pos
         what = (f"{where}: the log ends at {end}, before the planned end {until} (a broker "

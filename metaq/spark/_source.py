@@ -52,7 +52,7 @@ from metaq.spark._ranges import (
     plan_ranges,
     resolve,
 )
-from zk_layout import metaq_sort_key
+from zk_layout import metaq_sort_key, parse_partition
 
 __all__ = ["MetaqDataSource", "spark_schema", "RangePartition"]
 
@@ -175,7 +175,7 @@ class MetaqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
             ends = log_bounds(cluster, topic, parts, skip_unreachable=True)
             row = out.setdefault(topic, {})
             for part, (_first, end) in ends.items():
-                row[part] = max(end, row.get(part, 0)) if part in row else end
+                row[part] = max(end, row[part]) if part in row else end
         return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -227,7 +227,7 @@ class MetaqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
                         continue
                     rng = OffsetRange(topic=topic, partition=part, from_offset=begin,
                                       until_offset=until,
-                                      address=cluster.address(int(part.split("-")[0])))
+                                      address=cluster.address(parse_partition(part).broker_id))
                     out.append(RangePartition(rng))
         return out
 
