@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 
 import pytest
+from _inproc import inproc_broker, produce
 
-from metaq import MessageConsumer, Producer
+from metaq import MessageConsumer
 from metaq._connection import BrokerConnection
 from metaq._message import iter_messages, split_payload
-from metaq.broker import Broker, BrokerConfig
-from metaq.testing import free_port, wait_until
+from metaq.testing import wait_until
 
 TOPIC = "work"
 DLQ = "%DLQ%fail"
@@ -18,16 +18,12 @@ DLQ = "%DLQ%fail"
 
 @pytest.fixture
 def broker(zk_connect, tmp_path):
-    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path / "b0", port=free_port(),
-                       topics={TOPIC: 2, DLQ: 1}, zk_connect=zk_connect)
-    with Broker(cfg) as b:
+    with inproc_broker(zk_connect, tmp_path / "b0", {TOPIC: 2, DLQ: 1}) as b:
         yield b
 
 
 def _produce(zk_connect, bodies, attribute=None):
-    with Producer(zk_connect) as p:
-        for f in [p.send_async(TOPIC, b, attribute=attribute) for b in bodies]:
-            f.result(timeout=30)
+    produce(zk_connect, TOPIC, bodies, attribute=attribute)
 
 
 class FailOn:

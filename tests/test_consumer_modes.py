@@ -7,27 +7,24 @@ import time
 from collections import Counter
 
 import pytest
+from _inproc import inproc_broker
+from _inproc import produce as send
 
-from metaq import ConfigError, MessageConsumer, Producer
-from metaq.broker import Broker, BrokerConfig
+from metaq import ConfigError, MessageConsumer
 from metaq.consumer import RECONSUME_LATER
-from metaq.testing import free_port, wait_until
+from metaq.testing import wait_until
 
 TOPIC = "modes"
 
 
 @pytest.fixture
 def broker(zk_connect, tmp_path):
-    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path / "b0", port=free_port(),
-                       topics={TOPIC: 2}, zk_connect=zk_connect)
-    with Broker(cfg) as b:
+    with inproc_broker(zk_connect, tmp_path / "b0", {TOPIC: 2}) as b:
         yield b
 
 
 def produce(zk_connect, n, start=0):
-    with Producer(zk_connect) as p:
-        for f in [p.send_async(TOPIC, f"m{i}".encode()) for i in range(start, start + n)]:
-            f.result(timeout=30)
+    send(zk_connect, TOPIC, (f"m{i}".encode() for i in range(start, start + n)))
 
 
 def consumer(zk_connect, group, tmp_path, **kw):
