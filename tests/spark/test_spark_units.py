@@ -11,7 +11,12 @@ from metaq._message import build_payload, encode_message, iter_messages, scan_me
 from metaq.spark import SourceOptions
 from metaq.spark._arrow import WalkHint, Where, arrow_schema, chunk_to_batch, walk
 
-pytestmark = pytest.mark.spark
+pytestmark = [
+    pytest.mark.spark,
+    # Background threads of session fixtures (kazoo's retry jitter) touch the global
+    # `random` while a draw runs; hypothesis then warns, though no strategy uses it.
+    pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies"),
+]
 
 BASE = {"zk.connect": "127.0.0.1:2181/x", "topic": "orders"}
 
