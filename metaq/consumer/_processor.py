@@ -228,6 +228,7 @@ def _deliver_each(pf: PartitionFetch, data: bytes) -> BatchResult:
     listener = pf.listener
     assert listener is not None
     verify, crc, unpack, struct_error = pf.verify, _crc32, _unpack_header, struct.error
+    later = RECONSUME_LATER
     n = len(data)
     pos = 0
     m: Message | None = None
@@ -249,7 +250,7 @@ def _deliver_each(pf: PartitionFetch, data: bytes) -> BatchResult:
                     break
                 m = (plain if not flag else with_attribute if flag & 1 else plain)(
                     (topic, partition, base + pos, base + end, msg_id, flag, payload, codec))
-                if listener(m) is RECONSUME_LATER:
+                if listener(m) is later:
                     raise ReconsumeLater()
                 pos = end
             break
