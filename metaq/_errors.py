@@ -25,7 +25,8 @@ builtin type.
     ├── ConnectionClosedError               the connection to a broker went away
     ├── ProducerError
     │   ├── NoBrokerAvailableError          no partition of the topic can be written
-    │   └── SendTimeoutError                retries exhausted within the send timeout
+    │   ├── SendTimeoutError                retries exhausted within the send timeout
+    │   └── BatchSendError                  some messages of a batch were not stored
     └── ConsumerError
         ├── ConsumerClosedError             the consumer was used after close()
         └── DataLossError                   wanted messages are gone (retention, short log)
@@ -62,6 +63,7 @@ __all__ = [
     "ProducerError",
     "NoBrokerAvailableError",
     "SendTimeoutError",
+    "BatchSendError",
     "ConsumerError",
     "ConsumerClosedError",
     "DataLossError",
@@ -145,6 +147,21 @@ class NoBrokerAvailableError(ProducerError):
 
 class SendTimeoutError(ProducerError):
     """Every retry failed or the total send timeout passed."""
+
+
+class BatchSendError(ProducerError):
+    """Some messages of a ``Producer.send_batch`` call were not stored (each after
+    its own retries); the others were.
+
+    ``errors`` maps the index (in the batch) of every failed message to its
+    exception; ``results`` has, at each index, the message's ``SendResult``
+    when it was stored, ``None`` when it failed.
+    """
+
+    def __init__(self, message: str, *, results: list, errors: dict[int, BaseException]) -> None:
+        super().__init__(message)
+        self.results = results
+        self.errors = errors
 
 
 class ConsumerError(MetaqError):

@@ -21,6 +21,12 @@ throughput is not bounded by the round trip:
 A request is any object with ``on_reply(code, body)`` and ``on_error(exc)``
 (the producer passes its own per-message state).  :meth:`PipelinedConnection.put`
 without one returns a :class:`PutFuture` resolving to a :class:`PutAck`.
+:meth:`PipelinedConnection.put_many` queues many puts to one partition as
+one write, completed by index through one :class:`MultiPending`.
+
+Replies are parsed in bulk (:func:`metaq._acks.scan_acks`) when a read holds
+only successful put replies, and a run of them is handed to a request class's
+``on_acks`` / a batch's ``on_acks`` at once.
 
 Futures are :class:`metaq._future.LightFuture`: completing one nobody waits
 for yet costs a fraction of a plain ``Future``'s set-up and notify.
@@ -31,39 +37,52 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import re
 import select
 import socket
 import threading
 import time
-from typing import Any, NamedTuple, Protocol
+from operator import attrgetter
+from typing import Any, Protocol
 
+from metaq._acks import (
+    OPAQUE_MASK,
+    PutAck,
+    parse_put_ack,
+    scan_acks,
+    scan_results,
+)
 from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError, SendTimeoutError
 from metaq._future import LightFuture
-from metaq._protocol import MAX_LINE, encode_put
+from metaq._protocol import encode_put
 
-__all__ = ["READER_PREFIX", "Pending", "PipelinedConnection", "PutAck", "PutFuture",
-           "parse_put_ack", "scan_results"]
+__all__ = ["READER_PREFIX", "MultiPending", "Pending", "PipelinedConnection", "PutAck",
+           "PutFuture", "parse_put_ack", "scan_results"]
 
 log = logging.getLogger(__name__)
 
 #: Names of reader threads start with this (callbacks of requests run there).
 READER_PREFIX = "metaq-pipe-reader-"
 _RECV_SIZE = 256 * 1024
-#: Largest ``result`` body accepted on a put connection (bodies are short texts).
-_MAX_RESULT_BODY = 1024 * 1024
-_HEAD = re.compile(rb"result ([0-9]{1,3}) ([0-9]{1,9}) (-?[0-9]{1,10})\r\n")
-_OPAQUE_MASK = 0x7FFFFFFF
+_repeat = itertools.repeat
+_islice = itertools.islice
+_size_of = attrgetter("_pipe_size")
 
 
 # --------------------------------------------------------------------------- requests
 
 class Pending(Protocol):
-    """What the connection completes: exactly one of these is called, once,
-    from the reader thread (or from the thread that finds the connection dead).
+    """What the connection completes for one put: exactly one of these is
+    called, once, from the reader thread (or from the thread that finds the
+    connection dead).
 
     The connection stores ``_pipe_sent`` (monotonic time) and ``_pipe_size``
     on it (no tuple per request: fewer objects for the garbage collector).
+
+    Optionally the class has ``on_acks(requests, msg_ids, partitions,
+    offsets)`` (a static or class method; the last three are lists of
+    decimal ``bytes``, each a valid non-negative integer): the reader then
+    completes a run of successful replies to requests of that class in one
+    call instead of calling ``on_reply(200, body)`` for each.
     """
 
     _pipe_sent: float
@@ -74,24 +93,44 @@ class Pending(Protocol):
     def on_error(self, exc: BaseException) -> None: ...
 
 
-class PutAck(NamedTuple):
-    """A broker's answer to a successful put: ``<msgId> <partition> <offset>``."""
+class MultiPending(Protocol):
+    """What the connection completes for the puts of one
+    :meth:`PipelinedConnection.put_many` call, by their index in that call.
 
-    msg_id: int
-    partition: int
-    offset: int
+    Each index gets exactly one outcome: ``on_acks`` (a run of successes,
+    indexes ``first .. first + len(msg_ids) - 1``, in order; the columns are
+    lists of decimal ``bytes``, each a valid non-negative integer), ``on_reply_at``
+    (any other reply, or a success that came alone) or ``on_error_at``.
+    Called from the reader thread (or the thread that finds the connection dead).
+    """
+
+    def on_acks(self, first: int, msg_ids: list[bytes], partitions: list[bytes],
+                offsets: list[bytes]) -> None: ...
+
+    def on_reply_at(self, index: int, code: int, body: bytes) -> None: ...
+
+    def on_error_at(self, index: int, exc: BaseException) -> None: ...
 
 
-def parse_put_ack(body: bytes) -> PutAck:
-    """Parse the body of a ``result 200`` put reply; ProtocolError when malformed."""
-    parts = body.split(b" ")
-    if len(parts) == 3:
-        try:
-            return PutAck(int(parts[0]), int(parts[1]), int(parts[2]))
-        except ValueError:
-            pass
-    raise ProtocolError(f"put reply body {bytes(body[:120])!r} is not '<msgId> <partition> "
-                        f"<offset>'")
+class _Run:
+    """The puts of one ``put_many`` call in the pending map (one entry per opaque,
+    all pointing here): which index an opaque is, and the bytes each one holds."""
+
+    __slots__ = ("request", "first", "n", "sizes", "index", "_pipe_sent", "_pipe_size")
+
+    def __init__(self, request: MultiPending, opaques: list[int], sizes: list[int]) -> None:
+        self.request = request
+        self.first = opaques[0]
+        self.n = n = len(opaques)
+        self.sizes = sizes
+        # Opaques from one islice of the counter are consecutive unless they wrapped.
+        self.index = None if opaques[-1] - opaques[0] == n - 1 else {
+            op: i for i, op in enumerate(opaques)}
+        self._pipe_size = 0  # counted per index (sizes)
+
+    def index_of(self, opaque: int) -> int:
+        index = self.index
+        return opaque - self.first if index is None else index[opaque]
 
 
 class PutFuture(LightFuture):
@@ -110,6 +149,13 @@ class PutFuture(LightFuture):
         else:
             self.set_exception(BrokerError(code, body.decode("utf-8", "replace"),
                                            broker=self._broker))
+
+    @staticmethod
+    def on_acks(requests: list, msg_ids: list[bytes], partitions: list[bytes],
+                offsets: list[bytes]) -> None:
+        for request, ack in zip(requests, map(PutAck, map(int, msg_ids), map(int, partitions),
+                                              map(int, offsets)), strict=True):
+            request.set_result(ack)
 
     def on_error(self, exc: BaseException) -> None:
         self.set_exception(exc)
@@ -151,6 +197,10 @@ class PipelinedConnection:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
         self._room_waiters = 0
+        # Waiters are woken when in flight are at most this many requests / bytes (the
+        # easiest of their needs): no wake-up per reply while a batch waits for room.
+        self._wake_at = -1
+        self._wake_bytes = -1
         self._pending: dict[int, Any] = {}  # opaque -> request (with _pipe_sent/_pipe_size)
         self._inflight_bytes = 0
         self._opaques = itertools.count(1)
@@ -192,7 +242,7 @@ class PipelinedConnection:
         ``flush``: write now from this thread when no other write is running
         (a caller about to wait for the reply saves a hand-over to the writer).
         """
-        opaque = next(self._opaques) & _OPAQUE_MASK
+        opaque = next(self._opaques) & OPAQUE_MASK
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefix(topic)
@@ -226,11 +276,63 @@ class PipelinedConnection:
             self._wake.set()
         return request
 
+    def put_many(self, topic: str, partition: int, payloads: list[bytes], flag: int,
+                 checksums: list[int], request: MultiPending, deadline: float | None = None,
+                 flush: bool = False) -> None:
+        """Queue one put per payload (all to ``partition``, same ``flag``), as one
+        write; ``request`` gets each one's outcome by its index in ``payloads``.
+
+        Blocks while the window has no room for all of them (unless nothing
+        is in flight), up to ``deadline``, then raises SendTimeoutError;
+        raises ConnectionClosedError if the connection is dead and
+        ProtocolError for a bad topic, before anything is queued.
+        """
+        n = len(payloads)
+        if n == 0:
+            return
+        opaques = list(_islice(self._opaques, n))
+        if opaques[-1] > OPAQUE_MASK:
+            opaques = [op & OPAQUE_MASK for op in opaques]
+        prefix = self._prefixes.get(topic)
+        if prefix is None:
+            prefix = self._prefix(topic)
+        head = (b"%b%d " % (prefix, partition)).replace(b"%", b"%%")
+        fmt = head + b"%d " + (b"%d" % flag) + b" %d %d\r\n%b"
+        data = list(map(fmt.__mod__, zip(map(len, payloads), checksums, opaques, payloads,
+                                                 strict=True)))
+        sizes = list(map(len, data))
+        size = sum(sizes)
+        data = b"".join(data)
+        run = _Run(request, opaques, sizes)
+        pending = self._pending
+        if (len(pending) + n > self.max_in_flight
+                or self._inflight_bytes + size > self.max_in_flight_bytes):
+            self._wait_room(size, deadline, n)
+        with self._lock:
+            if self._error is not None:
+                raise self._error_for_caller()
+            if self._closing:
+                raise ConnectionClosedError(f"connection to broker {self.name} is closed")
+            run._pipe_sent = time.monotonic()
+            pending.update(zip(opaques, _repeat(run), strict=False))
+            self._inflight_bytes += size
+            self._out.append(data)
+        if flush and self._send_lock.acquire(blocking=False):
+            try:
+                self._drain()
+            except OSError as e:
+                self._fail(_closed(f"writing to broker {self.name} failed: {e}", e))
+            finally:
+                self._send_lock.release()
+        elif not self._wake.is_set():
+            self._wake.set()
+
     def wait_idle(self, deadline: float) -> bool:
         """Wait until nothing is in flight (or the connection died), up to the
         ``time.monotonic()`` ``deadline``; True when idle."""
         with self._room:
             self._room_waiters += 1
+            self._wake_at = max(self._wake_at, 0)
             try:
                 while self._pending and self._error is None:
                     left = deadline - time.monotonic()
@@ -238,7 +340,7 @@ class PipelinedConnection:
                         return False
                     self._room.wait(left)
             finally:
-                self._room_waiters -= 1
+                self._leave_room()
         return True
 
     def _prefix(self, topic: str) -> bytes:
@@ -273,16 +375,18 @@ class PipelinedConnection:
 
     # -- window --------------------------------------------------------------
 
-    def _wait_room(self, size: int, deadline: float | None) -> None:
+    def _wait_room(self, size: int, deadline: float | None, count: int = 1) -> None:
         if threading.current_thread() is self._reader:
             raise SendTimeoutError(
                 f"the in-flight window to broker {self.name} is full and this put comes from "
                 f"a request callback on its reader thread, which alone can free it")
         with self._room:
             self._room_waiters += 1
+            self._wake_at = max(self._wake_at, self.max_in_flight - count, 0)
+            self._wake_bytes = max(self._wake_bytes, self.max_in_flight_bytes - size, 0)
             try:
                 while (self._error is None and not self._closing and self._pending and (
-                        len(self._pending) >= self.max_in_flight
+                        len(self._pending) + count > self.max_in_flight
                         or self._inflight_bytes + size > self.max_in_flight_bytes)):
                     if deadline is None:
                         self._room.wait(1.0)
@@ -295,7 +399,20 @@ class PipelinedConnection:
                             f"before the send deadline")
                     self._room.wait(left)
             finally:
-                self._room_waiters -= 1
+                self._leave_room()
+
+    def _leave_room(self) -> None:
+        self._room_waiters -= 1
+        if not self._room_waiters:
+            self._wake_at = self._wake_bytes = -1
+
+    def _freed(self, nbytes: int) -> None:
+        """Replies or timeouts took ``nbytes`` out of the window (any thread)."""
+        with self._lock:
+            self._inflight_bytes -= nbytes
+            if self._room_waiters and (len(self._pending) <= self._wake_at
+                                       or self._inflight_bytes <= self._wake_bytes):
+                self._room.notify_all()
 
     def _error_for_caller(self) -> ConnectionClosedError:
         err = self._error
@@ -328,18 +445,26 @@ class PipelinedConnection:
         taken = []
         while True:
             try:
-                taken.append(pending.popitem()[1])
+                taken.append(pending.popitem())
             except KeyError:
                 break
         if taken:
             log.debug("connection %s failed with %d requests in flight: %s",
                       self.name, len(taken), err)
         err = self._error
-        for request in reversed(taken):  # oldest first
-            try:
+        assert err is not None
+        for opaque, request in reversed(taken):  # oldest first
+            self._error_to(opaque, request, err)
+
+    def _error_to(self, opaque: int, request: Any, err: BaseException) -> None:
+        """Give one popped request (or one put of a run) its error; never raises."""
+        try:
+            if type(request) is _Run:
+                request.request.on_error_at(request.index_of(opaque), err)
+            else:
                 request.on_error(err)
-            except Exception:
-                log.exception("request callback failed on %s", self.name)
+        except Exception:
+            log.exception("request callback failed on %s", self.name)
 
     # -- writer --------------------------------------------------------------
 
@@ -419,6 +544,92 @@ class PipelinedConnection:
 
     def _handle(self, buf: bytes) -> bytes:
         """Complete every whole reply in ``buf``; return the unparsed rest."""
+        acks = scan_acks(buf)
+        if acks is None:
+            return self._handle_results(buf)
+        opaques, msg_ids, partitions, offsets, used = acks
+        end = len(buf)
+        if not opaques:
+            return buf
+        self._last_reply = time.monotonic()
+        requests = list(map(self._pending.pop, opaques, _repeat(None)))
+        freed = 0
+        try:
+            if None in requests:  # replies for requests that timed out (or garbage)
+                known = [i for i, r in enumerate(requests) if r is not None]
+                log.debug("%d replies for unknown opaques from %s", len(requests) - len(known),
+                          self.name)
+                requests = [requests[i] for i in known]
+                opaques = [opaques[i] for i in known]
+                msg_ids = [msg_ids[i] for i in known]
+                partitions = [partitions[i] for i in known]
+                offsets = [offsets[i] for i in known]
+            kinds = set(map(type, requests))
+            if len(kinds) == 1:
+                freed = self._acks(kinds.pop(), requests, opaques, msg_ids, partitions, offsets)
+            else:  # runs of one kind each
+                i, n = 0, len(requests)
+                while i < n:
+                    kind = type(requests[i])
+                    j = i + 1
+                    while j < n and type(requests[j]) is kind:
+                        j += 1
+                    freed += self._acks(kind, requests[i:j], opaques[i:j], msg_ids[i:j],
+                                        partitions[i:j], offsets[i:j])
+                    i = j
+        finally:
+            if freed:
+                self._freed(freed)
+        return buf[used:] if used < end else b""
+
+    def _acks(self, kind: type, requests: list, opaques: list[int], msg_ids: list[bytes],
+              partitions: list[bytes], offsets: list[bytes]) -> int:
+        """Complete successful replies to ``requests`` (all of type ``kind``, already
+        out of the pending map); return the bytes they held."""
+        if kind is _Run:
+            return self._run_acks(requests, opaques, msg_ids, partitions, offsets)
+        freed = sum(map(_size_of, requests))
+        bulk = getattr(kind, "on_acks", None)
+        try:
+            if bulk is not None:
+                bulk(requests, msg_ids, partitions, offsets)
+                return freed
+        except Exception:
+            log.exception("request callback failed on %s", self.name)
+            return freed
+        for request, a, b, c in zip(requests, msg_ids, partitions, offsets, strict=True):
+            try:
+                request.on_reply(200, b" ".join((a, b, c)))
+            except Exception:
+                log.exception("request callback failed on %s", self.name)
+        return freed
+
+    def _run_acks(self, runs: list, opaques: list[int], msg_ids: list[bytes],
+                  partitions: list[bytes], offsets: list[bytes]) -> int:
+        freed = 0
+        i, n = 0, len(runs)
+        while i < n:
+            run = runs[i]
+            first = run.index_of(opaques[i])
+            j = min(n, i + run.n - first)
+            m = j - i
+            if not (run.index is None and runs[i:j].count(run) == m
+                    and opaques[i:j] == list(range(opaques[i], opaques[i] + m))):
+                j, m = i + 1, 1  # one at a time (a wrapped run, or replies out of order)
+            freed += sum(run.sizes[first:first + m])
+            try:
+                if m == 1:
+                    run.request.on_reply_at(first, 200, b" ".join((
+                        msg_ids[i], partitions[i], offsets[i])))
+                else:
+                    run.request.on_acks(first, msg_ids[i:j], partitions[i:j], offsets[i:j])
+            except Exception:
+                log.exception("request callback failed on %s", self.name)
+            i = j
+        return freed
+
+    def _handle_results(self, buf: bytes) -> bytes:
+        """The general path: any ``result`` replies, one at a time."""
         replies, used = scan_results(buf)
         if replies:
             self._last_reply = time.monotonic()
@@ -430,17 +641,19 @@ class PipelinedConnection:
                 if request is None:
                     log.debug("reply for unknown opaque %d from %s", opaque, self.name)
                     continue
-                freed += request._pipe_size
                 try:
-                    request.on_reply(code, body)
+                    if type(request) is _Run:
+                        index = request.index_of(opaque)
+                        freed += request.sizes[index]
+                        request.request.on_reply_at(index, code, body)
+                    else:
+                        freed += request._pipe_size
+                        request.on_reply(code, body)
                 except Exception:
                     log.exception("request callback failed on %s", self.name)
         finally:
             if freed:
-                with self._lock:
-                    self._inflight_bytes -= freed
-                    if self._room_waiters:
-                        self._room.notify_all()
+                self._freed(freed)
         return buf[used:] if used else buf
 
     def _sweep(self) -> None:
@@ -466,76 +679,24 @@ class PipelinedConnection:
         if now - oldest._pipe_sent <= self.stale_timeout:
             return
         expired = []
-        for opaque, request in list(itertools.islice(pending.items(), 1024)):
+        for opaque, request in list(_islice(pending.items(), 16384)):
             if now - request._pipe_sent <= self.stale_timeout:
                 break
             if pending.pop(opaque, None) is not None:
-                expired.append(request)
+                expired.append((opaque, request))
         if not expired:
             return
-        with self._lock:
-            self._inflight_bytes -= sum(r._pipe_size for r in expired)
-            if self._room_waiters:
-                self._room.notify_all()
+        self._freed(sum(r.sizes[r.index_of(op)] if type(r) is _Run else r._pipe_size
+                        for op, r in expired))
         log.warning("%d request(s) to broker %s unanswered for over %gs while later ones "
                     "were answered", len(expired), self.name, self.stale_timeout)
-        for request in expired:
-            try:
-                request.on_error(SendTimeoutError(
-                    f"broker {self.name} answered later requests but not this one in "
-                    f"{now - request._pipe_sent:.1f}s (stale_timeout {self.stale_timeout:g}s)"))
-            except Exception:
-                log.exception("request callback failed on %s", self.name)
+        for opaque, request in expired:
+            self._error_to(opaque, request, SendTimeoutError(
+                f"broker {self.name} answered later requests but not this one in "
+                f"{now - request._pipe_sent:.1f}s (stale_timeout {self.stale_timeout:g}s)"))
 
 
 def _closed(msg: str, cause: BaseException | None) -> ConnectionClosedError:
     err = ConnectionClosedError(msg)
     err.__cause__ = cause
     return err
-
-
-def scan_results(buf: bytes) -> tuple[list[tuple[int, int, bytes]], int]:
-    """Parse the complete ``result`` replies at the start of ``buf``.
-
-    Returns ``([(code, opaque, body), ...], used)`` where ``buf[used:]`` is an
-    incomplete reply still waiting for bytes.  Anything that cannot become a
-    valid ``result <code> <length> <opaque>\\r\\n<body>`` (including a ``value``
-    reply, which a put never gets) raises ProtocolError.
-    """
-    out: list[tuple[int, int, bytes]] = []
-    append = out.append
-    pos = 0
-    end = len(buf)
-    match = _HEAD.match
-    while pos < end:
-        m = match(buf, pos)
-        if m is None:
-            _check_partial(buf, pos, end)
-            break
-        code_b, len_b, opaque_b = m.groups()
-        opaque = int(opaque_b)
-        if opaque > _OPAQUE_MASK or opaque < -_OPAQUE_MASK - 1:
-            raise ProtocolError(f"reply opaque {opaque} is out of the int32 range")
-        start = m.end()
-        stop = start + int(len_b)
-        if stop > end:
-            if stop - start > _MAX_RESULT_BODY:
-                raise ProtocolError(f"result body of {stop - start} bytes is over the "
-                                    f"limit of {_MAX_RESULT_BODY}")
-            break
-        append((int(code_b), opaque, buf[start:stop]))
-        pos = stop
-    return out, pos
-
-
-def _check_partial(buf: bytes, pos: int, end: int) -> None:
-    """Raise unless ``buf[pos:]`` may be the start of a valid reply header."""
-    eol = buf.find(b"\r\n", pos, pos + MAX_LINE + 2)
-    if eol >= 0 or end - pos > MAX_LINE:
-        line = buf[pos:eol if eol >= 0 else pos + 120]
-        if line.startswith(b"value "):
-            raise ProtocolError(f"unexpected 'value' reply {line[:120]!r} on a put connection")
-        raise ProtocolError(f"bad reply line {line[:120]!r}: expected "
-                            f"'result <code> <length> <opaque>'")
-    if not b"result ".startswith(buf[pos:pos + 7]):
-        raise ProtocolError(f"bad reply {buf[pos:pos + 20]!r}...: expected 'result ...'")

@@ -217,27 +217,35 @@ class RequestParser(_Buffered):
         append = out.append
         fast = self.fast_puts
         fast_match = _FAST_PUT.match
+        fast_get = None if fast is None else fast.get
         try:
             while pos < end or self._put is not None:
-                if fast is not None and self._put is None:
-                    m = fast_match(buf, pos)
-                    if m is not None:
+                if fast_get is not None and self._put is None:
+                    # The hot loop: runs of valid puts to known partitions.  Numbers of
+                    # fewer than 10 digits are in the int32 range without a check.
+                    while (m := fast_match(buf, pos)) is not None:
                         key, length, flag, check, opaque = m.groups()
-                        target = fast.get(key)
-                        if target is not None:
-                            length = int(length)
-                            start = m.end()
-                            stop = start + length
-                            if length <= max_payload and stop <= end:
-                                flag = int(flag)
-                                check = int(check)
-                                if (_INT32_MIN <= flag <= _INT32_MAX and check <= _INT32_MAX
-                                        and (len(opaque) < 10 or
-                                             _INT32_MIN <= int(opaque) <= _INT32_MAX)):
-                                    append((target, length, flag, check, opaque,
-                                            buf[start:stop]))
-                                    pos = stop
-                                    continue
+                        target = fast_get(key)
+                        if target is None:
+                            break
+                        start = m.end()
+                        stop = start + int(length)
+                        if stop > end or stop - start > max_payload:
+                            break
+                        if flag == b"0":
+                            flag = 0
+                        else:
+                            flag = int(flag)
+                            if not _INT32_MIN <= flag <= _INT32_MAX:
+                                break
+                        check = int(check)
+                        if check > _INT32_MAX or (len(opaque) > 9 and not (
+                                _INT32_MIN <= int(opaque) <= _INT32_MAX)):
+                            break
+                        append((target, stop - start, flag, check, opaque, buf[start:stop]))
+                        pos = stop
+                    if pos >= end:
+                        break
                 if self._put is not None:
                     head = self._put
                     stop = pos + head[2]

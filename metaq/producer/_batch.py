@@ -1,0 +1,399 @@
+"""Batches: many messages to one partition, encoded in one pass, one future.
+
+:meth:`Producer.send_batch` checks and encodes every body first (nothing is
+sent when one is bad), picks **one** partition for the whole batch (the
+partitioner is asked once, with the first body and the key; round-robin
+moves on per batch) and hands the puts to that broker's connection in chunks
+(:meth:`~metaq._pipeline.PipelinedConnection.put_many`: one write per chunk,
+replies completed in bulk).  The broker stores the batch's messages in order.
+
+The batch's future resolves to a :class:`BatchResults`: the broker's
+answers kept as columns, a ``SendResult`` built only when one is read.
+
+Every message still gets its own outcome.  One the broker refuses with a
+code a retry may fix, or one whose connection fails before it is answered,
+becomes a :class:`_BatchItem` (a one-message send) and is retried on another
+partition by the producer's usual path (retries, backoff, ``send_timeout``).
+The :class:`BatchFuture` completes when every message has its outcome: with
+the :class:`BatchResults` in batch order, or with
+:class:`~metaq.BatchSendError` naming each message that was not stored and
+carrying the results of those that were.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from metaq._errors import (
+    BatchSendError,
+    BrokerError,
+    ConnectionClosedError,
+    MessageError,
+    MessageTooLargeError,
+    NoBrokerAvailableError,
+    ProducerError,
+    ProtocolError,
+    SendTimeoutError,
+)
+from metaq._future import LightFuture
+from metaq._message import FLAG_HAS_ATTRIBUTE
+from metaq.producer._send import (
+    NO_RETRY,
+    SendResult,
+    _crc32,
+    _make_result,
+    _repeat,
+    _Send,
+    partition_names,
+)
+from zk_layout import Partition
+
+if TYPE_CHECKING:
+    from metaq.producer._producer import Producer
+    from metaq.producer._router import TopicRoute
+
+__all__ = ["BatchFuture", "BatchResults", "submit_batch"]
+
+_MASK = 0x7FFFFFFF
+#: Most messages and bytes per chunk (one put_many, one write); also capped by the window.
+CHUNK_MESSAGES = 4096
+CHUNK_BYTES = 4 * 1024 * 1024
+#: Bytes a put line adds to its payload, at most (for chunking; the window counts exactly).
+_LINE_MAX = 320
+_monotonic = time.monotonic
+
+
+class BatchResults(Sequence):
+    """Where the messages of one batch were stored: a read-only sequence with
+    the :class:`SendResult` of message ``i`` at index ``i`` (``None`` for a
+    message that was not stored, in :attr:`BatchSendError.results
+    <metaq.BatchSendError>`).
+
+    It keeps the broker's answers as columns and builds each ``SendResult``
+    when it is read, so a batch costs no object per message until then;
+    ``list(results)`` makes a plain list.  :attr:`msg_ids` and
+    :attr:`offsets` give whole columns.
+    """
+
+    __slots__ = ("_ids", "_offsets", "_indexes", "_brokers")
+
+    def __init__(self, n: int) -> None:
+        self._ids: list[int | None] = [None] * n
+        self._offsets = [0] * n
+        self._indexes = [0] * n
+        self._brokers = [0] * n
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]  # int -> SendResult, slice -> list
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self._ids)))]
+        msg_id = self._ids[i]
+        if msg_id is None:
+            return None
+        bid, index = self._brokers[i], int(self._indexes[i])
+        return _make_result((int(msg_id), partition_names(bid)[index], int(self._offsets[i]),
+                             bid, index))
+
+    def __iter__(self) -> Iterator[SendResult | None]:
+        ids, brokers, indexes = self._ids, self._brokers, self._indexes
+        bid = brokers[0] if brokers else 0
+        if None in ids or brokers.count(bid) != len(brokers):
+            return map(self.__getitem__, range(len(ids)))
+        return map(_make_result, zip(map(int, ids), map(partition_names(bid).__getitem__, indexes),
+                                     map(int, self._offsets), _repeat(bid), map(int, indexes),
+                                     strict=False))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BatchResults):
+            return list(self) == list(other)
+        if isinstance(other, (list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        n = len(self._ids)
+        shown = ", ".join(map(repr, (self[i] for i in range(min(n, 3)))))
+        return f"BatchResults([{shown}{', ...' if n > 3 else ''}], {n} messages)"
+
+    @property
+    def msg_ids(self) -> list[int | None]:
+        """Every message's msgId (``None`` where it was not stored), in batch order."""
+        ids = self._ids
+        return list(map(int, ids)) if None not in ids else [
+            None if i is None else int(i) for i in ids]
+
+    @property
+    def offsets(self) -> list[int | None]:
+        """Every message's offset in its partition (``None`` where it was not stored)."""
+        if None not in self._ids:
+            return list(map(int, self._offsets))
+        return [None if i is None else int(o)
+                for i, o in zip(self._ids, self._offsets, strict=True)]
+
+    def _set(self, first: int, msg_ids: list, indexes: list, offsets: list,
+             broker_id: int) -> None:
+        # Columns hold ints or their decimal bytes (as the reader got them): int() on read.
+        stop = first + len(msg_ids)
+        self._ids[first:stop] = msg_ids
+        self._offsets[first:stop] = offsets
+        self._indexes[first:stop] = indexes
+        self._brokers[first:stop] = _repeat(broker_id, stop - first)
+
+
+class BatchFuture(LightFuture):
+    """The future of one batch: ``result()`` is a :class:`BatchResults` (the
+    :class:`SendResult` of every message, in the order of the bodies); raises
+    :class:`~metaq.BatchSendError` when some messages were not stored (after
+    their retries)."""
+
+    def __init__(self, topic: str, n: int) -> None:
+        super().__init__()
+        self.topic = topic
+        self.size = n
+        self._results = BatchResults(n)
+        self._errors: dict[int, BaseException] = {}
+        self._left = n
+        self._lock = threading.Lock()
+
+    def _acked(self, first: int, msg_ids: list, indexes: list, offsets: list,
+               broker_id: int) -> None:
+        """Messages ``first .. first + len(msg_ids) - 1`` were stored."""
+        with self._lock:
+            self._results._set(first, msg_ids, indexes, offsets, broker_id)
+            self._left -= len(msg_ids)
+            done = self._left == 0
+        if done:
+            self._complete()
+
+    def _outcome(self, index: int, result: SendResult | None, exc: BaseException | None) -> None:
+        """The final outcome of one message (a result or an exception)."""
+        with self._lock:
+            if exc is None:
+                assert result is not None
+                self._results._set(index, [result.msg_id], [result.index], [result.offset],
+                                   result.broker_id)
+            else:
+                self._errors[index] = exc
+            self._left -= 1
+            done = self._left == 0
+        if done:
+            self._complete()
+
+    def _complete(self) -> None:
+        errors = self._errors
+        if not errors:
+            self.set_result(self._results)
+            return
+        failed = sorted(errors)
+        shown = "; ".join(f"#{i}: {errors[i]}" for i in failed[:5])
+        more = f"; and {len(failed) - 5} more" if len(failed) > 5 else ""
+        err = BatchSendError(
+            f"{len(failed)} of {self.size} messages of a batch to topic {self.topic!r} were "
+            f"not stored ({shown}{more}); the other {self.size - len(failed)} were "
+            f"(see .results and .errors)",
+            results=self._results, errors={i: errors[i] for i in failed})
+        err.__cause__ = errors[failed[0]]
+        self.set_exception(err)
+
+
+class _BatchItem(_Send):
+    """One message of a batch sent on its own (a retry): its outcome goes to the batch."""
+
+    def __init__(self, producer: Producer, topic: str, payload: bytes, flag: int,
+                 checksum: int, deadline: float, batch: BatchFuture, index: int,
+                 part: Partition) -> None:
+        super().__init__(producer, topic, payload, flag, checksum, deadline)
+        self.batch = batch
+        self.index = index
+        self.part = part
+        self.attempts = 1  # the batch's attempt
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)  # raises if it already had an outcome
+        self.batch._outcome(self.index, result, None)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        self.batch._outcome(self.index, None, exception)
+
+    @staticmethod
+    def _complete(requests: list, results: Iterable[SendResult]) -> None:
+        for item, result in zip(requests, results, strict=True):
+            item.payload = b""
+            item.set_result(result)
+
+
+class _Chunk:
+    """The request one connection completes for one chunk of a batch (by index)."""
+
+    __slots__ = ("producer", "batch", "base", "payloads", "flag", "checksums", "part",
+                 "deadline")
+
+    def __init__(self, producer: Producer, batch: BatchFuture, base: int,
+                 payloads: list[bytes], flag: int, checksums: list[int], part: Partition,
+                 deadline: float) -> None:
+        self.producer = producer
+        self.batch = batch
+        self.base = base
+        self.payloads = payloads
+        self.flag = flag
+        self.checksums = checksums
+        self.part = part
+        self.deadline = deadline
+
+    def on_acks(self, first: int, msg_ids: list[bytes], partitions: list[bytes],
+                offsets: list[bytes]) -> None:
+        self.batch._acked(self.base + first, msg_ids, partitions, offsets, self.part.broker_id)
+
+    def on_reply_at(self, index: int, code: int, body: bytes) -> None:
+        bid = self.part.broker_id
+        if code == 200:
+            try:
+                msg_id, pindex, offset = map(int, body.split(b" "))
+            except ValueError:
+                self.batch._outcome(self.base + index, None, ProtocolError(
+                    f"broker {bid} answered a put with {bytes(body[:120])!r}, not "
+                    f"'<msgId> <partition> <offset>'"))
+                return
+            self.batch._acked(self.base + index, [msg_id], [pindex], [offset], bid)
+            return
+        err = BrokerError(code, body.decode("utf-8", "replace"),
+                          broker=f"broker {bid}, partition {self.part}")
+        if code in NO_RETRY:
+            self.batch._outcome(self.base + index, None, err)
+        else:
+            self.producer._failed(self.item(index), err)
+
+    def on_error_at(self, index: int, exc: BaseException) -> None:
+        self.producer._failed(self.item(index), exc)
+
+    def item(self, index: int) -> _BatchItem:
+        """Message ``index`` of this chunk as a one-message send (for its retries)."""
+        return _BatchItem(self.producer, self.batch.topic, self.payloads[index], self.flag,
+                          self.checksums[index], self.deadline, self.batch, self.base + index,
+                          self.part)
+
+
+# --------------------------------------------------------------------------- submitting
+
+def submit_batch(producer: Producer, topic: str, bodies: Sequence[Any] | Iterable[Any],
+                 attribute: str | None, key: Any) -> BatchFuture:
+    """The work of :meth:`Producer.send_batch` (see there)."""
+    if producer._closed:
+        raise ProducerError("the producer is closed")
+    try:
+        route = producer._routes.get(topic)
+    except TypeError:  # unhashable: _load names what is wrong with it
+        route = None
+    if route is None:
+        route = producer._load(topic)
+    if not isinstance(bodies, list):
+        if isinstance(bodies, (bytes, bytearray, memoryview, str, dict)):
+            raise MessageError(f"send_batch needs a sequence of bodies, not one "
+                               f"{type(bodies).__name__} (use send_async for one message)")
+        bodies = list(bodies)
+    n = len(bodies)
+    batch = BatchFuture(topic, n)
+    if producer._raw_bytes and n and set(map(type, bodies)) == {bytes}:
+        data = bodies
+    else:
+        data = _encode_all(producer, bodies)
+    if not n:
+        batch.set_result(batch._results)
+        return batch
+    max_size = producer._max_size
+    if max(map(len, data)) > max_size:
+        i = next(i for i, d in enumerate(data) if len(d) > max_size)
+        raise MessageTooLargeError(
+            f"message #{i} of the batch has a body of {len(data[i])} bytes, over the limit "
+            f"of {max_size} bytes (max_message_size); nothing was sent to topic {topic!r}")
+    if attribute is None:
+        payloads, flag = data, 0
+    else:
+        head = producer._with_attribute(b"", attribute)
+        payloads, flag = list(map(head.__add__, data)), FLAG_HAS_ATTRIBUTE
+    parts = route.partitions
+    if not parts:
+        raise NoBrokerAvailableError(
+            f"no broker publishes topic {topic!r}: no '<id>-m' node with partitions and "
+            f"a live broker under {producer._layout.topic_pub_dir(topic)}")
+    checksums = list(map(_MASK.__and__, map(_crc32, payloads)))
+    if producer._round_robin:
+        part = parts[next(route.counter) % len(parts)]
+    else:
+        part = parts[producer._choose(topic, parts, data[0], key)]
+    if producer._faults:
+        part = producer._avoid_faulty(route, part)
+    _dispatch(producer, batch, route, part, payloads, flag, checksums)
+    return batch
+
+
+def _encode_all(producer: Producer, bodies: list) -> list[bytes]:
+    encode = producer._encode
+    raw = producer._raw_bytes
+    out = []
+    for i, body in enumerate(bodies):
+        try:
+            out.append(body if raw and type(body) is bytes else encode(body))
+        except MessageError as e:
+            raise type(e)(f"message #{i} of the batch: {e}; nothing was sent") from e
+    return out
+
+
+def chunk_bounds(lengths: list[int], max_messages: int, max_bytes: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``lengths`` in order, each at most
+    ``max_messages`` messages and (unless one message alone) ``max_bytes``."""
+    n = len(lengths)
+    if n <= max_messages and sum(lengths) + _LINE_MAX * n <= max_bytes:
+        return [(0, n)]
+    out = []
+    start = size = 0
+    for i, length in enumerate(lengths):
+        length += _LINE_MAX
+        if i > start and (i - start >= max_messages or size + length > max_bytes):
+            out.append((start, i))
+            start, size = i, 0
+        size += length
+    out.append((start, n))
+    return out
+
+
+def _dispatch(producer: Producer, batch: BatchFuture, route: TopicRoute, part: Partition,
+              payloads: list[bytes], flag: int, checksums: list[int]) -> None:
+    """Hand the chunks to ``part``'s connection, in order.  A chunk the connection
+    refuses (it failed) and every later one go message by message through the
+    retry thread, in order; nothing raises: outcomes go to the batch."""
+    cfg = producer.config
+    bid = part.broker_id
+    bounds = chunk_bounds(list(map(len, payloads)),
+                          max(1, min(CHUNK_MESSAGES, cfg.max_in_flight // 2)),
+                          max(1, min(CHUNK_BYTES, cfg.max_in_flight_bytes // 2)))
+    topic = batch.topic
+    for k, (a, b) in enumerate(bounds):
+        deadline = _monotonic() + producer._timeout
+        chunk = _Chunk(producer, batch, a, payloads[a:b], flag, checksums[a:b], part, deadline)
+        try:
+            conn = producer._conns.get(bid)
+            if conn is None or not conn.usable or conn.address != route.addresses.get(bid):
+                conn = producer._connect(bid, route, deadline)
+            conn.put_many(topic, part.index, chunk.payloads, flag, chunk.checksums, chunk,
+                          deadline, True)
+        except ConnectionClosedError as e:
+            producer._faults[bid] = _monotonic() + cfg.broker_backoff
+            for a2, b2 in bounds[k:]:
+                rest = chunk if a2 == a else _Chunk(producer, batch, a2, payloads[a2:b2], flag,
+                                                    checksums[a2:b2], part, deadline)
+                for i in range(b2 - a2):
+                    producer._failed(rest.item(i), e)
+            return
+        except (SendTimeoutError, ProtocolError) as e:
+            for i in range(a, len(payloads)):
+                batch._outcome(i, None, e)
+            return
