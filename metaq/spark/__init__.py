@@ -29,7 +29,9 @@ Columns: ``topic``, ``partition`` (Metaq's ``"<brokerId>-<index>"``),
 ``codec`` (``str`` or ``msgpack``), ``decoded`` (string; msgpack as JSON).
 One Spark partition per topic partition (split at ``maxBytesPerPartition``);
 executors fetch straight from the brokers and build Arrow record batches;
-the driver only plans.  All options: :class:`SourceOptions`.
+the driver only plans.  Every message's CRC32 is checked unless
+``verifyChecksums=false`` (that check is most of the read's Python cost: see
+bench/RESULTS.md).  All options: :class:`SourceOptions`.
 
 Streaming queries and the consumer group
 ----------------------------------------
@@ -43,9 +45,9 @@ Metaq's tools show a streaming job's progress like any consumer's.  The write
 happens when Spark plans the next micro-batch (``latestOffset``, whose start
 is the end of the last completed batch; this also records the final batch of
 an ``availableNow`` run) and in ``commit()``; all partitions go in one
-ZooKeeper transaction.  When a running query is stopped, ZooKeeper can trail the
-checkpoint by the last micro-batch: :func:`commit_query_offsets` publishes
-the final position after ``query.stop()``.  A new query (no checkpoint)
+ZooKeeper transaction.  When a running query is stopped, ZooKeeper can trail
+the checkpoint by the last micro-batch: :func:`commit_query_offsets`
+publishes the final position after ``query.stop()``.  A new query (no checkpoint)
 starts from the group's committed offsets by default
 (``startingOffsets=group``; earliest where none).
 
@@ -58,9 +60,12 @@ with :class:`LiveGroupError` naming them, instead of silently overwriting
 their offsets (or having its own overwritten).  Give a streaming job a group
 of its own; to hand a group over between a streaming job and ordinary
 consumers, stop one side before starting the other (the offsets carry over
-both ways).  ``commitOffsets=false`` turns the ZooKeeper writes (and the
-check) off.  The same rule holds for :func:`foreach_partition`.  Two Spark
-jobs on one group are not detected: don't.  With
+both ways).  A consumer that joins while the query runs makes the query fail
+at its next micro-batch (the check and the write are two steps, so one commit
+can race a consumer registering in between).  ``commitOffsets=false`` turns
+the ZooKeeper writes (and the check) off.  The same rule holds for
+:func:`foreach_partition`.  Two Spark jobs on one group are not detected:
+don't.  With
 ``spark.sql.streaming.asyncProgressTrackingEnabled`` Spark may plan before
 the previous batch is done; leave it off when ZooKeeper offsets matter.
 """
