@@ -18,7 +18,6 @@ from __future__ import annotations
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -60,7 +59,15 @@ _INT32_MAX = 0x7FFFFFFF
 _ATTR_LEN = struct.Struct(">i")
 _unpack_header = HEADER.unpack_from
 _pack_header = HEADER.pack
-_crc32 = zlib.crc32
+try:  # ISA-L's CRC32 (zlib's polynomial) is 4-8x faster on message-sized buffers
+    from isal.isal_zlib import crc32
+
+    CRC32_IMPL = "isal"
+except ImportError:  # pragma: no cover - isal is a dependency; kept for odd platforms
+    from zlib import crc32
+
+    CRC32_IMPL = "zlib"
+_crc32 = crc32
 
 
 class RawMessage(NamedTuple):
