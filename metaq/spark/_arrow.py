@@ -22,14 +22,13 @@ from __future__ import annotations
 import json
 import struct
 import sys
-import zlib
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from metaq._errors import MessageError
-from metaq._message import FLAG_HAS_ATTRIBUTE, HEADER_SIZE, MAX_PAYLOAD_SIZE
+from metaq._message import CRC32_IMPL, FLAG_HAS_ATTRIBUTE, HEADER_SIZE, MAX_PAYLOAD_SIZE, crc32
 
 __all__ = ["CRC32_IMPL", "Walk", "WalkHint", "walk", "arrow_schema", "chunk_to_batch", "CODECS",
            "DECODED_COLUMN"]
@@ -41,13 +40,7 @@ CODECS = ("str", "msgpack")
 _INT32_MAX = 0x7FFFFFFF
 _BIG = 2**31 - 1
 _len_of = struct.Struct(">i").unpack_from
-try:  # ISA-L's CRC32 (zlib's polynomial) is about 3x faster on message-sized buffers
-    from isal.isal_zlib import crc32 as _crc32
-
-    CRC32_IMPL = "isal"
-except ImportError:  # pragma: no cover - depends on the environment
-    _crc32 = zlib.crc32
-    CRC32_IMPL = "zlib"
+_crc32 = crc32  # ISA-L's when installed (see metaq._message)
 
 
 # Scalars are always typed: letting pyarrow infer a Python value's type costs a
