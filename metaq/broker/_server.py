@@ -60,6 +60,15 @@ _opaque_of_put = operator.itemgetter(4)
 _PLUS_HEADER = HEADER.size.__add__  # a message's bytes in the log: header + payload
 
 
+def _runs(targets: list[tuple]) -> list[tuple[tuple, int]] | None:
+    """``[(target, count), ...]`` of the runs of equal targets, when there are few
+    (at most one per 64 puts) and none is "partition -1"; else None."""
+    runs = [(t, len(list(g))) for t, g in itertools.groupby(targets)]
+    if len(runs) * 64 > len(targets) or any(t[0] is None for t, _ in runs):
+        return None
+    return runs
+
+
 def _ok_replies(pbytes: bytes, opaques: tuple[bytes, ...], ids: list[int],
                 offsets: list[int]) -> list[bytes]:
     """``result 200`` replies of stored puts (``<msgId> <partition> <offset>``).
@@ -166,6 +175,10 @@ class BrokerServer:
             r = reqs[i]
             t = type(r)
             if t is tuple:  # fast put (see RequestParser.fast_puts)
+                if not i and type(reqs[-1]) is tuple and (
+                        n < 3 or list(map(type, reqs)).count(tuple) == n):
+                    self._fast_puts(conn, reqs)  # the usual read: nothing but fast puts
+                    return
                 j = i + 1
                 while j < n and type(reqs[j]) is tuple:
                     j += 1
@@ -288,14 +301,27 @@ class BrokerServer:
         first = puts[0][0]
         bad = 0
         written = []
-        if first[0] is not None and list(map(_target_of, puts)).count(first) == n:
+        targets = list(map(_target_of, puts))
+        if first[0] is not None and targets.count(first) == n:
             replies, bad, wrote = self._put_group(first, puts, ids)
             if wrote:
                 written.append(first[0])
+        elif (runs := _runs(targets)) is not None:  # a few runs (batches): one group each
+            replies = []
+            start = 0
+            for target, count in runs:
+                stop = start + count
+                group, group_bad, wrote = self._put_group(target, puts[start:stop],
+                                                          ids[start:stop])
+                replies += group
+                bad += group_bad
+                if wrote and target[0] not in written:
+                    written.append(target[0])
+                start = stop
         else:
             replies = [None] * n
             buckets: dict[tuple, list[int]] = {}
-            for k, t in enumerate(map(_target_of, puts)):
+            for k, t in enumerate(targets):
                 if t[0] is None:  # partition -1: the broker picks
                     t = self._rr_target(t[1])
                     if t is None:
