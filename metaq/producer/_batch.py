@@ -224,10 +224,11 @@ class _BatchItem(_Send):
         self.batch._outcome(self.index, None, exception)
 
     @staticmethod
-    def _complete(requests: list, results: Iterable[SendResult]) -> None:
-        for item, result in zip(requests, results, strict=True):
-            item.payload = b""
-            item.set_result(result)
+    def on_acks(requests: list, msg_ids: list[bytes], partitions: list[bytes],
+                offsets: list[bytes]) -> None:
+        for item, msg_id, index, offset in zip(requests, msg_ids, partitions, offsets,
+                                               strict=True):
+            item.on_reply(200, b" ".join((msg_id, index, offset)))
 
 
 class _Chunk:

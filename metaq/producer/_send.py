@@ -13,7 +13,6 @@ from metaq._future import _LAZY_OK, LightFuture
 from zk_layout import Partition
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
 
     from metaq.producer._producer import Producer
 
@@ -65,6 +64,26 @@ class _Send(LightFuture):
     part: Partition | None = None
     tried: set[Partition] | None = None
     flush = False  # write from the sending thread (a blocking send waits anyway)
+    #: The broker's answer as decimal bytes, when completed in bulk (see ``on_acks``).
+    _ack_id = _ack_index = _ack_offset = b""
+
+    def result(self, timeout: float | None = None) -> SendResult:
+        """The :class:`SendResult` (see ``concurrent.futures.Future.result``).
+
+        After a bulk acknowledgement it is built from the broker's answer on
+        each call (equal each time), and not kept: a finished future is then
+        a single object for the garbage collector to track."""
+        if self._state != FINISHED:
+            LightFuture.result(self, timeout)  # waits; raises the failure
+        elif self._exception is not None:
+            raise self._exception
+        r = self._result
+        if r is None:
+            bid = self.part.broker_id  # type: ignore[union-attr]
+            index = int(self._ack_index)
+            r = _new_tuple(SendResult, (int(self._ack_id), partition_names(bid)[index],
+                                        int(self._ack_offset), bid, index))
+        return r
 
     def on_reply(self, code: int, body: bytes) -> None:
         part = self.part
@@ -88,21 +107,20 @@ class _Send(LightFuture):
         else:
             self.producer._failed(self, err)
 
-    @classmethod
-    def on_acks(cls, requests: list, msg_ids: list[bytes], partitions: list[bytes],
-                offsets: list[bytes]) -> None:
-        """Successful replies to many sends of one connection (its reader, in bulk)."""
-        bid = requests[0].part.broker_id  # one connection: one broker
-        cls._complete(requests, map(_make_result, zip(
-            map(int, msg_ids), map(partition_names(bid).__getitem__, partitions),
-            map(int, offsets), _repeat(bid), map(int, partitions), strict=False)))
-
     @staticmethod
-    def _complete(requests: list, results: Iterable[SendResult]) -> None:
+    def on_acks(requests: list, msg_ids: list[bytes], partitions: list[bytes],
+                offsets: list[bytes]) -> None:
+        """Successful replies to many sends of one connection (its reader, in bulk).
+
+        Each future keeps the answer's bytes; ``result()`` builds the
+        :class:`SendResult` when asked (no object per message here)."""
         # set_result inlined: none of these is done (each was in the pending map)
-        for send, result in zip(requests, results, strict=True):
+        for send, msg_id, index, offset in zip(requests, msg_ids, partitions, offsets,
+                                               strict=True):
             send.payload = b""
-            send._result = result
+            send._ack_id = msg_id
+            send._ack_index = index
+            send._ack_offset = offset
             send._state = FINISHED
             if send._waited:
                 send._notify()
