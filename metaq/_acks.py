@@ -61,29 +61,28 @@ def scan_acks(buf: bytes) -> tuple[list[int], list[bytes], list[bytes], list[byt
     reply in order: the opaques as ints, the rest as their decimal bytes
     (``int()`` of each is a valid non-negative integer; converting is left
     to whoever reads them).  Every body length is checked; ``buf[used:]`` is
-    the start of a reply still waiting for bytes.  Returns ``None`` when the
-    complete part holds anything else (another code, a negative number, a
-    malformed reply): parse it with :func:`scan_results`.  Raises
-    ProtocolError when what follows the last complete reply cannot start a
-    valid one.
+    the start of a reply still waiting for bytes.  Returns ``None`` for
+    anything else (another code, a negative number, a malformed reply,
+    bytes that cannot start a reply): :func:`scan_results` then parses the
+    buffer, or names what is wrong with it.  Never raises.
     """
     end = len(buf)
-    last = buf.rfind(b"result ")
+    last = buf.rfind(b"result ")  # the last reply's start, if the rest is acks
     if last < 0:
         return None
     m = _HEAD.match(buf, last)
     if m is None:  # the last header is still coming
-        check_partial(buf, last, end)
         stop = last
+        if not _may_start_reply(buf, stop, end):
+            return None
     else:
         stop = m.end() + int(m.group(2))
         if stop > end:  # the last reply's body is still coming
             if stop - m.end() > MAX_RESULT_BODY:
-                raise ProtocolError(f"result body of {stop - m.end()} bytes is over the "
-                                    f"limit of {MAX_RESULT_BODY}")
+                return None
             stop = last
-        elif stop < end:
-            check_partial(buf, stop, end)
+        elif stop < end and not _may_start_reply(buf, stop, end):
+            return None  # what follows the last reply cannot start one
     if stop == 0:
         return [], [], [], [], 0
     s = buf[:stop] if stop < end else buf
@@ -112,6 +111,14 @@ def scan_acks(buf: bytes) -> tuple[list[int], list[bytes], list[bytes], list[byt
     if max(opaques) > OPAQUE_MASK:
         return None
     return opaques, ids, parts, offs, stop
+
+
+def _may_start_reply(buf: bytes, pos: int, end: int) -> bool:
+    try:
+        check_partial(buf, pos, end)
+    except ProtocolError:
+        return False
+    return True
 
 
 def scan_results(buf: bytes) -> tuple[list[tuple[int, int, bytes]], int]:

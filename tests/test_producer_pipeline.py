@@ -15,7 +15,7 @@ from metaq import BrokerError, ConnectionClosedError, SendTimeoutError
 from metaq._connection import BrokerConnection
 from metaq._message import checksum
 from metaq._pipeline import PipelinedConnection, PutAck
-from metaq._protocol import RequestParser
+from metaq._protocol import RequestParser, encode_result
 from metaq.broker import Broker, BrokerConfig
 from metaq.testing import free_port, wait_until
 
@@ -248,6 +248,167 @@ def test_close_waits_for_replies_in_flight(broker: Broker) -> None:
     fs = [conn.put("t", 0, b"%d" % i, 0, _crc(b"%d" % i)) for i in range(2000)]
     conn.close(timeout=10)
     assert all(f.done() and f.exception() is None for f in fs)
+
+
+# --------------------------------------------------------------------------- put_many
+
+class Outcomes:
+    """A MultiPending that records each index's outcome (and fails on a second one)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.got: dict[int, tuple] = {}
+        self.bulk_calls = 0
+        self.lock = threading.Lock()
+
+    def _set(self, index: int, value: tuple) -> None:
+        with self.lock:
+            assert 0 <= index < self.n and index not in self.got, (index, value)
+            self.got[index] = value
+
+    def on_acks(self, first, msg_ids, partitions, offsets) -> None:  # type: ignore[no-untyped-def]
+        self.bulk_calls += 1
+        for i, (a, b, c) in enumerate(zip(msg_ids, partitions, offsets, strict=True)):
+            self._set(first + i, ("ok", int(a), int(b), int(c)))
+
+    def on_reply_at(self, index: int, code: int, body: bytes) -> None:
+        if code == 200:
+            a, b, c = map(int, body.split())
+            self._set(index, ("ok", a, b, c))
+        else:
+            self._set(index, ("code", code, body))
+
+    def on_error_at(self, index: int, exc: BaseException) -> None:
+        self._set(index, ("error", exc))
+
+    def complete(self) -> bool:
+        return len(self.got) == self.n
+
+
+def test_put_many_every_index_acknowledged_and_stored(broker: Broker) -> None:
+    payloads = [b"p%05d" % i + b"y" * (i % 70) for i in range(5000)]
+    batch = Outcomes(len(payloads))
+    with PipelinedConnection("127.0.0.1", broker.port, name="b3") as conn:
+        singles = [conn.put("t", 1, b"s%d" % i, 0, _crc(b"s%d" % i)) for i in range(10)]
+        conn.put_many("t", 0, payloads, 0, [_crc(p) for p in payloads], batch, flush=True)
+        singles += [conn.put("t", 1, b"s%d" % i, 0, _crc(b"s%d" % i)) for i in range(10, 20)]
+        conn.put_many("t", 1, [], 0, [], Outcomes(0))  # nothing: no-op
+        wait_until(batch.complete, 20, what="every put of the batch answered")
+        assert [f.result(5).partition for f in singles] == [1] * 20
+        assert conn.in_flight == 0
+    assert batch.bulk_calls >= 1  # acknowledged in bulk, not one by one
+    acks = [batch.got[i] for i in range(len(payloads))]
+    assert all(a[0] == "ok" and a[2] == 0 for a in acks)
+    with BrokerConnection("127.0.0.1", broker.port) as reader:
+        got = read_partition(reader, "t", 0)
+    assert [m.payload for m in got] == payloads
+    assert [(m.msg_id, m.offset) for m in got] == [(a[1], a[3]) for a in acks]
+
+
+def test_put_many_mixed_replies_out_of_order_each_index_once(server_factory) -> None:  # type: ignore[no-untyped-def]
+    def answer(reqs):  # type: ignore[no-untyped-def]
+        out = []
+        for r in reqs:
+            n = int(r.payload)
+            if n % 7 == 3:
+                out.append(encode_result(500, b"disk full", r.opaque))
+            else:
+                body = b"%d 4 %d" % (1000 + n, 10 * n)
+                out.append(b"result 200 %d %d\r\n%b" % (len(body), r.opaque, body))
+        if reqs and int(reqs[0].payload) >= 200:
+            out.reverse()  # the second half answered backwards
+        return b"".join(out)
+
+    server = server_factory(answer)
+    batch = Outcomes(400)
+    payloads = [b"%d" % i for i in range(400)]
+    with PipelinedConnection("127.0.0.1", server.port) as conn:
+        conn.put_many("t", 4, payloads[:200], 0, [1] * 200, batch)
+        wait_until(lambda: len(batch.got) == 200, 10, what="the first half")
+        conn.put_many("t", 4, payloads[200:], 0, [1] * 200, _Shifted(batch, 200))
+        wait_until(batch.complete, 10, what="every put answered")
+        assert conn.in_flight == 0 and not conn.closed
+    for i in range(400):
+        expect = (("code", 500, b"disk full") if i % 7 == 3 else ("ok", 1000 + i, 4, 10 * i))
+        assert batch.got[i] == expect, i
+
+
+class _Shifted:
+    """Outcomes of a second put_many, recorded at ``base + index``."""
+
+    def __init__(self, target: Outcomes, base: int) -> None:
+        self.target, self.base = target, base
+
+    def on_acks(self, first, msg_ids, partitions, offsets) -> None:  # type: ignore[no-untyped-def]
+        self.target.on_acks(self.base + first, msg_ids, partitions, offsets)
+
+    def on_reply_at(self, index: int, code: int, body: bytes) -> None:
+        self.target.on_reply_at(self.base + index, code, body)
+
+    def on_error_at(self, index: int, exc: BaseException) -> None:
+        self.target.on_error_at(self.base + index, exc)
+
+
+def test_put_many_connection_lost_mid_batch_fails_the_rest_once(server_factory) -> None:  # type: ignore[no-untyped-def]
+    answered = [0]
+
+    def answer(reqs):  # type: ignore[no-untyped-def]
+        if answered[0] >= 150:
+            return b"CLOSE"
+        out = []
+        for r in reqs[:150 - answered[0]]:
+            out.append(b"result 200 5 %d\r\n1 0 0" % r.opaque)
+        answered[0] += len(out)
+        return b"".join(out) if answered[0] < 150 else b"".join(out) + b"result 200 5"
+
+    server = server_factory(answer)
+    batch = Outcomes(1000)
+    conn = PipelinedConnection("127.0.0.1", server.port)
+    try:
+        conn.put_many("t", 0, [b"x"] * 1000, 0, [1] * 1000, batch)
+        wait_until(lambda: len(batch.got) >= 150, 10, what="150 answers")
+        conn.put("t", 0, b"nudge", 0, 1)  # the server closes on its next read
+        wait_until(batch.complete, 10, what="every put to get an outcome")
+    finally:
+        conn.close()
+    oks = [i for i, v in batch.got.items() if v[0] == "ok"]
+    errors = [i for i, v in batch.got.items() if v[0] == "error"]
+    assert oks == list(range(150)) and errors == list(range(150, 1000))
+    assert all(isinstance(batch.got[i][1], ConnectionClosedError) for i in errors)
+    with pytest.raises(ConnectionClosedError):
+        conn.put_many("t", 0, [b"x"], 0, [1], Outcomes(1))
+
+
+def test_put_many_waits_for_room_for_all_of_it(server_factory) -> None:  # type: ignore[no-untyped-def]
+    server = server_factory(lambda reqs: None)  # never answers
+    with PipelinedConnection("127.0.0.1", server.port, max_in_flight=100,
+                             request_timeout=30) as conn:
+        first = Outcomes(150)
+        conn.put_many("t", 0, [b"x"] * 150, 0, [1] * 150, first)  # alone: may pass the window
+        t0 = time.monotonic()
+        with pytest.raises(SendTimeoutError, match="in-flight window"):
+            conn.put_many("t", 0, [b"y"], 0, [1], Outcomes(1), time.monotonic() + 0.3)
+        assert time.monotonic() - t0 >= 0.25 and conn.in_flight == 150
+        conn.close()
+    assert first.complete() and {v[0] for v in first.got.values()} == {"error"}
+
+
+def test_put_many_stale_puts_time_out_alone(server_factory) -> None:  # type: ignore[no-untyped-def]
+    def answer(reqs):  # type: ignore[no-untyped-def]
+        return b"".join(b"result 200 5 %d\r\n1 0 0" % r.opaque for r in reqs
+                        if r.payload != b"lost")
+
+    server = server_factory(answer)
+    batch = Outcomes(6)
+    with PipelinedConnection("127.0.0.1", server.port, request_timeout=0.3,
+                             stale_timeout=0.6) as conn:
+        conn.put_many("t", 0, [b"a", b"lost", b"b", b"lost", b"c", b"d"], 0, [1] * 6, batch)
+        t0 = time.monotonic()
+        while not batch.complete() and time.monotonic() - t0 < 10:  # replies keep flowing
+            conn.put("t", 0, b"ok", 0, 1).result(5)
+        assert conn.in_flight == 0 and not conn.closed
+    assert [batch.got[i][0] for i in range(6)] == ["ok", "error", "ok", "error", "ok", "ok"]
+    assert isinstance(batch.got[1][1], SendTimeoutError)
 
 
 # --------------------------------------------------------------------------- helpers
