@@ -1,4 +1,5 @@
-"""Parsing a broker's replies to puts (client side of a put connection).
+"""A broker's replies to puts (client side of a put connection): who gets them
+(:class:`Pending`, :class:`MultiPending`, :class:`PutFuture`) and parsing.
 
 Two parsers over the same bytes:
 
@@ -16,12 +17,14 @@ Two parsers over the same bytes:
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
-from metaq._errors import ProtocolError
+from metaq._errors import BrokerError, ProtocolError
+from metaq._future import LightFuture
 from metaq._protocol import MAX_LINE
 
-__all__ = ["PutAck", "parse_put_ack", "scan_acks", "scan_results", "check_partial"]
+__all__ = ["MultiPending", "Pending", "PutAck", "PutFuture", "check_partial", "parse_put_ack",
+           "scan_acks", "scan_results"]
 
 #: Largest ``result`` body accepted on a put connection (bodies are short texts).
 MAX_RESULT_BODY = 1024 * 1024
@@ -53,6 +56,80 @@ def parse_put_ack(body: bytes) -> PutAck:
     raise ProtocolError(f"put reply body {bytes(body[:120])!r} is not '<msgId> <partition> "
                         f"<offset>'")
 
+
+# --------------------------------------------------------------------------- requests
+
+class Pending(Protocol):
+    """What the connection completes for one put: exactly one of these is
+    called, once, from the reader thread (or from the thread that finds the
+    connection dead).
+
+    The connection stores ``_pipe_sent`` (monotonic time) and ``_pipe_size``
+    on it (no tuple per request: fewer objects for the garbage collector).
+
+    Optionally the class has ``on_acks(requests, msg_ids, partitions,
+    offsets)`` (a static or class method; the last three are lists of
+    decimal ``bytes``, each a valid non-negative integer): the reader then
+    completes a run of successful replies to requests of that class in one
+    call instead of calling ``on_reply(200, body)`` for each.
+    """
+
+    _pipe_sent: float
+    _pipe_size: int
+
+    def on_reply(self, code: int, body: bytes) -> None: ...
+
+    def on_error(self, exc: BaseException) -> None: ...
+
+
+class MultiPending(Protocol):
+    """What the connection completes for the puts of one
+    :meth:`PipelinedConnection.put_many` call, by their index in that call.
+
+    Each index gets exactly one outcome: ``on_acks`` (a run of successes,
+    indexes ``first .. first + len(msg_ids) - 1``, in order; the columns are
+    lists of decimal ``bytes``, each a valid non-negative integer), ``on_reply_at``
+    (any other reply, or a success that came alone) or ``on_error_at``.
+    Called from the reader thread (or the thread that finds the connection dead).
+    """
+
+    def on_acks(self, first: int, msg_ids: list[bytes], partitions: list[bytes],
+                offsets: list[bytes]) -> None: ...
+
+    def on_reply_at(self, index: int, code: int, body: bytes) -> None: ...
+
+    def on_error_at(self, index: int, exc: BaseException) -> None: ...
+
+
+class PutFuture(LightFuture):
+    """The default request: resolves to a :class:`PutAck` or raises BrokerError."""
+
+    def __init__(self, broker: str = "") -> None:
+        super().__init__()
+        self._broker = broker
+
+    def on_reply(self, code: int, body: bytes) -> None:
+        if code == 200:
+            try:
+                self.set_result(parse_put_ack(body))
+            except ProtocolError as e:
+                self.set_exception(e)
+        else:
+            self.set_exception(BrokerError(code, body.decode("utf-8", "replace"),
+                                           broker=self._broker))
+
+    @staticmethod
+    def on_acks(requests: list, msg_ids: list[bytes], partitions: list[bytes],
+                offsets: list[bytes]) -> None:
+        for request, ack in zip(requests, map(PutAck, map(int, msg_ids), map(int, partitions),
+                                              map(int, offsets)), strict=True):
+            request.set_result(ack)
+
+    def on_error(self, exc: BaseException) -> None:
+        self.set_exception(exc)
+
+
+# --------------------------------------------------------------------------- parsing
 
 def scan_acks(buf: bytes) -> tuple[list[int], list[bytes], list[bytes], list[bytes], int] | None:
     """Split the complete replies at the start of ``buf`` when all are put acks.

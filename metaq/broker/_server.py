@@ -15,17 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import itertools
 import logging
-import operator
 import os
 import time
-import zlib
 from collections.abc import Callable
 
 from metaq import __version__
 from metaq._errors import ProtocolError, StorageError
-from metaq._message import HEADER, MsgIdGenerator
+from metaq._message import MsgIdGenerator
 from metaq._protocol import (
     BadRequest,
     GetRequest,
@@ -40,6 +37,15 @@ from metaq._protocol import (
 )
 from metaq.broker._config import BrokerConfig
 from metaq.broker._connection import Connection, FileReply, Gate, result
+from metaq.broker._putpath import (  # the put fast path and what the slow path shares
+    _MASK,
+    _crc32,
+    _opaque_of_put,
+    _pack,
+    _target_of,
+    put_group,
+)
+from metaq.broker._putpath import runs as group_runs
 from metaq.broker._storage import PartitionLog, Storage
 
 __all__ = ["BrokerServer", "VERSION"]
@@ -48,45 +54,6 @@ log = logging.getLogger(__name__)
 
 #: Answer to ``version``: the Metaq release we speak, then ours.
 VERSION = f"1.4.6 metaq-py/{__version__}"
-
-_MASK = 0x7FFFFFFF
-try:  # ISA-L's CRC32 (same polynomial as zlib) is 3-9x faster on message-sized payloads
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - depends on the environment
-    _crc32 = zlib.crc32
-_pack = HEADER.pack
-_target_of = operator.itemgetter(0)
-_opaque_of_put = operator.itemgetter(4)
-_PLUS_HEADER = HEADER.size.__add__  # a message's bytes in the log: header + payload
-
-
-def _runs(targets: list[tuple]) -> list[tuple[tuple, int]] | None:
-    """``[(target, count), ...]`` of the runs of equal targets, when there are few
-    (at most one per 64 puts) and none is "partition -1"; else None."""
-    runs = [(t, len(list(g))) for t, g in itertools.groupby(targets)]
-    if len(runs) * 64 > len(targets) or any(t[0] is None for t, _ in runs):
-        return None
-    return runs
-
-
-def _ok_replies(pbytes: bytes, opaques: tuple[bytes, ...], ids: list[int],
-                offsets: list[int]) -> list[bytes]:
-    """``result 200`` replies of stored puts (``<msgId> <partition> <offset>``).
-
-    msgIds and offsets only grow, so their digit counts (and the body length)
-    are the same for every reply when they are the same for the first and the
-    last: then each reply is one ``%`` of a prebuilt format.
-    """
-    n_id = len(b"%d" % ids[0])
-    n_off = len(b"%d" % offsets[0])
-    if n_id == len(b"%d" % ids[-1]) and n_off == len(b"%d" % offsets[-1]):
-        fmt = b"result 200 %d %%b\r\n%%d %b %%d" % (n_id + len(pbytes) + n_off + 2, pbytes)
-        return list(map(fmt.__mod__, zip(opaques, ids, offsets, strict=True)))
-    fixed = len(pbytes) + 2
-    return [b"result 200 %d %b\r\n%d %b %d" % (len(b"%d" % i) + len(b"%d" % o) + fixed, op,
-                                                 i, pbytes, o)
-            for op, i, o in zip(opaques, ids, offsets, strict=True)]
-
 
 class BrokerServer:
     """Serves one :class:`Storage` over TCP."""
@@ -306,7 +273,7 @@ class BrokerServer:
             replies, bad, wrote = self._put_group(first, puts, ids)
             if wrote:
                 written.append(first[0])
-        elif (runs := _runs(targets)) is not None:  # a few runs (batches): one group each
+        elif (runs := group_runs(targets)) is not None:  # a few runs (batches): one group each
             replies = []
             start = 0
             for target, count in runs:
@@ -350,71 +317,9 @@ class BrokerServer:
             conn.send_gated(Gate(fut, data, list(map(int, map(_opaque_of_put, puts)))))
         else:
             conn.send(data)
-
     def _put_group(self, target: tuple, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:
-        """Store ``puts`` (fast-path tuples, all to ``target``) with msgIds ``ids``:
-        ``(replies in order, how many failed, whether anything was written)``."""
-        plog, pbytes = target
-        m = len(puts)
-        if plog.closed:
-            return [b"result 400 17 %b\r\nchecksum mismatch" % opaque
-                    if _crc32(payload) & _MASK != check else
-                    result(403, f"partition {plog.topic}-{plog.partition} is closed", int(opaque))
-                    for _t, _l, _f, check, opaque, payload in puts], m, False
-        _t, lengths, flags, checks, opaques, payloads = zip(*puts, strict=True)
-        if list(map(_MASK.__and__, map(_crc32, payloads))) != list(checks):
-            return self._put_group_checked(plog, pbytes, puts, ids)
-        base = plog.end
-        parts: list = [None] * (2 * m)
-        parts[0::2] = map(_pack, lengths, checks, ids, flags)
-        parts[1::2] = payloads
-        offsets = list(itertools.accumulate(map(_PLUS_HEADER, lengths), initial=base))
-        offsets.pop()
-        try:
-            start = plog.append(b"".join(parts), m)
-            if start != base:  # cannot happen: offsets are only assigned here
-                raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
-        except StorageError as e:
-            log.error("put failed: %s", e)
-            return [result(500, f"write failed: {e}", int(o)) for o in opaques], m, False
-        return _ok_replies(pbytes, opaques, ids, offsets), 0, True
-
-    def _put_group_checked(self, plog: PartitionLog, pbytes: bytes, puts: list,
-                           ids: list[int]) -> tuple[list[bytes], int, bool]:
-        """:meth:`_put_group` one put at a time, for a group with bad checksums."""
-        replies: list = [None] * len(puts)
-        parts: list = []
-        add = parts.append
-        base = plog.end
-        size = bad = 0
-        fixed = len(pbytes) + 2
-        for k, (_t, length, flag, check, opaque, payload) in enumerate(puts):
-            if _crc32(payload) & _MASK != check:
-                replies[k] = b"result 400 17 %b\r\nchecksum mismatch" % opaque
-                bad += 1
-                continue
-            msg_id = ids[k]
-            add(_pack(length, check, msg_id, flag))
-            add(payload)
-            off = base + size
-            size += 20 + length
-            replies[k] = b"result 200 %d %b\r\n%d %b %d" % (
-                len(b"%d" % msg_id) + len(b"%d" % off) + fixed, opaque, msg_id, pbytes, off)
-        if not parts:
-            return replies, bad, False
-        try:
-            start = plog.append(b"".join(parts), len(parts) >> 1)
-            if start != base:  # cannot happen: offsets are only assigned here
-                raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
-        except StorageError as e:
-            log.error("put failed: %s", e)
-            for k, reply in enumerate(replies):
-                if reply.startswith(b"result 200 "):
-                    replies[k] = result(500, f"write failed: {e}", int(puts[k][4]))
-                    bad += 1
-            return replies, bad, False
-        return replies, bad, True
+        return put_group(target, puts, ids)
 
     def _rr_target(self, topic: str) -> tuple | None:
         p = self._pick_partition(topic)
