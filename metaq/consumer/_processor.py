@@ -18,17 +18,10 @@ from typing import Any
 
 from metaq._codec import Codec
 from metaq._errors import ChecksumError
+from metaq._message import CRC32_IMPL
+from metaq._message import crc32 as _crc32  # ISA-L's when installed (a dependency)
 from metaq.consumer._concurrent import RECONSUME_LATER, ReconsumeLater
 from metaq.consumer._message import Message, message_classes
-
-try:  # ISA-L's CRC32 (same polynomial as zlib) is 4-8x faster on message-sized buffers
-    from isal.isal_zlib import crc32 as _crc32
-
-    CRC32_IMPL = "isal"
-except ImportError:  # pragma: no cover - depends on the environment
-    from zlib import crc32 as _crc32
-
-    CRC32_IMPL = "zlib"
 
 __all__ = ["PartitionFetch", "BatchResult", "process_batch", "Rewind", "CRC32_IMPL"]
 
