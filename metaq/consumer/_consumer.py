@@ -64,6 +64,7 @@ class _Subscription:
     batch_listener: Callable[[list[Message]], Any] | None
     max_size: int
     auto_ack: bool = True
+    max_batch: int = 500
 
 
 class MessageConsumer:
@@ -77,7 +78,8 @@ class MessageConsumer:
             ...
 
     ``subscribe`` takes a callable called once per message, or an object with
-    ``on_messages(batch)`` called with every fetched batch of one partition.
+    ``on_messages(batch)`` called with the messages of one partition in offset order,
+    a fetched batch at a time in slices of at most ``max_batch`` (500) messages.
     ``start`` (Metaq's ``completeSubscribe``) joins the group.  ``close``
     commits, releases its partitions and leaves the group; ZooKeeper is left
     clean (no owner nodes, no id node).  Errors from background threads are
@@ -153,7 +155,7 @@ class MessageConsumer:
         self.close()
 
     def subscribe(self, topic: str, listener: Any, *, max_size: int = MIB,
-                  auto_ack: bool = True) -> MessageConsumer:
+                  auto_ack: bool = True, max_batch: int = 500) -> MessageConsumer:
         """Consume ``topic`` with ``listener``; call before :meth:`start`.
 
         With ``auto_ack=False`` progress stays tentative until :meth:`ack`;
@@ -165,6 +167,8 @@ class MessageConsumer:
         check_topic(topic)
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 32:
             raise ConfigError(f"max_size must be an int >= 32, got {max_size!r}")
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch must be an int >= 1, got {max_batch!r}")
         if max_size > self.config.max_fetch_size:
             raise ConfigError(f"max_size {max_size} is over max_fetch_size "
                               f"{self.config.max_fetch_size}")
@@ -172,11 +176,11 @@ class MessageConsumer:
         if batch is not None and callable(batch):
             if self._dispatcher is not None or not auto_ack:
                 raise ConfigError("a batch listener works in orderly auto-ack mode only")
-            sub = _Subscription(topic, None, batch, max_size, auto_ack)
+            sub = _Subscription(topic, None, batch, max_size, auto_ack, max_batch)
         elif callable(listener):
             if self._dispatcher is not None and not auto_ack:
                 raise ConfigError("manual ack works in orderly mode only")
-            sub = _Subscription(topic, listener, None, max_size, auto_ack)
+            sub = _Subscription(topic, listener, None, max_size, auto_ack, max_batch)
         else:
             raise ConfigError("listener must be callable or have on_messages(batch)")
         if topic in self._subs:
@@ -367,7 +371,7 @@ class MessageConsumer:
         pf = PartitionFetch(
             topic=topic, partition=partition, broker_id=broker_id,
             index=int(partition.split("-", 1)[1]), broker_address=address, offset=offset,
-            msg_id=msg_id, max_size=sub.max_size, listener=sub.listener,
+            msg_id=msg_id, max_size=sub.max_size, listener=sub.listener, max_batch=sub.max_batch,
             batch_listener=sub.batch_listener, codec=self._codec,
             verify=self.config.verify_checksums, max_retries=self.config.max_fetch_retries,
             reject=self._reject, epoch=epoch)
