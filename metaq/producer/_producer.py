@@ -66,7 +66,9 @@ class Producer:
         with Producer("127.0.0.1:2181") as producer:
             result = producer.send("orders", b"hello")           # blocks
             future = producer.send_async("orders", {"id": 1})     # pipelined
-            print(result.partition, result.offset, future.result().msg_id)
+            batch = producer.send_batch("orders", [b"a", b"b"])   # many, one future
+            print(result.partition, result.offset, future.result().msg_id,
+                  [r.offset for r in batch.result()])
 
     ``zk_connect`` is a ZooKeeper connect string (with an optional chroot) or
     a started :class:`kazoo.client.KazooClient` (left running on close).
@@ -209,11 +211,12 @@ class Producer:
         sequence of :class:`SendResult`, one per body in the order of
         ``bodies`` (built when read; ``list()`` it for a list).  Every body
         is encoded and checked first: a bad one raises here (naming its
-        index) and nothing is sent.  The whole
-        batch goes to **one** partition (the partitioner is asked once, with
-        the first body and ``key``; round-robin moves on per batch), written
-        in chunks of up to 4096 messages, each with one write, and stored
-        there in order.  ``attribute`` applies to every message.
+        index) and nothing is sent.  The whole batch goes to **one**
+        partition (the partitioner is asked once, with the first body and
+        ``key``; round-robin moves on per batch), written in chunks of up to
+        4096 messages, each with one write, and stored there in order.
+        ``attribute`` applies to every message.  Per message this costs a
+        fraction of ``send_async`` (see bench/RESULTS.md).
 
         Each message keeps its own retries: one refused with a code a retry
         may fix, or left unanswered by a failed connection, is sent again on
