@@ -74,9 +74,9 @@ from _procs import BrokerProc, start_broker  # noqa: E402
 
 from metaq import Producer  # noqa: E402
 from metaq._codec import get_codec  # noqa: E402
+from metaq._message import crc32 as _crc32  # noqa: E402
 from metaq._protocol import encode_put  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402
-from metaq.producer._send import _crc32  # noqa: E402
 
 TOPIC = "bench"
 SIZES = (100, 1024)

@@ -40,10 +40,10 @@ from metaq._errors import (
 )
 from metaq._future import LightFuture
 from metaq._message import FLAG_HAS_ATTRIBUTE
+from metaq._message import crc32 as _crc32  # ISA-L when installed (one selection point)
 from metaq.producer._send import (
     NO_RETRY,
     SendResult,
-    _crc32,
     _make_result,
     _repeat,
     _Send,

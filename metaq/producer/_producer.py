@@ -38,6 +38,7 @@ from metaq._errors import (
     SendTimeoutError,
 )
 from metaq._message import FLAG_HAS_ATTRIBUTE
+from metaq._message import crc32 as _crc32  # ISA-L when installed (one selection point)
 from metaq._pipeline import READER_PREFIX, PipelinedConnection
 from metaq._protocol import check_topic
 from metaq._zkclient import make_client
@@ -45,7 +46,7 @@ from metaq.producer._batch import BatchFuture, BatchResults, submit_batch
 from metaq.producer._config import ProducerConfig
 from metaq.producer._partitioner import make_partitioner
 from metaq.producer._router import Router, TopicRoute
-from metaq.producer._send import SendResult, _crc32, _Send
+from metaq.producer._send import SendResult, _Send
 from zk_layout import Layout, Partition
 
 __all__ = ["BatchFuture", "BatchResults", "Producer", "SendResult"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import zlib
 from concurrent.futures._base import FINISHED, RUNNING
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -13,7 +12,6 @@ from metaq._future import _LAZY_OK, LightFuture
 from zk_layout import Partition
 
 if TYPE_CHECKING:
-
     from metaq.producer._producer import Producer
 
 __all__ = ["SendResult"]
@@ -22,10 +20,6 @@ __all__ = ["SendResult"]
 NO_RETRY = frozenset((400, 401))
 _new_tuple = tuple.__new__
 _repeat = itertools.repeat
-try:  # ISA-L's CRC32 (same polynomial as zlib) is 3-9x faster on message-sized buffers
-    from isal.isal_zlib import crc32 as _crc32
-except ImportError:  # pragma: no cover - depends on the environment
-    _crc32 = zlib.crc32
 
 
 class SendResult(NamedTuple):
