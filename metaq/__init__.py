@@ -3,10 +3,11 @@
 from metaq._errors import *  # noqa: F403
 from metaq._errors import __all__ as _errors_all
 from metaq._zkclient import ZkSecurity
-from metaq.consumer import ConsumerConfig, Message, MessageConsumer, Rewind
-from metaq.producer import Producer, ProducerConfig, SendResult
+from metaq.consumer import RECONSUME_LATER, ConsumerConfig, Message, MessageConsumer, Rewind
+from metaq.producer import BatchResults, Producer, ProducerConfig, SendResult
 
 __version__ = "0.1.0"
 
 __all__ = [*_errors_all, "MessageConsumer", "ConsumerConfig", "Message", "Rewind",
-           "Producer", "ProducerConfig", "SendResult", "ZkSecurity", "__version__"]
+           "RECONSUME_LATER", "Producer", "ProducerConfig", "SendResult", "BatchResults",
+           "ZkSecurity", "__version__"]
