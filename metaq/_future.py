@@ -23,6 +23,7 @@ _FUTURE_FIELDS = frozenset(("_condition", "_state", "_result", "_exception", "_w
 # The lazy trick needs Future's private layout to be what this module knows.
 _LAZY_OK = set(Future().__dict__) == _FUTURE_FIELDS
 _DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_LAZY_LOCK = threading.Lock()
 
 
 class LightFuture(Future):
@@ -56,15 +57,21 @@ class LightFuture(Future):
         self._exception = None
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes missing from the instance: the lazy ones.
+        # Only reached for attributes missing from the instance: the lazy ones.  Built
+        # with ordinary attribute stores under one lock (a rare path): touching
+        # ``self.__dict__`` from a waiting thread while the completing thread stores
+        # attributes crashed CPython 3.11's garbage collector once in CI.
         if name in ("_condition", "_waiters", "_done_callbacks"):
-            d = self.__dict__
-            d.setdefault("_waiters", [])
-            d.setdefault("_done_callbacks", [])
-            if "_condition" not in d:
-                d.setdefault("_condition", threading.Condition())
-            self._waited = True
-            return d[name]
+            with _LAZY_LOCK:
+                try:
+                    return object.__getattribute__(self, name)
+                except AttributeError:
+                    pass
+                self._waiters = []
+                self._done_callbacks = []
+                self._condition = threading.Condition()
+                self._waited = True
+            return object.__getattribute__(self, name)
         raise AttributeError(f"{type(self).__name__!s} object has no attribute {name!r}")
 
     def set_result(self, result: Any) -> None:
