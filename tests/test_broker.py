@@ -258,8 +258,14 @@ def test_big_gets_use_sendfile_and_are_capped(tmp_path):
         assert v3.body == seg[100_020:250_020]      # capped at maxSize
         assert [split_payload(m.payload, m.flag)[1] for m in iter_messages(v1.body, 0)] == \
             bodies[:2]
-        stats = broker.stats()
-        assert "STAT get_sendfile 2\r\n" in stats and "get_sendfile_fallback 0" in stats
+        # the counter moves when the sendfile task finishes, which can be just after the
+        # client has read the bytes: wait for it, with a deadline
+        def counted() -> str | None:
+            st = broker.stats()
+            return st if "STAT get_sendfile 2\r\n" in st else None
+
+        stats = wait_until(counted, timeout=10, what="two sendfiles counted")
+        assert "get_sendfile_fallback 0" in stats
         c.close()
 
 
