@@ -167,3 +167,21 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     if ensemble is not None and "zk_ensemble" in fixtures:
         report.sections.append((f"zookeeper ensemble logs ({report.when})",
                                 ensemble.log_tail(40)))  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def brokers(zk_connect: str, tmp_path) -> Iterator[object]:
+    """``brokers(id, {topic: n}, **kw)`` starts a broker process (tests/_procs.py); all of
+    them stop after the test."""
+    from _procs import start_broker, stop_all
+
+    started: list = []
+
+    def start(broker_id: int, topics: dict[str, int], **kw: object):  # noqa: ANN202
+        b = start_broker(zk_connect, broker_id, tmp_path / f"broker{broker_id}", topics,
+                         **kw)  # type: ignore[arg-type]
+        started.append(b)
+        return b
+
+    yield start
+    stop_all(started)

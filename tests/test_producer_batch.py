@@ -9,11 +9,10 @@ and stored, or reported as failed.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from _procs import BrokerProc, read_partition, start_broker, stop_all
+from _procs import BrokerProc, read_partition
 
 from metaq import (
     BatchSendError,
@@ -32,21 +31,6 @@ from metaq.producer._batch import BatchFuture, _Chunk, chunk_bounds
 from metaq.testing import wait_until
 
 StartBroker = Callable[..., BrokerProc]
-
-
-@pytest.fixture
-def brokers(zk_connect: str, tmp_path: Path) -> Iterator[StartBroker]:
-    """``brokers(id, {topic: n}, **kw)`` starts a broker process; all stop after the test."""
-    started: list[BrokerProc] = []
-
-    def start(broker_id: int, topics: dict[str, int], **kw: object) -> BrokerProc:
-        b = start_broker(zk_connect, broker_id, tmp_path / f"broker{broker_id}", topics,
-                         **kw)  # type: ignore[arg-type]
-        started.append(b)
-        return b
-
-    yield start
-    stop_all(started)
 
 
 def _stored(procs: list[BrokerProc], topic: str) -> dict[tuple[str, int], object]:

@@ -11,11 +11,11 @@ import subprocess
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _procs import BrokerProc, read_partition, start_broker, stop_all
+from _procs import BrokerProc, read_partition
 
 from metaq import (
     MessageError,
@@ -33,21 +33,6 @@ from metaq._message import build_payload, scan_messages
 from metaq.testing import expire_session, free_port, wait_until
 
 StartBroker = Callable[..., BrokerProc]
-
-
-@pytest.fixture
-def brokers(zk_connect: str, tmp_path: Path) -> Iterator[StartBroker]:
-    """``brokers(id, {topic: n}, **kw)`` starts a broker process; all stop after the test."""
-    started: list[BrokerProc] = []
-
-    def start(broker_id: int, topics: dict[str, int], **kw: object) -> BrokerProc:
-        b = start_broker(zk_connect, broker_id, tmp_path / f"broker{broker_id}", topics,
-                         **kw)  # type: ignore[arg-type]
-        started.append(b)
-        return b
-
-    yield start
-    stop_all(started)
 
 
 def _expected(body: object, attribute: str | None) -> tuple[bytes, int]:
