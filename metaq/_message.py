@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from metaq._errors import ChecksumError, ConfigError, MessageError
+from metaq._native import speedups as _native
 
 __all__ = [
     "HEADER",
@@ -38,6 +39,7 @@ __all__ = [
     "encode_message",
     "iter_messages",
     "scan_messages",
+    "scan_problem",
     "msg_id_parts",
 ]
 
@@ -176,6 +178,9 @@ def scan_messages(buf: bytes | bytearray | memoryview, *,
     and ``None`` when the rest is empty or a truncated message, else a text
     saying what is wrong at ``valid_bytes`` (bad length or checksum).
     """
+    if _native is not None:
+        _bounds, count, valid, kind, a, b = _native.scan(buf, True, max_payload, False)
+        return valid, count, scan_problem(kind, a, b)
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     end = len(mv)
     pos = 0
@@ -195,6 +200,15 @@ def scan_messages(buf: bytes | bytearray | memoryview, *,
         count += 1
         pos = nxt
     return pos, count, None
+
+
+def scan_problem(kind: int, a: int, b: int) -> str | None:
+    """The text :func:`scan_messages` gives for a problem found by the C ``scan``."""
+    if kind == 1:
+        return f"impossible message length {a}"
+    if kind == 2:
+        return f"checksum mismatch (header {a}, payload {b})"
+    return None
 
 
 def msg_id_parts(msg_id: int) -> tuple[int, int, int]:

@@ -9,8 +9,20 @@ from hypothesis import strategies as st
 from metaq import ChecksumError, ConfigError
 from metaq._codec import get_codec
 from metaq._message import build_payload, checksum, encode_message
-from metaq.consumer import ConsumerConfig
+from metaq._native import speedups
+from metaq.consumer import ConsumerConfig, _processor
 from metaq.consumer._processor import PartitionFetch, process_batch
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def loops(request, monkeypatch):
+    """Every test here runs on the C loops (metaq/_speedups.c) and on the pure-Python ones."""
+    if request.param == "c":
+        assert speedups is not None, "the C speedups are not built (see test_speedups.py)"
+        monkeypatch.setattr(_processor, "_NATIVE", speedups)
+    else:
+        monkeypatch.setattr(_processor, "_NATIVE", None)
+    return request.param
 
 
 def _log(bodies, attrs=None, start_id=100):

@@ -20,6 +20,7 @@ from metaq._codec import Codec
 from metaq._errors import ChecksumError
 from metaq._message import CRC32_IMPL
 from metaq._message import crc32 as _crc32  # ISA-L's when installed (a dependency)
+from metaq._native import speedups as _NATIVE
 from metaq.consumer._concurrent import RECONSUME_LATER, ReconsumeLater
 from metaq.consumer._message import Message, message_classes
 
@@ -200,13 +201,84 @@ def process_batch(pf: PartitionFetch, data: bytes | bytearray | memoryview) -> B
     pf.retry_delay = None
     if type(data) is not bytes:
         data = bytes(data)  # one copy; slicing bytes is the cheapest way to the bodies
+    native = _NATIVE is not None
     if pf.batch_listener is not None:
-        return _deliver_batch(pf, data)
+        return _deliver_batch_c(pf, data) if native else _deliver_batch(pf, data)
     if pf.dispatcher is not None:
         return _deliver_concurrent(pf, data)
     if not pf.auto_ack:
         return _deliver_manual(pf, data)
-    return _deliver_each(pf, data)
+    return _deliver_each_c(pf, data) if native else _deliver_each(pf, data)
+
+
+# With the C speedups (metaq/_native.py) the walk, the checksums, the messages and,
+# for per-message delivery, the listener calls happen in C; Python only handles
+# a listener's failure (``_fail``) and writes the progress.  Same results as the
+# pure-Python loops further down (tests/test_speedups.py runs both).
+
+def _deliver_each_c(pf: PartitionFetch, data: bytes) -> BatchResult:
+    topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
+    plain, with_attribute = message_classes(codec)
+    listener, verify, deliver = pf.listener, pf.verify, _NATIVE.deliver
+    later, stop_later = RECONSUME_LATER, _NATIVE.LATER
+    pos = consumed = 0
+    last: Message | None = None
+    failed = False
+    while True:
+        status, pos, n, ok, bad, exc = deliver(
+            data, pos, base, verify, _MAX_PAYLOAD, topic, partition, codec, plain,
+            with_attribute, listener, later)
+        consumed += n
+        if ok is not None:
+            last = ok
+        if status < stop_later:
+            break
+        if status == stop_later:
+            exc = ReconsumeLater()
+        if not _fail(pf, bad, exc):
+            failed = True
+            break
+        consumed += 1  # rejected: it counts as consumed; go on with the next
+        last = bad
+        pos = bad[3] - base
+    if not consumed:
+        return BatchResult(0, None if failed else _stop_at_start(pf, data))
+    assert last is not None
+    pf.msg_id = last[4]
+    pf.offset = base + pos
+    return _progress(pf, consumed)
+
+
+def _deliver_batch_c(pf: PartitionFetch, data: bytes) -> BatchResult:
+    topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
+    plain, with_attribute = message_classes(codec)
+    listener, verify, take, limit = pf.batch_listener, pf.verify, _NATIVE.take, pf.max_batch
+    assert listener is not None
+    more = _NATIVE.LIMIT
+    pos = consumed = 0
+    while True:
+        batch, nxt, status = take(data, pos, base, limit, verify, _MAX_PAYLOAD, topic,
+                                  partition, codec, plain, with_attribute)
+        if not batch:
+            break
+        try:
+            if listener(batch) is RECONSUME_LATER:
+                raise ReconsumeLater()
+        except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
+            if not _fail(pf, batch[0], exc):
+                break
+            if pf.reject is not None:  # rejected: the rest of the batch one by one
+                for m in batch[1:]:
+                    pf.reject(m, exc)
+        last = batch[-1]
+        pf.offset, pf.msg_id = last[3], last[4]
+        consumed += len(batch)
+        pos = nxt
+        if status != more:
+            break
+    if not consumed:
+        return BatchResult(0, None if pf.retry_delay is not None else _stop_at_start(pf, data))
+    return _progress(pf, consumed)
 
 
 # The two loops below are the consumer's hot path (see bench/bench_consumer.py):
@@ -317,6 +389,13 @@ def _walk(pf: PartitionFetch, data: bytes):  # noqa: ANN202 - a generator of mes
     """Messages of ``data`` in order, checksums verified; stops at the first bad or cut one."""
     topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
     plain, with_attribute = message_classes(codec)
+    if _NATIVE is not None:
+        pos, status, more = 0, _NATIVE.LIMIT, _NATIVE.LIMIT
+        while status == more:
+            batch, pos, status = _NATIVE.take(data, pos, base, 256, pf.verify, _MAX_PAYLOAD,
+                                              topic, partition, codec, plain, with_attribute)
+            yield from batch
+        return
     n, pos = len(data), 0
     while pos + 20 <= n:
         length, check, msg_id, flag = _unpack_header(data, pos)

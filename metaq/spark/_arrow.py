@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 
 from metaq._errors import MessageError
 from metaq._message import CRC32_IMPL, FLAG_HAS_ATTRIBUTE, HEADER_SIZE, MAX_PAYLOAD_SIZE, crc32
+from metaq._native import speedups as _native
 
 __all__ = ["CRC32_IMPL", "Walk", "WalkHint", "walk", "arrow_schema", "chunk_to_batch", "CODECS",
            "DECODED_COLUMN"]
@@ -125,10 +126,27 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
          hint: WalkHint | None = None) -> Walk:
     """Find the complete messages at the start of ``buf`` (a chunk of a log).
 
-    Stretches of messages of one size are confirmed with vectorised
-    leaps (:func:`_leap`); elsewhere a plain Python loop steps from header to
-    header.  ``hint`` carries what worked from one chunk to the next.
+    With the C speedups (metaq/_native.py) this is one call that walks and
+    verifies every message.  Without them, stretches of messages of one size
+    are confirmed with vectorised leaps (:func:`_leap`); elsewhere a plain
+    Python loop steps from header to header.  ``hint`` carries what worked from
+    one chunk to the next.
     """
+    if _native is not None:
+        raw, count, stop, kind, a, b = _native.scan(buf, verify, max_payload)
+        bounds = pa.Array.from_buffers(pa.int32(), count + 1, [None, pa.py_buffer(raw)])
+        return Walk(bounds, stop, _PROBLEMS[kind].format(a, b) if kind else None,
+                    bounds.cast(pa.int64()))
+    return _walk_python(buf, verify=verify, max_payload=max_payload, hint=hint)
+
+
+#: problem texts of :func:`walk` by the C scan's ``kind``
+_PROBLEMS = ("", "impossible message length {0}",
+             "checksum mismatch (header says {0}, payload has {1})")
+
+
+def _walk_python(buf: memoryview, *, verify: bool, max_payload: int,
+                 hint: WalkHint | None) -> Walk:
     hint = hint or WalkHint()
     end = len(buf)
     lim = end - HEADER_SIZE

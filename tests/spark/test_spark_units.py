@@ -7,9 +7,32 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaq import ConfigError, MessageError
-from metaq._message import build_payload, encode_message, iter_messages, scan_messages
-from metaq.spark import SourceOptions
+from metaq._message import build_payload, encode_message, iter_messages
+from metaq._message import scan_messages as _scan_messages
+from metaq._native import speedups
+from metaq.spark import SourceOptions, _arrow
 from metaq.spark._arrow import WalkHint, Where, arrow_schema, chunk_to_batch, walk
+
+_WALKERS = {"python": None, "c": speedups}
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def walker(request, monkeypatch):
+    """The byte walker is tested in C (one scan call) and in Python (leaps and steps)."""
+    if request.param == "c":
+        assert speedups is not None, "the C speedups are not built (see test_speedups.py)"
+    monkeypatch.setattr(_arrow, "_native", _WALKERS[request.param])
+    return request.param
+
+
+def scan_messages(buf):  # the reference: always the pure-Python scan
+    import metaq._message as m
+
+    saved, m._native = m._native, None
+    try:
+        return _scan_messages(buf)
+    finally:
+        m._native = saved
 
 pytestmark = [
     pytest.mark.spark,

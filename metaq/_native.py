@@ -1,0 +1,41 @@
+"""The optional C speedups, or why they are not in use.
+
+``metaq/_speedups.c`` does the consumer's per-message work (walk the headers,
+verify CRC32s, build messages, call the listener) in C.  It is built by
+``pip install`` when a C compiler and the Python headers are there; without
+them the install goes on with a warning and every caller uses its pure-Python
+code path, which gives the same results (``tests/test_speedups.py`` checks
+both against each other).
+
+``METAQ_NO_SPEEDUPS=1`` in the environment turns the C paths off, for
+comparisons.  ``python -m metaq version`` style checks can read
+:data:`SPEEDUPS_STATUS`.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+__all__ = ["speedups", "SPEEDUPS_STATUS", "EXPECTED_VERSION"]
+
+#: The ``VERSION`` the Python side was written against; a stale build (an older
+#: ``.so`` left next to newer sources) is ignored rather than misused.
+EXPECTED_VERSION = 1
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("METAQ_NO_SPEEDUPS", "").strip() not in ("", "0"):
+        return None, "off (METAQ_NO_SPEEDUPS is set)"
+    try:
+        from metaq import _speedups
+    except ImportError as e:
+        return None, f"not built ({e}); pure Python in use"
+    if getattr(_speedups, "VERSION", None) != EXPECTED_VERSION:
+        return None, (f"stale build (VERSION {getattr(_speedups, 'VERSION', None)}, "
+                      f"want {EXPECTED_VERSION}): reinstall metaq-py")
+    return _speedups, "in use" + (" (CRC32 with carry-less multiply)" if _speedups.CLMUL
+                                  else "")
+
+
+speedups, SPEEDUPS_STATUS = _load()

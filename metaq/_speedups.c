@@ -1,0 +1,539 @@
+/* metaq._speedups: the consumer's per-message work in C.
+ *
+ * Optional: metaq/_native.py falls back to the pure-Python code paths when this
+ * module is not built (no compiler) or METAQ_NO_SPEEDUPS=1.  Both give the same
+ * results; tests/test_speedups.py checks them against each other.
+ *
+ * Message bytes (metaq/_message.py, reference section 5), big-endian:
+ *     int32 length | int32 checksum | int64 msgId | int32 flag | payload[length]
+ * checksum = CRC32(payload) & 0x7FFFFFFF, zlib's CRC-32.
+ *
+ * Functions (all positions are byte offsets into ``data``):
+ *   crc32(data, value=0)                  -> int, same as zlib.crc32
+ *   scan(data, verify, max_payload)       -> (bounds, count, stop, kind, a, b)
+ *   take(data, pos, base, limit, verify, max_payload,
+ *        topic, partition, codec, plain, attr) -> (messages, pos, status)
+ *   deliver(data, pos, base, verify, max_payload,
+ *           topic, partition, codec, plain, attr, listener, later)
+ *                                         -> (status, pos, count, last, failed, exc)
+ * Status: END (no further whole message: the data is used up or the next
+ * message is cut short), LIMIT (``limit`` messages taken), BAD (an impossible
+ * length or a checksum mismatch at ``pos``), LATER (the listener returned
+ * ``later`` for the message at ``pos``), ERROR (it raised; ``exc``).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+#define METAQ_X86_SIMD 1
+#endif
+
+#define VERSION 1
+#define HEADER 20
+
+enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
+enum { PROBLEM_NONE = 0, PROBLEM_LENGTH = 1, PROBLEM_CHECKSUM = 2 };
+
+/* ---- CRC-32 (zlib's polynomial, reflected) ------------------------------------------- */
+
+static uint32_t crc_table[8][256];
+static int have_clmul = 0;
+
+static void crc_init(void)
+{
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++)
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = crc_table[0][n];
+        for (int k = 1; k < 8; k++) {
+            c = crc_table[0][c & 0xff] ^ (c >> 8);
+            crc_table[k][n] = c;
+        }
+    }
+#ifdef METAQ_X86_SIMD
+    __builtin_cpu_init();
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
+}
+
+/* ``c`` is the running (inverted) register; slicing by 8 on little-endian hosts. */
+static uint32_t crc_tables(uint32_t c, const unsigned char *p, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        uint32_t lo = (uint32_t)w ^ c, hi = (uint32_t)(w >> 32);
+        c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff]
+            ^ crc_table[5][(lo >> 16) & 0xff] ^ crc_table[4][lo >> 24]
+            ^ crc_table[3][hi & 0xff] ^ crc_table[2][(hi >> 8) & 0xff]
+            ^ crc_table[1][(hi >> 16) & 0xff] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+#endif
+    while (n--)
+        c = crc_table[0][(c ^ *p++) & 0xff] ^ (c >> 8);
+    return c;
+}
+
+#ifdef METAQ_X86_SIMD
+/* Folding with carry-less multiplication (Intel, "Fast CRC Computation for
+ * Generic Polynomials Using PCLMULQDQ", constants for the reflected zlib
+ * polynomial as in the Linux kernel's crc32-pclmul).  ``n`` >= 64 and a
+ * multiple of 16; ``c`` is the running register. */
+__attribute__((target("pclmul,sse4.1")))
+static uint32_t crc_clmul(uint32_t c, const unsigned char *p, size_t n)
+{
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    const __m128i mask32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8;
+
+    x1 = _mm_loadu_si128((const __m128i *)(p + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(p + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(p + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(p + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)c));
+    p += 64;
+    n -= 64;
+    x0 = k1k2;
+    while (n >= 64) {
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), _mm_loadu_si128((const __m128i *)(p + 0x00)));
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), _mm_loadu_si128((const __m128i *)(p + 0x10)));
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), _mm_loadu_si128((const __m128i *)(p + 0x20)));
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), _mm_loadu_si128((const __m128i *)(p + 0x30)));
+        p += 64;
+        n -= 64;
+    }
+    /* four lanes into one */
+    x0 = k3k4;
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (n >= 16) {
+        x2 = _mm_loadu_si128((const __m128i *)p);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        p += 16;
+        n -= 16;
+    }
+    /* 128 -> 64 bits */
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
+    x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
+    x0 = k5k0;
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, mask32);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    /* Barrett reduction to 32 bits */
+    x0 = poly;
+    x2 = _mm_and_si128(x1, mask32);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, mask32);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+#endif
+
+/* zlib's crc32(crc, p, n) */
+static uint32_t crc32_update(uint32_t crc, const unsigned char *p, size_t n)
+{
+    uint32_t c = ~crc;
+#ifdef METAQ_X86_SIMD
+    if (have_clmul && n >= 64) {
+        size_t m = n & ~(size_t)15;
+        c = crc_clmul(c, p, m);
+        p += m;
+        n -= m;
+    }
+#endif
+    return ~crc_tables(c, p, n);
+}
+
+/* ---- header reading ------------------------------------------------------------------- */
+
+static inline uint32_t be32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline int64_t be64(const unsigned char *p)
+{
+    return (int64_t)(((uint64_t)be32(p) << 32) | be32(p + 4));
+}
+
+/* One step of every walk.  Returns 1 when a whole, valid message starts at
+ * ``pos`` (its end in *end), 0 when the data ends before one (END), -1 when the
+ * bytes at ``pos`` are bad (BAD; *kind, *a, *b say why). */
+static inline int step(const unsigned char *d, Py_ssize_t n, Py_ssize_t pos, int verify,
+                       long long max_payload, Py_ssize_t *end, int *kind,
+                       long long *a, long long *b)
+{
+    if (n - pos < HEADER)
+        return 0;
+    int32_t length = (int32_t)be32(d + pos);
+    if (length < 0 || (long long)length > max_payload) {
+        *kind = PROBLEM_LENGTH;
+        *a = length;
+        return -1;
+    }
+    Py_ssize_t e = pos + HEADER + (Py_ssize_t)length;
+    if (e > n)
+        return 0;
+    if (verify) {
+        uint32_t stored = be32(d + pos + 4);
+        uint32_t actual = crc32_update(0, d + pos + HEADER, (size_t)length) & 0x7FFFFFFFu;
+        if (actual != stored) {
+            *kind = PROBLEM_CHECKSUM;
+            *a = (int32_t)stored;
+            *b = actual;
+            return -1;
+        }
+    }
+    *end = e;
+    return 1;
+}
+
+/* ---- crc32 ---------------------------------------------------------------------------- */
+
+static PyObject *
+py_crc32(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    unsigned int value = 0;
+    if (!PyArg_ParseTuple(args, "y*|I:crc32", &buf, &value))
+        return NULL;
+    uint32_t r;
+    if (buf.len > 65536) {
+        Py_BEGIN_ALLOW_THREADS
+        r = crc32_update(value, buf.buf, (size_t)buf.len);
+        Py_END_ALLOW_THREADS
+    } else {
+        r = crc32_update(value, buf.buf, (size_t)buf.len);
+    }
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLong(r);
+}
+
+/* ---- scan ----------------------------------------------------------------------------- */
+
+static PyObject *
+py_scan(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    int verify = 1, want_bounds = 1;
+    long long max_payload = 0x7FFFFFFF;
+    if (!PyArg_ParseTuple(args, "y*|pLp:scan", &buf, &verify, &max_payload, &want_bounds))
+        return NULL;
+    if (buf.len > 0x7FFFFFFF) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "scan: data longer than 2 GiB");
+        return NULL;
+    }
+    const unsigned char *d = buf.buf;
+    Py_ssize_t n = buf.len, pos = 0, end = 0, count = 0;
+    int kind = PROBLEM_NONE;
+    long long a = 0, b = 0;
+    int32_t *bounds = NULL;
+    if (want_bounds) {
+        /* every message is at least HEADER bytes: this bounds the count */
+        bounds = PyMem_RawMalloc((size_t)(n / HEADER + 1) * sizeof(int32_t));
+        if (bounds == NULL) {
+            PyBuffer_Release(&buf);
+            return PyErr_NoMemory();
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+    for (;;) {
+        int r = step(d, n, pos, verify, max_payload, &end, &kind, &a, &b);
+        if (r <= 0)
+            break;
+        if (bounds != NULL)
+            bounds[count] = (int32_t)pos;
+        count++;
+        pos = end;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    PyObject *out = Py_None;
+    Py_INCREF(out);
+    if (bounds != NULL) {
+        bounds[count] = (int32_t)pos;
+        Py_DECREF(out);
+        out = PyBytes_FromStringAndSize((const char *)bounds,
+                                        (Py_ssize_t)((count + 1) * sizeof(int32_t)));
+        PyMem_RawFree(bounds);
+        if (out == NULL)
+            return NULL;
+    }
+    return Py_BuildValue("(NnniLL)", out, count, pos, kind, a, b);
+}
+
+/* ---- messages ------------------------------------------------------------------------- */
+
+typedef struct {
+    PyObject *topic, *partition, *codec;
+    PyTypeObject *plain, *attr;
+} MsgKind;
+
+static int
+check_message_type(PyObject *t, const char *name)
+{
+    if (!PyType_Check(t) || !PyType_IsSubtype((PyTypeObject *)t, &PyTuple_Type)
+        || ((PyTypeObject *)t)->tp_basicsize != PyTuple_Type.tp_basicsize
+        || ((PyTypeObject *)t)->tp_itemsize != PyTuple_Type.tp_itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s must be a tuple subclass without instance fields",
+                     name);
+        return -1;
+    }
+    return 0;
+}
+
+/* Message layout (metaq/consumer/_message.py):
+ * (topic, partition, offset, next_offset, msg_id, flag, payload, codec) */
+static PyObject *
+build(const MsgKind *k, const unsigned char *d, Py_ssize_t pos, Py_ssize_t end,
+      long long base)
+{
+    int32_t flag = (int32_t)be32(d + pos + 16);
+    PyTypeObject *tp = (flag & 1) ? k->attr : k->plain;
+    PyObject *m = tp->tp_alloc(tp, 8);
+    if (m == NULL)
+        return NULL;
+    PyObject *off = PyLong_FromLongLong(base + pos);
+    PyObject *next = PyLong_FromLongLong(base + end);
+    PyObject *id = PyLong_FromLongLong(be64(d + pos + 8));
+    PyObject *fl = PyLong_FromLong(flag);
+    PyObject *payload = PyBytes_FromStringAndSize((const char *)d + pos + HEADER,
+                                                  end - pos - HEADER);
+    Py_INCREF(k->topic);
+    Py_INCREF(k->partition);
+    Py_INCREF(k->codec);
+    PyTuple_SET_ITEM(m, 0, k->topic);
+    PyTuple_SET_ITEM(m, 1, k->partition);
+    PyTuple_SET_ITEM(m, 2, off);
+    PyTuple_SET_ITEM(m, 3, next);
+    PyTuple_SET_ITEM(m, 4, id);
+    PyTuple_SET_ITEM(m, 5, fl);
+    PyTuple_SET_ITEM(m, 6, payload);
+    PyTuple_SET_ITEM(m, 7, k->codec);
+    if (!off || !next || !id || !fl || !payload) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
+
+static int
+parse_kind(MsgKind *k, PyObject *plain, PyObject *attr)
+{
+    if (check_message_type(plain, "plain") < 0 || check_message_type(attr, "attr") < 0)
+        return -1;
+    k->plain = (PyTypeObject *)plain;
+    k->attr = (PyTypeObject *)attr;
+    return 0;
+}
+
+static PyObject *
+py_take(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t pos, limit;
+    long long base, max_payload;
+    int verify;
+    MsgKind k;
+    PyObject *plain, *attr;
+    if (!PyArg_ParseTuple(args, "y*nLnpLOOOOO:take", &buf, &pos, &base, &limit, &verify,
+                          &max_payload, &k.topic, &k.partition, &k.codec, &plain, &attr))
+        return NULL;
+    if (parse_kind(&k, plain, attr) < 0 || pos < 0 || pos > buf.len) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "take: pos outside the data");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    const unsigned char *d = buf.buf;
+    Py_ssize_t n = buf.len, end = 0;
+    int kind, status = ST_LIMIT;
+    long long a, b;
+    PyObject *list = PyList_New(0);
+    if (list == NULL)
+        goto fail;
+    while (PyList_GET_SIZE(list) < limit) {
+        int r = step(d, n, pos, verify, max_payload, &end, &kind, &a, &b);
+        if (r <= 0) {
+            status = r == 0 ? ST_END : ST_BAD;
+            break;
+        }
+        PyObject *m = build(&k, d, pos, end, base);
+        if (m == NULL)
+            goto fail;
+        if (PyList_Append(list, m) < 0) {
+            Py_DECREF(m);
+            goto fail;
+        }
+        Py_DECREF(m);
+        pos = end;
+    }
+    if (status == ST_LIMIT) {
+        /* say END now rather than on the next call when nothing whole follows */
+        int r = step(d, n, pos, 0, max_payload, &end, &kind, &a, &b);
+        if (r == 0)
+            status = ST_END;
+    }
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("(Nni)", list, pos, status);
+fail:
+    Py_XDECREF(list);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
+static PyObject *
+py_deliver(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t pos, count = 0;
+    long long base, max_payload;
+    int verify;
+    MsgKind k;
+    PyObject *plain, *attr, *listener, *later;
+    if (!PyArg_ParseTuple(args, "y*nLpLOOOOOOO:deliver", &buf, &pos, &base, &verify,
+                          &max_payload, &k.topic, &k.partition, &k.codec, &plain, &attr,
+                          &listener, &later))
+        return NULL;
+    if (parse_kind(&k, plain, attr) < 0 || pos < 0 || pos > buf.len) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "deliver: pos outside the data");
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    const unsigned char *d = buf.buf;
+    Py_ssize_t n = buf.len, end = 0;
+    int kind, status;
+    long long a, b;
+    PyObject *last = NULL, *failed = NULL, *exc = NULL;
+    for (;;) {
+        int r = step(d, n, pos, verify, max_payload, &end, &kind, &a, &b);
+        if (r <= 0) {
+            status = r == 0 ? ST_END : ST_BAD;
+            break;
+        }
+        PyObject *m = build(&k, d, pos, end, base);
+        if (m == NULL)
+            goto fail;
+        PyObject *res = PyObject_CallOneArg(listener, m);
+        if (res == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+                Py_DECREF(m);
+                goto fail; /* KeyboardInterrupt, SystemExit...: propagate */
+            }
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL && value != NULL)
+                PyException_SetTraceback(value, tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            if (value == NULL) {
+                value = Py_None;
+                Py_INCREF(value);
+            }
+            exc = value;
+            failed = m;
+            status = ST_ERROR;
+            break;
+        }
+        if (res == later) {
+            Py_DECREF(res);
+            failed = m;
+            status = ST_LATER;
+            break;
+        }
+        Py_DECREF(res);
+        Py_XDECREF(last);
+        last = m;
+        count++;
+        pos = end;
+    }
+    PyBuffer_Release(&buf);
+    return Py_BuildValue("(innNNN)", status, pos, count, last ? last : Py_NewRef(Py_None),
+                         failed ? failed : Py_NewRef(Py_None),
+                         exc ? exc : Py_NewRef(Py_None));
+fail:
+    Py_XDECREF(last);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
+/* ---- module --------------------------------------------------------------------------- */
+
+static PyMethodDef methods[] = {
+    {"crc32", py_crc32, METH_VARARGS,
+     "crc32(data, value=0) -> int: zlib's CRC-32 (carry-less multiply when the CPU has it)."},
+    {"scan", py_scan, METH_VARARGS,
+     "scan(data, verify=True, max_payload=2**31-1, bounds=True)\n"
+     "-> (bounds, count, stop, kind, a, b).\n\n"
+     "Walk the whole messages at the start of data.  bounds: native int32 start of\n"
+     "each, then stop (the end of the last); None when not asked for.  kind 0: what follows stop is empty or\n"
+     "cut short; 1: impossible length a; 2: checksum mismatch (a stored, b actual)."},
+    {"take", py_take, METH_VARARGS,
+     "take(data, pos, base, limit, verify, max_payload, topic, partition, codec, plain,\n"
+     "attr) -> (messages, pos, status): up to limit messages from pos."},
+    {"deliver", py_deliver, METH_VARARGS,
+     "deliver(data, pos, base, verify, max_payload, topic, partition, codec, plain, attr,\n"
+     "listener, later) -> (status, pos, count, last, failed, exc): call listener(m) for\n"
+     "each message from pos until the data ends, a bad message, a later or an error."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "metaq._speedups",
+    "The consumer's per-message work in C (see metaq/_native.py).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    crc_init();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddIntConstant(m, "VERSION", VERSION) < 0
+        || PyModule_AddIntConstant(m, "END", ST_END) < 0
+        || PyModule_AddIntConstant(m, "LIMIT", ST_LIMIT) < 0
+        || PyModule_AddIntConstant(m, "BAD", ST_BAD) < 0
+        || PyModule_AddIntConstant(m, "LATER", ST_LATER) < 0
+        || PyModule_AddIntConstant(m, "ERROR", ST_ERROR) < 0
+        || PyModule_AddIntConstant(m, "CLMUL", have_clmul) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,303 @@
+"""The optional C speedups (metaq/_speedups.c) against the pure-Python code they replace.
+
+Every function of the C module is fuzzed here against its Python twin, on valid
+logs, logs cut anywhere, and logs with any byte flipped (lengths, checksums,
+ids, flags, bodies), and checked for reference leaks and for argument errors.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import zlib
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import metaq
+import metaq._message as message_module
+from metaq import MessageError, _native
+from metaq._codec import get_codec
+from metaq._message import build_payload, encode_message, iter_messages
+from metaq.consumer._message import message_classes
+
+s = _native.speedups
+needs_c = pytest.mark.skipif(s is None, reason=f"C speedups: {_native.SPEEDUPS_STATUS}")
+
+_MAX = 0x7FFFFFFF - 20
+_CODEC = get_codec("bytes")
+_PLAIN, _ATTR = message_classes(_CODEC)
+
+
+def _compiler() -> str | None:
+    cc = (sysconfig.get_config_var("CC") or "").split()
+    return shutil.which(cc[0]) if cc else None
+
+
+def test_speedups_are_built_wherever_a_compiler_is():
+    """pip install builds metaq._speedups when it can; a silent fallback would hide a
+    broken build (and halve the consumer's speed)."""
+    if os.environ.get("METAQ_NO_SPEEDUPS"):
+        pytest.skip("METAQ_NO_SPEEDUPS is set")
+    if _compiler() is None:
+        assert s is None  # nothing to check: the pure-Python paths are in use
+        return
+    assert s is not None, _native.SPEEDUPS_STATUS
+    assert s.VERSION == _native.EXPECTED_VERSION
+
+
+def test_the_switch_turns_them_off_and_pure_python_still_consumes():
+    code = ("from metaq import _native; from metaq.consumer import _processor;"
+            "import metaq._message as m;"
+            "assert _native.speedups is None and _processor._NATIVE is None;"
+            "assert m._native is None; print(_native.SPEEDUPS_STATUS)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ,
+                         "METAQ_NO_SPEEDUPS": "1"}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "METAQ_NO_SPEEDUPS" in out.stdout
+
+
+def test_a_stale_build_is_ignored(monkeypatch):
+    fake = type(sys)("metaq._speedups")
+    fake.VERSION = _native.EXPECTED_VERSION + 1
+    monkeypatch.setitem(sys.modules, "metaq._speedups", fake)
+    monkeypatch.setattr(metaq, "_speedups", fake, raising=False)
+    monkeypatch.delenv("METAQ_NO_SPEEDUPS", raising=False)
+    module, status = _native._load()
+    assert module is None and "stale build" in status
+
+
+# -- crc32 ------------------------------------------------------------------------------------
+
+@needs_c
+@given(st.binary(max_size=3000), st.integers(0, 2**32 - 1))
+def test_crc32_equals_zlib(data, value):
+    assert s.crc32(data, value) == zlib.crc32(data, value)
+    assert s.crc32(data) == zlib.crc32(data)
+
+
+@needs_c
+def test_crc32_at_every_length_around_the_simd_blocks():
+    block = bytes((i * 7 + 3) & 0xFF for i in range(1 << 17))
+    for n in list(range(0, 260)) + [1023, 1024, 1025, 65535, 65536, 65537, 1 << 17]:
+        assert s.crc32(block[:n]) == zlib.crc32(block[:n]), n
+        assert s.crc32(memoryview(block)[1:n + 1]) == zlib.crc32(block[1:n + 1]), n
+
+
+@needs_c
+def test_crc32_refuses_what_is_not_bytes():
+    with pytest.raises(TypeError):
+        s.crc32("text")
+    with pytest.raises(TypeError):
+        s.crc32(None)
+
+
+# -- logs for the walkers ---------------------------------------------------------------------
+
+_message = st.tuples(st.binary(max_size=150), st.one_of(st.none(), st.text(max_size=6)))
+
+
+def _log(items, first_id=7):
+    out = bytearray()
+    for i, (body, attribute) in enumerate(items):
+        payload, flag = build_payload(body, attribute)
+        out += encode_message(first_id + i, flag, payload)
+    return bytes(out)
+
+
+@st.composite
+def logs(draw):
+    """A log, maybe cut short, maybe with one byte changed, maybe with garbage after it."""
+    buf = bytearray(_log(draw(st.lists(_message, max_size=40))))
+    buf = buf[:draw(st.integers(0, len(buf)))]
+    if buf and draw(st.booleans()):
+        buf[draw(st.integers(0, len(buf) - 1))] ^= draw(st.integers(1, 255))
+    if draw(st.booleans()):
+        buf += draw(st.binary(max_size=40))
+    return bytes(buf)
+
+
+def _python_scan(buf, max_payload=_MAX):
+    saved, message_module._native = message_module._native, None
+    try:
+        return message_module.scan_messages(buf, max_payload=max_payload)
+    finally:
+        message_module._native = saved
+
+
+# -- scan -------------------------------------------------------------------------------------
+
+@needs_c
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.sampled_from([_MAX, 100, 0]))
+def test_scan_equals_the_python_scan(buf, max_payload):
+    bounds, count, stop, kind, a, b = s.scan(buf, True, max_payload)
+    assert (stop, count, message_module.scan_problem(kind, a, b)) == _python_scan(
+        buf, max_payload)
+    starts = memoryview(bounds).cast("i").tolist()
+    assert starts[-1] == stop and len(starts) == count + 1
+    ref = []
+    try:
+        for raw in iter_messages(buf, max_payload=max_payload):
+            ref.append(raw.offset)
+    except Exception:  # noqa: BLE001 - the reference stops at the bad message too
+        pass
+    assert starts[:-1] == ref[:count]
+    assert s.scan(buf, True, max_payload, False)[0] is None
+
+
+@needs_c
+def test_scan_without_verify_passes_a_bad_checksum_but_not_a_bad_length():
+    good = _log([(b"abc", None)] * 3)
+    flipped = good[:-1] + bytes([good[-1] ^ 1])
+    assert s.scan(flipped, True)[1:4] == (2, len(_log([(b"abc", None)] * 2)), 2)
+    assert s.scan(flipped, False)[1:4] == (3, len(good), 0)
+    bad = good + (-1).to_bytes(4, "big", signed=True) + bytes(30)
+    assert s.scan(bad, False)[1:5] == (3, len(good), 1, -1)
+
+
+# -- take and deliver -------------------------------------------------------------------------
+
+def _fields(m):
+    try:
+        split = (m.attribute, m.raw_body)
+    except MessageError as e:  # a corrupt attribute section (only unverified)
+        split = str(e)
+    return (type(m), tuple(m), split)
+
+
+def _reference(buf, base, verify=True):
+    """What the processor must deliver: the whole, valid messages before the first bad
+    or cut one, as the pure-Python parser reads them; and where they end."""
+    out = []
+    try:
+        for raw in iter_messages(buf, base, verify=verify, max_payload=_MAX):
+            cls = _ATTR if raw.flag & 1 else _PLAIN
+            out.append(cls(("t", "0-1", raw.offset, raw.next_offset, raw.msg_id, raw.flag,
+                            raw.payload, _CODEC)))
+    except MessageError:  # a bad length or checksum ends the walk
+        pass
+    return out, (out[-1].next_offset - base if out else 0)
+
+
+def _take_all(buf, base, limit, verify=True):
+    got, pos, statuses = [], 0, []
+    while True:
+        batch, pos, status = s.take(buf, pos, base, limit, verify, _MAX, "t", "0-1", _CODEC,
+                                    _PLAIN, _ATTR)
+        assert len(batch) <= limit
+        got += batch
+        statuses.append(status)
+        if status != s.LIMIT:
+            return got, pos, statuses
+
+
+@needs_c
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.integers(0, 2**40), st.integers(1, 7), st.booleans())
+def test_take_builds_exactly_the_reference_messages(buf, base, limit, verify):
+    want, end = _reference(buf, base, verify)
+    got, pos, statuses = _take_all(buf, base, limit, verify)
+    assert [_fields(m) for m in got] == [_fields(m) for m in want]
+    assert pos == end
+    assert all(x == s.LIMIT for x in statuses[:-1])
+    assert statuses[-1] in (s.END, s.BAD)
+
+
+@needs_c
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.integers(0, 2**40), st.data())
+def test_deliver_calls_the_listener_on_the_reference_messages(buf, base, data):
+    want, end = _reference(buf, base)
+    stop_at = data.draw(st.integers(1, len(want) + 1))  # past the end: never stops
+    how = data.draw(st.sampled_from(["raise", "later"]))
+    later = object()
+    seen = []
+
+    def listener(m):
+        seen.append(m)
+        if len(seen) == stop_at:
+            if how == "raise":
+                raise ValueError(f"no {m.offset}")
+            return later
+        return None
+
+    status, pos, count, last, failed, exc = s.deliver(
+        buf, 0, base, True, _MAX, "t", "0-1", _CODEC, _PLAIN, _ATTR, listener, later)
+    assert [_fields(m) for m in seen] == [_fields(m) for m in want[:len(seen)]]
+    if stop_at <= len(want):
+        if how == "raise":
+            assert status == s.ERROR and isinstance(exc, ValueError)
+            assert exc.__traceback__ is not None
+        else:
+            assert status == s.LATER and exc is None
+        assert count == stop_at - 1 and failed is seen[-1] and pos == failed.offset - base
+    else:
+        assert status in (s.END, s.BAD) and exc is None and failed is None
+        assert count == len(want) and pos == end
+    assert last is (seen[count - 1] if count else None)
+
+
+@needs_c
+def test_deliver_stops_at_later_and_lets_base_exceptions_through():
+    buf = _log([(b"a", None), (b"b", None), (b"c", None)])
+    later = object()
+    args = ("t", "0-1", _CODEC, _PLAIN, _ATTR)
+    calls = []
+
+    def wants_later(m):
+        calls.append(m)
+        return later if m.raw_body == b"b" else None
+
+    status, pos, count, last, failed, exc = s.deliver(buf, 0, 0, True, _MAX, *args,
+                                                      wants_later, later)
+    assert (status, count, last.raw_body, failed.raw_body, exc) == (s.LATER, 1, b"a", b"b",
+                                                                     None)
+    assert pos == failed.offset
+
+    class Stop(BaseException):
+        pass
+
+    def stops(m):
+        raise Stop()
+
+    with pytest.raises(Stop):
+        s.deliver(buf, 0, 0, True, _MAX, *args, stops, later)
+
+
+@needs_c
+def test_no_reference_is_leaked_per_message():
+    buf = _log([(b"x" * 10, None), (b"y", "attr")] * 50)
+    topic, partition, ret = "leak-check-topic", "9-9", object()
+    before = [sys.getrefcount(o) for o in (topic, partition, _CODEC, ret)]
+    for _ in range(20):
+        s.take(buf, 0, 0, 1000, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR)
+        s.deliver(buf, 0, 0, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR,
+                  lambda m: ret, None)
+        s.deliver(buf, 0, 0, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR,
+                  lambda m: 1 / 0, None)
+    assert [sys.getrefcount(o) for o in (topic, partition, _CODEC, ret)] == before
+
+
+@needs_c
+def test_bad_arguments_are_named():
+    buf = _log([(b"a", None)])
+    args = (True, _MAX, "t", "0-1", _CODEC)
+    with pytest.raises(TypeError, match="plain must be a tuple subclass"):
+        s.take(buf, 0, 0, 10, *args, dict, _ATTR)
+
+    class WithDict(tuple):
+        pass
+
+    with pytest.raises(TypeError, match="attr must be a tuple subclass"):
+        s.take(buf, 0, 0, 10, *args, _PLAIN, WithDict)
+    with pytest.raises(ValueError, match="pos outside the data"):
+        s.take(buf, len(buf) + 1, 0, 10, *args, _PLAIN, _ATTR)
+    with pytest.raises(ValueError, match="pos outside the data"):
+        s.deliver(buf, -1, 0, *args, _PLAIN, _ATTR, print, None)
+    with pytest.raises(TypeError):
+        s.take("not bytes", 0, 0, 10, *args, _PLAIN, _ATTR)
