@@ -69,6 +69,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _procs import start_broker  # noqa: E402
 
 from metaq import MessageConsumer  # noqa: E402
+from metaq._native import SPEEDUPS_STATUS  # noqa: E402
 from metaq._protocol import encode_put  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402
 from metaq.consumer._processor import CRC32_IMPL  # noqa: E402
@@ -407,7 +408,8 @@ def main() -> None:
         for topic, (count, size) in topics.items():
             took = load(broker.port, topic, args.partitions, count, size)
             print(f"loaded {topic}: {count} x {size} B in {took:.1f}s", flush=True)
-        print(f"crc32: {CRC32_IMPL}; max_size {args.max_size}; partitions {args.partitions}; "
+        print(f"C speedups: {SPEEDUPS_STATUS}; Python crc32: {CRC32_IMPL}; "
+              f"max_size {args.max_size}; partitions {args.partitions}; "
               f"fetch_runner_count {args.runners}; {args.runs} runs", flush=True)
         floor = {(t, m): in_memory(size, m, args.max_size)
                  for t, (_count, size) in topics.items() for m in modes}
@@ -475,7 +477,8 @@ def main() -> None:
           f"(other work on this machine skews wall-clock numbers; CPU ns much less)")
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"args": vars(args), "crc32": CRC32_IMPL, "results": results,
+            {"args": vars(args), "crc32": CRC32_IMPL, "speedups": SPEEDUPS_STATUS,
+             "results": results,
              "in_memory": {f"{t}/{m}": v for (t, m), v in floor.items()}}, indent=1))
 
 

@@ -209,10 +209,12 @@ def main() -> None:
         try:
             wait_registered(zk.hosts)
             took = produce(zk.hosts, args.messages, args.vary)
+            from metaq._native import SPEEDUPS_STATUS
             from metaq.spark._arrow import CRC32_IMPL
 
             print(f"produced {args.messages} messages of {'50..150' if args.vary else SIZE} B "
-                  f"in {took:.1f}s; CRC32 by {CRC32_IMPL}", flush=True)
+                  f"in {took:.1f}s; C speedups: {SPEEDUPS_STATUS}; Python CRC32 by {CRC32_IMPL}",
+                  flush=True)
             spark = (SparkSession.builder.master("local[2]").appName("bench-spark")
                      .config("spark.ui.enabled", "false")
                      .config("spark.ui.showConsoleProgress", "false")

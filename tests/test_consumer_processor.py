@@ -14,12 +14,15 @@ from metaq.consumer import ConsumerConfig, _processor
 from metaq.consumer._processor import PartitionFetch, process_batch
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
+@pytest.fixture(autouse=True, params=["c", "c-scan-first", "python"])
 def loops(request, monkeypatch):
-    """Every test here runs on the C loops (metaq/_speedups.c) and on the pure-Python ones."""
-    if request.param == "c":
+    """Every test here runs on the C loops (metaq/_speedups.c), also with the checksums
+    checked in a first pass (as for big replies), and on the pure-Python loops."""
+    if request.param.startswith("c"):
         assert speedups is not None, "the C speedups are not built (see test_speedups.py)"
         monkeypatch.setattr(_processor, "_NATIVE", speedups)
+        if request.param == "c-scan-first":
+            monkeypatch.setattr(_processor, "_SCAN_FIRST", 0)
     else:
         monkeypatch.setattr(_processor, "_NATIVE", None)
     return request.param

@@ -61,6 +61,16 @@ def test_the_switch_turns_them_off_and_pure_python_still_consumes():
     assert "METAQ_NO_SPEEDUPS" in out.stdout
 
 
+def test_metaq_version_says_whether_they_are_in_use(capsys):
+    from metaq._cli import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("metaq-py ") and f"C speedups: {_native.SPEEDUPS_STATUS}" in out
+
+
 def test_a_stale_build_is_ignored(monkeypatch):
     fake = type(sys)("metaq._speedups")
     fake.VERSION = _native.EXPECTED_VERSION + 1

@@ -40,11 +40,25 @@ _COMMAND_MODULES = [
 ]
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from metaq._native import SPEEDUPS_STATUS
+
+    try:
+        number = version("metaq-py")
+    except PackageNotFoundError:  # pragma: no cover - running from a plain source tree
+        number = "unknown"
+    return f"metaq-py {number}; C speedups: {SPEEDUPS_STATUS}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="metaq",
         description="Metaq-compatible broker, producer and ZooKeeper-coordinated consumers.",
     )
+    parser.add_argument("--version", action="version", version=_version(),
+                        help="print the version and whether the C speedups are in use")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="more logging (-v info, -vv debug)")
     parser.add_argument("--log-json", action="store_true",

@@ -37,6 +37,10 @@ _MASK = 0x7FFFFFFF
 _MAX_PAYLOAD = 0x7FFFFFFF - _HEADER_SIZE
 
 
+#: Replies longer than this have their checksums checked in one C pass without the
+#: GIL before any message is built (another runner's listener runs meanwhile).
+_SCAN_FIRST = 65536
+
 #: Default for ``PartitionFetch.max_batch``: below CPython's first GC threshold
 #: (700 new container objects), so a batch in hand never triggers a collection.
 DEFAULT_MAX_BATCH = 500
@@ -202,13 +206,32 @@ def process_batch(pf: PartitionFetch, data: bytes | bytearray | memoryview) -> B
     if type(data) is not bytes:
         data = bytes(data)  # one copy; slicing bytes is the cheapest way to the bodies
     native = _NATIVE is not None
+    if native and pf.verify and len(data) > _SCAN_FIRST:
+        # checksums first, in C without the GIL (other runners go on meanwhile);
+        # the messages are then built from the verified prefix only
+        stop = _NATIVE.scan(data, True, _MAX_PAYLOAD, False)[2]
+        if stop:
+            return _deliver_c(pf, memoryview(data)[:stop], False, data)
+    if native:
+        return _deliver_c(pf, data, pf.verify, data)
     if pf.batch_listener is not None:
-        return _deliver_batch_c(pf, data) if native else _deliver_batch(pf, data)
+        return _deliver_batch(pf, data)
     if pf.dispatcher is not None:
         return _deliver_concurrent(pf, data)
     if not pf.auto_ack:
         return _deliver_manual(pf, data)
-    return _deliver_each_c(pf, data) if native else _deliver_each(pf, data)
+    return _deliver_each(pf, data)
+
+
+def _deliver_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
+               data: bytes) -> BatchResult:
+    if pf.batch_listener is not None:
+        return _deliver_batch_c(pf, view, verify, data)
+    if pf.dispatcher is not None:
+        return _deliver_concurrent(pf, data)
+    if not pf.auto_ack:
+        return _deliver_manual(pf, data)
+    return _deliver_each_c(pf, view, verify, data)
 
 
 # With the C speedups (metaq/_native.py) the walk, the checksums, the messages and,
@@ -216,17 +239,19 @@ def process_batch(pf: PartitionFetch, data: bytes | bytearray | memoryview) -> B
 # a listener's failure (``_fail``) and writes the progress.  Same results as the
 # pure-Python loops further down (tests/test_speedups.py runs both).
 
-def _deliver_each_c(pf: PartitionFetch, data: bytes) -> BatchResult:
+def _deliver_each_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
+                    data: bytes) -> BatchResult:
+    """``view``: the bytes to deliver (``data`` or its verified prefix)."""
     topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
     plain, with_attribute = message_classes(codec)
-    listener, verify, deliver = pf.listener, pf.verify, _NATIVE.deliver
+    listener, deliver = pf.listener, _NATIVE.deliver
     later, stop_later = RECONSUME_LATER, _NATIVE.LATER
     pos = consumed = 0
     last: Message | None = None
     failed = False
     while True:
         status, pos, n, ok, bad, exc = deliver(
-            data, pos, base, verify, _MAX_PAYLOAD, topic, partition, codec, plain,
+            view, pos, base, verify, _MAX_PAYLOAD, topic, partition, codec, plain,
             with_attribute, listener, later)
         consumed += n
         if ok is not None:
@@ -249,15 +274,16 @@ def _deliver_each_c(pf: PartitionFetch, data: bytes) -> BatchResult:
     return _progress(pf, consumed)
 
 
-def _deliver_batch_c(pf: PartitionFetch, data: bytes) -> BatchResult:
+def _deliver_batch_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
+                     data: bytes) -> BatchResult:
     topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
     plain, with_attribute = message_classes(codec)
-    listener, verify, take, limit = pf.batch_listener, pf.verify, _NATIVE.take, pf.max_batch
+    listener, take, limit = pf.batch_listener, _NATIVE.take, pf.max_batch
     assert listener is not None
     more = _NATIVE.LIMIT
     pos = consumed = 0
     while True:
-        batch, nxt, status = take(data, pos, base, limit, verify, _MAX_PAYLOAD, topic,
+        batch, nxt, status = take(view, pos, base, limit, verify, _MAX_PAYLOAD, topic,
                                   partition, codec, plain, with_attribute)
         if not batch:
             break
