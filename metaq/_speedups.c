@@ -347,6 +347,11 @@ build(const MsgKind *k, const unsigned char *d, Py_ssize_t pos, Py_ssize_t end,
         Py_DECREF(m);
         return NULL;
     }
+    /* Its items are strings, ints, bytes and the shared codec: a message is never
+     * part of a reference cycle, so the cyclic GC need not track it (CPython
+     * untracks such tuples itself, but only after a collection has looked at
+     * them; a batch of 500 live messages would trigger collections). */
+    PyObject_GC_UnTrack(m);
     return m;
 }
 
