@@ -8,8 +8,8 @@ code path, which gives the same results (``tests/test_speedups.py`` checks
 both against each other).
 
 ``METAQ_NO_SPEEDUPS=1`` in the environment turns the C paths off, for
-comparisons.  ``python -m metaq version`` style checks can read
-:data:`SPEEDUPS_STATUS`.
+comparisons (``METAQ_NO_AVX512=1`` keeps the C code but folds CRC32s 128 bits at
+a time).  ``metaq --version`` prints :data:`SPEEDUPS_STATUS`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ def _load() -> tuple[ModuleType | None, str]:
     if getattr(_speedups, "VERSION", None) != EXPECTED_VERSION:
         return None, (f"stale build (VERSION {getattr(_speedups, 'VERSION', None)}, "
                       f"want {EXPECTED_VERSION}): reinstall metaq-py")
-    return _speedups, "in use" + (" (CRC32 with carry-less multiply)" if _speedups.CLMUL
-                                  else "")
+    crc = ("AVX-512 carry-less multiply" if _speedups.VCLMUL else
+           "carry-less multiply" if _speedups.CLMUL else "tables")
+    return _speedups, f"in use (CRC32 by {crc})"
 
 
 speedups, SPEEDUPS_STATUS = _load()

@@ -7,6 +7,7 @@ Every message carries a unique sequence number as its body.  Consumers are
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -29,7 +30,8 @@ GROUP = "g"
 
 
 class ConsumerProc:
-    def __init__(self, zk: str, name: str, log_dir: Path, *extra: str) -> None:
+    def __init__(self, zk: str, name: str, log_dir: Path, *extra: str,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.lines: list[tuple[str, int, int, str]] = []
         self.lock = threading.Lock()
@@ -39,7 +41,8 @@ class ConsumerProc:
                 "--commit-period", "0.2", "--fetch-runners", "2", *extra]
         with open(self.stderr_path, "wb") as err:
             self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=err,
-                                         stdin=subprocess.DEVNULL)
+                                         stdin=subprocess.DEVNULL,
+                                         env={**os.environ, **(env or {})})
         self.reader = threading.Thread(target=self._read, name=f"reader-{name}", daemon=True)
         self.reader.start()
 
@@ -145,8 +148,10 @@ def consumers():
 def test_three_consumers_consume_everything_once_with_one_owner_per_partition(
         zk_connect, zk_client, brokers, consumers, tmp_path):
     audit = OwnerAudit(zk_client)
-    for name in ("c1", "c2", "c3"):
+    for name in ("c1", "c2"):
         consumers.append(ConsumerProc(zk_connect, name, tmp_path))
+    # the third member runs the pure-Python loops (no C speedups): a mixed group
+    consumers.append(ConsumerProc(zk_connect, "c3", tmp_path, env={"METAQ_NO_SPEEDUPS": "1"}))
     wait_until(lambda: len(audit.owners()) == 8 and set(audit.owners().values()) ==
                {f"{GROUP}_c1", f"{GROUP}_c2", f"{GROUP}_c3"}, timeout=60,
                what="three members owning all 8 partitions")

@@ -99,6 +99,21 @@ def test_crc32_at_every_length_around_the_simd_blocks():
 
 
 @needs_c
+def test_crc32_without_avx512_uses_the_128_bit_folding_and_agrees():
+    """Machines without VPCLMULQDQ take the SSE path (METAQ_NO_AVX512 forces it here)."""
+    code = ("import os, zlib; from metaq import _speedups as s; assert s.VCLMUL == 0;"
+            "b = os.urandom(70000);"
+            "bad = [n for n in list(range(300)) + [1023, 1024, 4097, 70000]"
+            "       if s.crc32(b[:n]) != zlib.crc32(b[:n])"
+            "       or s.crc32(b[1:n]) != zlib.crc32(b[1:n])];"
+            "assert not bad, bad; print(s.CLMUL)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "METAQ_NO_AVX512": "1"}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("0", "1")
+
+
+@needs_c
 def test_crc32_refuses_what_is_not_bytes():
     with pytest.raises(TypeError):
         s.crc32("text")
