@@ -11,7 +11,7 @@
  * Functions (all positions are byte offsets into ``data``):
  *   crc32(data, value=0)                  -> int, same as zlib.crc32
  *   scan(data, verify, max_payload)       -> (bounds, count, stop, kind, a, b)
- *   take(data, pos, base, limit, verify, max_payload,
+ *   take(data, pos, base, limit, max_bytes, verify, max_payload,
  *        topic, partition, codec, plain, attr) -> (messages, pos, status)
  *   deliver(data, pos, base, verify, max_payload,
  *           topic, partition, codec, plain, attr, listener, later)
@@ -32,7 +32,7 @@
 #define METAQ_X86_SIMD 1
 #endif
 
-#define VERSION 1
+#define VERSION 2
 #define HEADER 20
 
 enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
@@ -438,13 +438,14 @@ static PyObject *
 py_take(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
-    Py_ssize_t pos, limit;
+    Py_ssize_t pos, limit, max_bytes;
     long long base, max_payload;
     int verify;
     MsgKind k;
     PyObject *plain, *attr;
-    if (!PyArg_ParseTuple(args, "y*nLnpLOOOOO:take", &buf, &pos, &base, &limit, &verify,
-                          &max_payload, &k.topic, &k.partition, &k.codec, &plain, &attr))
+    if (!PyArg_ParseTuple(args, "y*nLnnpLOOOOO:take", &buf, &pos, &base, &limit, &max_bytes,
+                          &verify, &max_payload, &k.topic, &k.partition, &k.codec, &plain,
+                          &attr))
         return NULL;
     if (parse_kind(&k, plain, attr) < 0 || pos < 0 || pos > buf.len) {
         if (!PyErr_Occurred())
@@ -453,13 +454,13 @@ py_take(PyObject *self, PyObject *args)
         return NULL;
     }
     const unsigned char *d = buf.buf;
-    Py_ssize_t n = buf.len, end = 0;
+    Py_ssize_t n = buf.len, end = 0, start = pos;
     int kind, status = ST_LIMIT;
     long long a, b;
     PyObject *list = PyList_New(0);
     if (list == NULL)
         goto fail;
-    while (PyList_GET_SIZE(list) < limit) {
+    while (PyList_GET_SIZE(list) < limit && pos - start < max_bytes) {
         int r = step(d, n, pos, verify, max_payload, &end, &kind, &a, &b);
         if (r <= 0) {
             status = r == 0 ? ST_END : ST_BAD;
@@ -578,8 +579,9 @@ static PyMethodDef methods[] = {
      "each, then stop (the end of the last); None when not asked for.  kind 0: what follows stop is empty or\n"
      "cut short; 1: impossible length a; 2: checksum mismatch (a stored, b actual)."},
     {"take", py_take, METH_VARARGS,
-     "take(data, pos, base, limit, verify, max_payload, topic, partition, codec, plain,\n"
-     "attr) -> (messages, pos, status): up to limit messages from pos."},
+     "take(data, pos, base, limit, max_bytes, verify, max_payload, topic, partition, codec,\n"
+     "plain, attr) -> (messages, pos, status): up to limit messages from pos, and no more\n"
+     "once they span max_bytes (at least one)."},
     {"deliver", py_deliver, METH_VARARGS,
      "deliver(data, pos, base, verify, max_payload, topic, partition, codec, plain, attr,\n"
      "listener, later) -> (status, pos, count, last, failed, exc): call listener(m) for\n"

@@ -219,6 +219,19 @@ def test_batch_listener_gets_slices_of_max_batch_in_order():
     assert res.consumed == 7 and pf.offset == len(data) and pf.msg_id == 6
 
 
+def test_batch_slices_also_end_at_a_byte_budget(monkeypatch):
+    """Big messages come in smaller slices (cache-friendly); a message bigger than the
+    budget still comes, alone."""
+    monkeypatch.setattr(_processor, "_SLICE_BYTES", 100)
+    data = _log([b"a" * 30, b"b" * 30, b"c" * 30, b"d" * 200, b"e"], start_id=0)
+    calls = []
+    pf = _pf(batch=lambda b: calls.append([m.msg_id for m in b]))
+    pf.max_batch = 10
+    res = process_batch(pf, data)
+    assert calls == [[0, 1], [2, 3], [4]]  # 50 + 50 bytes reach 100; 50 + 220 do too
+    assert res.consumed == 5 and pf.offset == len(data)
+
+
 def test_batch_failure_in_a_later_slice_keeps_the_earlier_slices_consumed():
     data = _log([bytes([i]) for i in range(6)], start_id=0)
     calls = []

@@ -209,12 +209,15 @@ def _reference(buf, base, verify=True):
     return out, (out[-1].next_offset - base if out else 0)
 
 
-def _take_all(buf, base, limit, verify=True):
+def _take_all(buf, base, limit, verify=True, max_bytes=1 << 40):
     got, pos, statuses = [], 0, []
     while True:
-        batch, pos, status = s.take(buf, pos, base, limit, verify, _MAX, "t", "0-1", _CODEC,
-                                    _PLAIN, _ATTR)
+        start = pos
+        batch, pos, status = s.take(buf, pos, base, limit, max_bytes, verify, _MAX, "t", "0-1",
+                                    _CODEC, _PLAIN, _ATTR)
         assert len(batch) <= limit
+        if len(batch) > 1:  # a slice stops at the first message that reaches max_bytes
+            assert batch[-2].next_offset - base - start < max_bytes
         got += batch
         statuses.append(status)
         if status != s.LIMIT:
@@ -223,10 +226,11 @@ def _take_all(buf, base, limit, verify=True):
 
 @needs_c
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.integers(0, 2**40), st.integers(1, 7), st.booleans())
-def test_take_builds_exactly_the_reference_messages(buf, base, limit, verify):
+@given(logs(), st.integers(0, 2**40), st.integers(1, 7), st.booleans(),
+       st.sampled_from([1, 50, 300, 1 << 40]))
+def test_take_builds_exactly_the_reference_messages(buf, base, limit, verify, max_bytes):
     want, end = _reference(buf, base, verify)
-    got, pos, statuses = _take_all(buf, base, limit, verify)
+    got, pos, statuses = _take_all(buf, base, limit, verify, max_bytes)
     assert [_fields(m) for m in got] == [_fields(m) for m in want]
     assert pos == end
     assert all(x == s.LIMIT for x in statuses[:-1])
@@ -300,7 +304,7 @@ def test_no_reference_is_leaked_per_message():
     topic, partition, ret = "leak-check-topic", "9-9", object()
     before = [sys.getrefcount(o) for o in (topic, partition, _CODEC, ret)]
     for _ in range(20):
-        s.take(buf, 0, 0, 1000, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR)
+        s.take(buf, 0, 0, 1000, 1 << 40, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR)
         s.deliver(buf, 0, 0, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR,
                   lambda m: ret, None)
         s.deliver(buf, 0, 0, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR,
@@ -313,16 +317,16 @@ def test_bad_arguments_are_named():
     buf = _log([(b"a", None)])
     args = (True, _MAX, "t", "0-1", _CODEC)
     with pytest.raises(TypeError, match="plain must be a tuple subclass"):
-        s.take(buf, 0, 0, 10, *args, dict, _ATTR)
+        s.take(buf, 0, 0, 10, 99, *args, dict, _ATTR)
 
     class WithDict(tuple):
         pass
 
     with pytest.raises(TypeError, match="attr must be a tuple subclass"):
-        s.take(buf, 0, 0, 10, *args, _PLAIN, WithDict)
+        s.take(buf, 0, 0, 10, 99, *args, _PLAIN, WithDict)
     with pytest.raises(ValueError, match="pos outside the data"):
-        s.take(buf, len(buf) + 1, 0, 10, *args, _PLAIN, _ATTR)
+        s.take(buf, len(buf) + 1, 0, 10, 99, *args, _PLAIN, _ATTR)
     with pytest.raises(ValueError, match="pos outside the data"):
         s.deliver(buf, -1, 0, *args, _PLAIN, _ATTR, print, None)
     with pytest.raises(TypeError):
-        s.take("not bytes", 0, 0, 10, *args, _PLAIN, _ATTR)
+        s.take("not bytes", 0, 0, 10, 99, *args, _PLAIN, _ATTR)

@@ -79,7 +79,8 @@ class MessageConsumer:
 
     ``subscribe`` takes a callable called once per message, or an object with
     ``on_messages(batch)`` called with the messages of one partition in offset order,
-    a fetched batch at a time in slices of at most ``max_batch`` (500) messages.
+    a fetched batch at a time in slices of at most ``max_batch`` (500) messages and
+    about 128 KiB (a slice ends with the message that reaches 128 KiB).
     ``start`` (Metaq's ``completeSubscribe``) joins the group.  ``close``
     commits, releases its partitions and leaves the group; ZooKeeper is left
     clean (no owner nodes, no id node).  Errors from background threads are
