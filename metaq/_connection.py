@@ -7,8 +7,9 @@ the next request on the same connection.
 
 A fetch runner pipelines one ``get`` ahead: :meth:`BrokerConnection.send_get`
 sends it, :meth:`BrokerConnection.read_get` reads its reply later (as bytes,
-after an optional prefix) or :meth:`BrokerConnection.skip_reply` drops it;
-replies come back in request order.
+after an optional prefix), :meth:`BrokerConnection.read_get_into` receives it
+straight into the caller's buffer, or :meth:`BrokerConnection.skip_reply` drops
+it; replies come back in request order.
 """
 
 from __future__ import annotations
@@ -82,6 +83,40 @@ class BrokerConnection:
         raises BrokerError for a ``result``."""
         body = self._reply(opaque, want_value=True)
         return prefix + body if prefix else bytes(body)
+
+    def read_get_into(self, opaque: int, prefix: bytes,
+                      buf: bytearray | None) -> tuple[bytearray, int]:
+        """The reply to :meth:`send_get` ``opaque``, received straight into ``buf``
+        after ``prefix``: no copy of the body through the connection's own buffer.
+
+        Returns ``(buffer, length)``: the bytes are ``buffer[:length]``; the buffer
+        is ``buf`` when it is big enough, else a new one (``buf`` is never resized,
+        so views of it stay valid).  Raises BrokerError for a ``result``.
+        """
+        code, length = self._head(opaque)
+        if code != 200:
+            self._body(code, length)  # raises
+        keep = len(prefix)
+        need = keep + length
+        if buf is None or len(buf) < need:
+            buf = bytearray(need + _HEADROOM)
+        view = memoryview(buf)
+        view[:keep] = prefix
+        have = min(self._end - self._start, length)
+        view[keep:keep + have] = memoryview(self._buf)[self._start:self._start + have]
+        self._start += have
+        got = keep + have
+        while got < need:
+            try:
+                n = self._sock.recv_into(view[got:need])
+            except OSError:
+                self.close()
+                raise
+            if n == 0:
+                self.close()
+                raise ConnectionClosedError(f"{self._where()} closed the connection")
+            got += n
+        return buf, need
 
     def skip_reply(self, opaque: int) -> None:
         """Read and drop the reply to ``opaque`` (any code)."""
@@ -162,6 +197,10 @@ class BrokerConnection:
             self._fill(self._end - self._start + 1)
 
     def _reply(self, opaque: int, *, want_value: bool) -> memoryview:
+        return self._body(*self._head(opaque))
+
+    def _head(self, opaque: int) -> tuple[int, int]:
+        """Read a reply line: ``(code, body length)``; a ``value`` line is code 200."""
         if self._start == self._end:
             self._start = self._end = 0
         line = self._line()
@@ -183,6 +222,9 @@ class BrokerConnection:
             self.close()
             raise ProtocolError(
                 f"reply opaque {got} from {self._where()} does not match request {opaque}")
+        return code, length
+
+    def _body(self, code: int, length: int) -> memoryview:
         self._fill(length)
         body = memoryview(self._buf)[self._start:self._start + length]
         self._start += length

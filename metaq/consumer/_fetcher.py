@@ -21,7 +21,10 @@ What differs from Metaq:
   next one); the broker sends them while the listener runs, and the runner
   reads them before it lets the partition go (kept in ``pf.ready``, at most
   one reply per partition).  Order stays serial: they are processed only when
-  the partition's offset is still where they start.
+  the partition's offset is still where they start;
+- replies are received straight into a buffer of the partition's own
+  (``pf.rbuf``, behind the unconsumed tail of the last one), and the C message
+  builder reads them there: the body bytes are copied once, into the messages.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _apply_control(pf: PartitionFetch) -> None:
 ErrorHandler = Callable[[BaseException, "PartitionFetch | None"], None]
 
 
-def _take_ready(pf: PartitionFetch, address: tuple[str, int]) -> bytes | None:
+def _take_ready(pf: PartitionFetch, address: tuple[str, int]) -> memoryview | None:
     """The bytes fetched ahead for ``pf``, if they still start at its offset."""
     ready, pf.ready = pf.ready, None
     if ready and pf.ready_offset == pf.offset and pf.ready_address == address:
@@ -257,8 +260,10 @@ class FetchManager:
             if data is None:
                 if pf.offset < 0:  # start_position="latest": the broker's log end
                     pf.offset = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
-                data = conn.read_get(
-                    conn.send_get(pf.topic, self._group, pf.index, pf.offset, pf.max_size))
+                pf.rbuf, n = conn.read_get_into(
+                    conn.send_get(pf.topic, self._group, pf.index, pf.offset, pf.max_size),
+                    b"", pf.rbuf)
+                data = memoryview(pf.rbuf)[:n]
             if data and self._prefetch:
                 # the bytes right after these: the broker sends them while we deliver
                 ahead = conn.send_get(pf.topic, self._group, pf.index, pf.offset + len(data),
@@ -310,7 +315,7 @@ class FetchManager:
 
     @staticmethod
     def _end_ahead(pf: PartitionFetch, conn: BrokerConnection, ahead: int | None,
-                   tail: bytes | None, address: tuple[str, int],
+                   tail: memoryview | None, address: tuple[str, int],
                    connections: dict[tuple[str, int], BrokerConnection]) -> None:
         """Read the reply of the get sent ahead: kept in ``pf.ready`` after ``tail`` (the
         bytes not consumed yet, which it continues), or dropped when ``tail`` is None."""
@@ -321,7 +326,9 @@ class FetchManager:
             if tail is None:
                 conn.skip_reply(ahead)
                 return
-            ready = conn.read_get(ahead, tail)
+            # the tail is a view of pf.rbuf, which the reply is about to overwrite
+            pf.rbuf, n = conn.read_get_into(ahead, bytes(tail), pf.rbuf)
+            ready = memoryview(pf.rbuf)[:n]
         except BrokerError as e:  # e.g. 404, nothing new yet: the next fetch asks again
             log.debug("get ahead of %s/%s: %s", pf.topic, pf.partition, e)
             return

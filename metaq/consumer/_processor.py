@@ -46,6 +46,9 @@ _SCAN_FIRST = 65536
 #: extra listener calls of 128 KiB slices.
 _SLICE_BYTES = 128 * 1024
 
+#: What the loops read: a reply as bytes, or (C loops) a view of a receive buffer.
+_Data = bytes | bytearray | memoryview
+
 #: Default for ``PartitionFetch.max_batch``: below CPython's first GC threshold
 #: (700 new container objects), so a batch in hand never triggers a collection.
 DEFAULT_MAX_BATCH = 500
@@ -117,7 +120,9 @@ class PartitionFetch:
         self.consumed = 0
         # bytes fetched ahead (unconsumed tail of the last batch + the next reply),
         # valid while ``offset == ready_offset`` (see FetchManager)
-        self.ready: bytes | None = None
+        self.ready: memoryview | None = None
+        #: the partition's receive buffer (``ready`` is a view of it)
+        self.rbuf: bytearray | None = None
         self.ready_offset = -1
         self.ready_address: tuple[str, int] | None = None
         # control requests, applied by the runner before its next fetch
@@ -160,7 +165,7 @@ def _id_ending_at(data: bytes, end: int) -> int:
     return msg_id
 
 
-def _stop_at_start(pf: PartitionFetch, data: bytes) -> int | None:
+def _stop_at_start(pf: PartitionFetch, data: _Data) -> int | None:
     """Why no message of ``data`` could be taken: the size a fetch needs for a
     message bigger than ``data``, or None when there is no whole header; raises
     for a corrupt first message (impossible length, checksum mismatch)."""
@@ -200,17 +205,18 @@ def _fail(pf: PartitionFetch, msg: Message, exc: BaseException) -> bool:
     return False
 
 
-def process_batch(pf: PartitionFetch, data: bytes | bytearray | memoryview) -> BatchResult:
+def process_batch(pf: PartitionFetch, data: _Data) -> BatchResult:
     """Hand the messages in ``data`` to ``pf``'s listener; move ``pf``'s progress.
 
-    ``data`` is a ``get`` reply body read from ``pf.offset``.  Checksums are
+    ``data`` is a ``get`` reply body read from ``pf.offset`` (any buffer; the C
+    loops read it in place, copying each body once).  Checksums are
     verified as messages are taken (when ``pf.verify``); the first bad one ends
     the batch, and raises a ChecksumError when it is the first of a batch.
     """
     pf.retry_delay = None
-    if type(data) is not bytes:
-        data = bytes(data)  # one copy; slicing bytes is the cheapest way to the bodies
     native = _NATIVE is not None
+    if type(data) is not bytes and not native:
+        data = bytes(data)  # one copy; slicing bytes is the cheapest way to the bodies
     if native and pf.verify and len(data) > _SCAN_FIRST:
         # checksums first, in C without the GIL (other runners go on meanwhile);
         # the messages are then built from the verified prefix only
@@ -228,8 +234,8 @@ def process_batch(pf: PartitionFetch, data: bytes | bytearray | memoryview) -> B
     return _deliver_each(pf, data)
 
 
-def _deliver_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
-               data: bytes) -> BatchResult:
+def _deliver_c(pf: PartitionFetch, view: _Data, verify: bool,
+               data: _Data) -> BatchResult:
     if pf.batch_listener is not None:
         return _deliver_batch_c(pf, view, verify, data)
     if pf.dispatcher is not None:
@@ -244,8 +250,8 @@ def _deliver_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
 # a listener's failure (``_fail``) and writes the progress.  Same results as the
 # pure-Python loops further down (tests/test_speedups.py runs both).
 
-def _deliver_each_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
-                    data: bytes) -> BatchResult:
+def _deliver_each_c(pf: PartitionFetch, view: _Data, verify: bool,
+                    data: _Data) -> BatchResult:
     """``view``: the bytes to deliver (``data`` or its verified prefix)."""
     topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
     plain, with_attribute = message_classes(codec)
@@ -279,8 +285,8 @@ def _deliver_each_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
     return _progress(pf, consumed)
 
 
-def _deliver_batch_c(pf: PartitionFetch, view: bytes | memoryview, verify: bool,
-                     data: bytes) -> BatchResult:
+def _deliver_batch_c(pf: PartitionFetch, view: _Data, verify: bool,
+                     data: _Data) -> BatchResult:
     topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
     plain, with_attribute = message_classes(codec)
     listener, take, limit = pf.batch_listener, _NATIVE.take, pf.max_batch
@@ -419,7 +425,7 @@ def _deliver_batch(pf: PartitionFetch, data: bytes) -> BatchResult:
     return _progress(pf, consumed)
 
 
-def _walk(pf: PartitionFetch, data: bytes):  # noqa: ANN202 - a generator of messages
+def _walk(pf: PartitionFetch, data: _Data):  # noqa: ANN202 - a generator of messages
     """Messages of ``data`` in order, checksums verified; stops at the first bad or cut one."""
     topic, partition, codec, base = pf.topic, pf.partition, pf.codec, pf.offset
     plain, with_attribute = message_classes(codec)
@@ -445,7 +451,7 @@ def _walk(pf: PartitionFetch, data: bytes):  # noqa: ANN202 - a generator of mes
         pos = end
 
 
-def _deliver_manual(pf: PartitionFetch, data: bytes) -> BatchResult:
+def _deliver_manual(pf: PartitionFetch, data: _Data) -> BatchResult:
     """Manual-ack mode: progress per message, a rollback stops the batch at once."""
     consumed = 0
     listener = pf.listener
@@ -467,7 +473,7 @@ def _deliver_manual(pf: PartitionFetch, data: bytes) -> BatchResult:
     return _progress(pf, consumed)
 
 
-def _deliver_concurrent(pf: PartitionFetch, data: bytes) -> BatchResult:
+def _deliver_concurrent(pf: PartitionFetch, data: _Data) -> BatchResult:
     """Concurrent mode: hand each message to the pool; fetching moves on at once."""
     consumed = 0
     inflight, submit = pf.inflight, pf.dispatcher.submit

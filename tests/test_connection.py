@@ -1,0 +1,53 @@
+"""BrokerConnection.read_get_into: replies received straight into the caller's buffer."""
+
+from __future__ import annotations
+
+import pytest
+from _inproc import inproc_broker, produce
+
+from metaq import BrokerError
+from metaq._connection import BrokerConnection
+from metaq._message import iter_messages
+
+TOPIC = "conn"
+
+
+@pytest.fixture
+def broker(zk_connect, tmp_path):
+    with inproc_broker(zk_connect, tmp_path / "b0", {TOPIC: 1}) as b:
+        produce(zk_connect, TOPIC, [bytes([i]) * (50 + i) for i in range(200)])
+        yield b
+
+
+def test_read_get_into_gives_the_bytes_read_get_gives(broker):
+    with BrokerConnection("127.0.0.1", broker.port) as conn:
+        want = conn.read_get(conn.send_get(TOPIC, "g", 0, 0, 4096))
+        buf, n = conn.read_get_into(conn.send_get(TOPIC, "g", 0, 0, 4096), b"", None)
+        assert bytes(buf[:n]) == want and len(want) > 1000
+        # a prefix (the unconsumed tail of the last reply) comes first, then the body
+        later = conn.read_get(conn.send_get(TOPIC, "g", 0, 100, 4096))
+        again, m = conn.read_get_into(conn.send_get(TOPIC, "g", 0, 100, 4096), b"tail", buf)
+        assert again is buf and bytes(buf[:m]) == b"tail" + later
+
+
+def test_a_small_buffer_is_replaced_not_resized_and_old_views_stay_valid(broker):
+    with BrokerConnection("127.0.0.1", broker.port) as conn:
+        small = bytearray(16)
+        view = memoryview(small)[:8]  # a view held elsewhere (a resize would fail)
+        buf, n = conn.read_get_into(conn.send_get(TOPIC, "g", 0, 0, 8192), b"", small)
+        assert buf is not small and len(small) == 16 and view.nbytes == 8
+        assert sum(1 for _ in iter_messages(buf[:n])) > 10
+
+
+def test_pipelined_gets_and_an_error_reply_keep_the_connection_usable(broker):
+    with BrokerConnection("127.0.0.1", broker.port) as conn:
+        a = conn.send_get(TOPIC, "g", 0, 0, 2000)
+        b = conn.send_get(TOPIC, "g", 0, 2000, 2000)
+        missing = conn.send_get("no-such-topic", "g", 0, 0, 2000)
+        buf, n1 = conn.read_get_into(a, b"", None)
+        first = bytes(buf[:n1])
+        buf, n2 = conn.read_get_into(b, b"", buf)
+        with pytest.raises(BrokerError):
+            conn.read_get_into(missing, b"", buf)
+        whole = conn.read_get(conn.send_get(TOPIC, "g", 0, 0, 4000))
+        assert first + bytes(buf[:n2]) == whole
