@@ -30,8 +30,10 @@ Columns: ``topic``, ``partition`` (Metaq's ``"<brokerId>-<index>"``),
 One Spark partition per topic partition (split at ``maxBytesPerPartition``);
 executors fetch straight from the brokers and build Arrow record batches;
 the driver only plans.  Every message's CRC32 is checked unless
-``verifyChecksums=false`` (that check is most of the read's Python cost: see
-bench/RESULTS.md).  All options: :class:`SourceOptions`.
+``verifyChecksums=false``; with the C speedups (metaq._native) the walk and
+the check are one call per fetched reply, without them the check is most of
+the read's Python cost (see bench/RESULTS.md).  All options:
+:class:`SourceOptions`.
 
 Streaming queries and the consumer group
 ----------------------------------------
