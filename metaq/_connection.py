@@ -107,15 +107,7 @@ class BrokerConnection:
         self._start += have
         got = keep + have
         while got < need:
-            try:
-                n = self._sock.recv_into(view[got:need])
-            except OSError:
-                self.close()
-                raise
-            if n == 0:
-                self.close()
-                raise ConnectionClosedError(f"{self._where()} closed the connection")
-            got += n
+            got += self._recv_into(view[got:need])
         return buf, need
 
     def skip_reply(self, opaque: int) -> None:
@@ -174,15 +166,19 @@ class BrokerConnection:
             self._buf, self._start, self._end = new, 0, unread
         view = memoryview(self._buf)
         while self._end - self._start < need:
-            try:
-                n = self._sock.recv_into(view[self._end:])
-            except OSError:
-                self.close()
-                raise
-            if n == 0:
-                self.close()
-                raise ConnectionClosedError(f"{self._where()} closed the connection")
-            self._end += n
+            self._end += self._recv_into(view[self._end:])
+
+    def _recv_into(self, view: memoryview) -> int:
+        """One ``recv_into``; an error or the peer closing closes this connection."""
+        try:
+            n = self._sock.recv_into(view)
+        except OSError:
+            self.close()
+            raise
+        if n == 0:
+            self.close()
+            raise ConnectionClosedError(f"{self._where()} closed the connection")
+        return n
 
     def _line(self) -> bytes:
         while True:

@@ -434,6 +434,20 @@ parse_kind(MsgKind *k, PyObject *plain, PyObject *attr)
     return 0;
 }
 
+/* Fill ``k``'s types and check ``pos``; on failure release ``buf`` and set an error. */
+static int
+check_args(MsgKind *k, PyObject *plain, PyObject *attr, Py_ssize_t pos, Py_buffer *buf,
+           const char *fn)
+{
+    if (parse_kind(k, plain, attr) < 0 || pos < 0 || pos > buf->len) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "%s: pos outside the data", fn);
+        PyBuffer_Release(buf);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 py_take(PyObject *self, PyObject *args)
 {
@@ -447,12 +461,8 @@ py_take(PyObject *self, PyObject *args)
                           &verify, &max_payload, &k.topic, &k.partition, &k.codec, &plain,
                           &attr))
         return NULL;
-    if (parse_kind(&k, plain, attr) < 0 || pos < 0 || pos > buf.len) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "take: pos outside the data");
-        PyBuffer_Release(&buf);
+    if (check_args(&k, plain, attr, pos, &buf, "take") < 0)
         return NULL;
-    }
     const unsigned char *d = buf.buf;
     Py_ssize_t n = buf.len, end = 0, start = pos;
     int kind, status = ST_LIMIT;
@@ -503,12 +513,8 @@ py_deliver(PyObject *self, PyObject *args)
                           &max_payload, &k.topic, &k.partition, &k.codec, &plain, &attr,
                           &listener, &later))
         return NULL;
-    if (parse_kind(&k, plain, attr) < 0 || pos < 0 || pos > buf.len) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "deliver: pos outside the data");
-        PyBuffer_Release(&buf);
+    if (check_args(&k, plain, attr, pos, &buf, "deliver") < 0)
         return NULL;
-    }
     const unsigned char *d = buf.buf;
     Py_ssize_t n = buf.len, end = 0;
     int kind, status;

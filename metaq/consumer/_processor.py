@@ -205,6 +205,25 @@ def _fail(pf: PartitionFetch, msg: Message, exc: BaseException) -> bool:
     return False
 
 
+def _hand_slice(pf: PartitionFetch, listener: Callable[[list[Message]], Any],
+                batch: list[Message]) -> bool:
+    """Give one slice to a batch listener; True when it counts as consumed (handled,
+    or rejected after its retries: then the rest of it goes to the reject handler
+    one by one), and then ``pf``'s progress is moved past it."""
+    try:
+        if listener(batch) is RECONSUME_LATER:
+            raise ReconsumeLater()
+    except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
+        if not _fail(pf, batch[0], exc):
+            return False
+        if pf.reject is not None:
+            for m in batch[1:]:
+                pf.reject(m, exc)
+    last = batch[-1]
+    pf.offset, pf.msg_id = last[3], last[4]
+    return True
+
+
 def process_batch(pf: PartitionFetch, data: _Data) -> BatchResult:
     """Hand the messages in ``data`` to ``pf``'s listener; move ``pf``'s progress.
 
@@ -296,19 +315,8 @@ def _deliver_batch_c(pf: PartitionFetch, view: _Data, verify: bool,
     while True:
         batch, nxt, status = take(view, pos, base, limit, _SLICE_BYTES, verify, _MAX_PAYLOAD,
                                   topic, partition, codec, plain, with_attribute)
-        if not batch:
+        if not batch or not _hand_slice(pf, listener, batch):
             break
-        try:
-            if listener(batch) is RECONSUME_LATER:
-                raise ReconsumeLater()
-        except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
-            if not _fail(pf, batch[0], exc):
-                break
-            if pf.reject is not None:  # rejected: the rest of the batch one by one
-                for m in batch[1:]:
-                    pf.reject(m, exc)
-        last = batch[-1]
-        pf.offset, pf.msg_id = last[3], last[4]
         consumed += len(batch)
         pos = nxt
         if status != more:
@@ -403,20 +411,8 @@ def _deliver_batch(pf: PartitionFetch, data: bytes) -> BatchResult:
                 break
         else:
             more = True
-        if not batch:
+        if not batch or not _hand_slice(pf, listener, batch):
             break
-        try:
-            if listener(batch) is RECONSUME_LATER:
-                raise ReconsumeLater()
-        except Exception as exc:  # noqa: BLE001 - the listener's failure is handled here
-            if not _fail(pf, batch[0], exc):
-                break
-            # rejected: the whole batch is handed to the reject handler one by one
-            if pf.reject is not None:
-                for m in batch[1:]:
-                    pf.reject(m, exc)
-        last = batch[-1]
-        pf.offset, pf.msg_id = last[3], last[4]
         consumed += len(batch)
         if not more:
             break
