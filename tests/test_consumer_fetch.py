@@ -196,3 +196,37 @@ def test_seek_back_while_bytes_are_ready_restarts_at_the_new_offset(loaded):
     again = got[taken:]
     assert again[0].offset == seek.offset
     assert [m.raw_body for m in again] == [b for b, _ in want["0-0"][5:]]
+
+
+def test_replies_land_in_one_buffer_per_partition_given_back_when_idle(loaded):
+    """While a partition flows its replies are received into one buffer of its own;
+    once it has nothing new (a 404 and a back-off) the buffer is given back."""
+    broker, want = loaded
+    got = defaultdict(list)
+    buffers = defaultdict(set)
+    lock = threading.Lock()
+    pfs = _fetches(broker, max_size=4096)
+
+    def on_message(m):
+        pf = pfs[int(m.partition.split("-")[1])]
+        with lock:
+            got[m.partition].append(m)
+            if pf.rbuf is not None:
+                buffers[m.partition].add(id(pf.rbuf))
+
+    for pf in pfs:
+        pf.listener = on_message
+    errors = []
+    fm = _manager(errors, runners=1)
+    try:
+        for pf in pfs:
+            fm.add(pf)
+        wait_until(lambda: sum(len(v) for v in got.values()) >= 150, 30, what="150 messages")
+        wait_until(lambda: all(pf.rbuf is None for pf in pfs), 30,
+                   what="idle partitions without a receive buffer")
+        assert all(fm.remove(pf, 10) for pf in pfs)
+    finally:
+        fm.close()
+    assert not errors
+    _check_serial(got, want)
+    assert all(len(ids) == 1 for ids in buffers.values()), dict(buffers)

@@ -234,7 +234,11 @@ class FetchManager:
                 c.close()
 
     def _backoff(self, pf: PartitionFetch) -> float:
+        """Wait longer before this partition's next fetch (nothing new, or a failure);
+        an idle partition gives its receive buffer back (up to ``max_size`` each)."""
         pf.delay = min(self._max_delay, pf.delay + self._step)
+        if pf.ready is None:
+            pf.rbuf = None
         return pf.delay
 
     def _fetch_once(self, pf: PartitionFetch,
