@@ -14,6 +14,7 @@ a time).  ``metaq --version`` prints :data:`SPEEDUPS_STATUS`.
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
@@ -28,7 +29,7 @@ def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get("METAQ_NO_SPEEDUPS", "").strip() not in ("", "0"):
         return None, "off (METAQ_NO_SPEEDUPS is set)"
     try:
-        from metaq import _speedups
+        _speedups = importlib.import_module("metaq._speedups")
     except ImportError as e:
         return None, f"not built ({e}); pure Python in use"
     if getattr(_speedups, "VERSION", None) != EXPECTED_VERSION:

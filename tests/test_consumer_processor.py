@@ -19,7 +19,8 @@ def loops(request, monkeypatch):
     """Every test here runs on the C loops (metaq/_speedups.c), also with the checksums
     checked in a first pass (as for big replies), and on the pure-Python loops."""
     if request.param.startswith("c"):
-        assert speedups is not None, "the C speedups are not built (see test_speedups.py)"
+        if speedups is None:  # test_speedups.py fails if a compiler was there
+            pytest.skip("the C speedups are not built")
         monkeypatch.setattr(_processor, "_NATIVE", speedups)
         if request.param == "c-scan-first":
             monkeypatch.setattr(_processor, "_SCAN_FIRST", 0)

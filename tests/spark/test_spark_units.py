@@ -19,8 +19,8 @@ _WALKERS = {"python": None, "c": speedups}
 @pytest.fixture(autouse=True, params=["c", "python"])
 def walker(request, monkeypatch):
     """The byte walker is tested in C (one scan call) and in Python (leaps and steps)."""
-    if request.param == "c":
-        assert speedups is not None, "the C speedups are not built (see test_speedups.py)"
+    if request.param == "c" and speedups is None:  # test_speedups.py fails if a
+        pytest.skip("the C speedups are not built")    # compiler was there
     monkeypatch.setattr(_arrow, "_native", _WALKERS[request.param])
     return request.param
 
