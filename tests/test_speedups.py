@@ -67,7 +67,7 @@ def test_metaq_version_says_whether_they_are_in_use(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps long lines
     assert out.startswith("metaq-py ") and f"C speedups: {_native.SPEEDUPS_STATUS}" in out
 
 
