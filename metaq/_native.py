@@ -9,7 +9,8 @@ both against each other).
 
 ``METAQ_NO_SPEEDUPS=1`` in the environment turns the C paths off, for
 comparisons (``METAQ_NO_AVX512=1`` keeps the C code but folds CRC32s 128 bits at
-a time).  ``metaq --version`` prints :data:`SPEEDUPS_STATUS`.
+a time, ``METAQ_NO_CLMUL=1`` uses its lookup tables).  ``metaq --version``
+prints :data:`SPEEDUPS_STATUS`.
 """
 
 from __future__ import annotations

@@ -65,6 +65,8 @@ static void crc_init(void)
                   && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("vpclmulqdq");
     if (getenv("METAQ_NO_AVX512") != NULL)
         have_vclmul = 0;
+    if (getenv("METAQ_NO_CLMUL") != NULL)
+        have_clmul = have_vclmul = 0;
 #endif
 }
 
