@@ -108,6 +108,13 @@ def _session(run: Run) -> int | None:
     return None if run.session in ("", "-") else int(run.session, 16)
 
 
+def _member(group: str, run: Run) -> tuple[str, int | None]:
+    """(consumer id, session) of a run, as the ZooKeeper samples name them; the slot
+    comes from ``who`` (``slot#incarnation``), so runs that delivered nothing (a
+    claim acted on late, by a member that had been frozen) are named too."""
+    return f"{group}_c{run.who.split('#')[0]}", _session(run)
+
+
 def _session_times(samples: list[Sample]
                    ) -> tuple[dict[tuple[str, int | None], float],
                               dict[tuple[str, int | None], float]]:
@@ -196,13 +203,10 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
     for p, rs in by_part.items():
         rs.sort(key=lambda r: r.claim_t)
         for i, new in enumerate(rs):
-            new_key = (f"{group}_c{new.deliveries[0].slot}" if new.deliveries else "",
-                       _session(new))
-            if ended.get(new_key, new.claim_t + 1) < new.claim_t:
+            if ended.get(_member(group, new), new.claim_t + 1) < new.claim_t:
                 continue  # a claim acted on after its session ended: see below
             for old in rs[:i]:
-                key = (f"{group}_c{old.deliveries[0].slot}" if old.deliveries else "",
-                       _session(old))
+                key = _member(group, old)
                 both = [d for d in old.deliveries if new.claim_t < d.t <= alive.get(key, 0.0)]
                 if old.who != new.who and both:
                     v.fail("two-live-owners",
@@ -214,7 +218,7 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
     for r in runs:
         if not r.deliveries:
             continue
-        key = (f"{group}_c{r.deliveries[0].slot}", _session(r))
+        key = _member(group, r)
         end = ended.get(key)
         late = [d for d in r.deliveries if end is not None and d.t > end]
         if not late:

@@ -115,6 +115,21 @@ def test_two_registered_members_delivering_one_partition(clean: History) -> None
     assert "two-live-owners" in clean.kinds()
 
 
+def test_a_late_claim_from_an_ended_session_that_delivers_nothing_is_no_second_owner(
+        clean: History) -> None:
+    """Seen in CI (seed 1318133972): c1, frozen right after claiming, runs its
+    on_assigned only on waking, after the server ended its session; it delivers
+    nothing in that session, while c0 (registered all along) goes on."""
+    for s in range(len(clean.samples)):
+        t = clean.samples[s].t
+        ids = {"g_c0": S0, "g_c1": S1} if t < 1.9 else {"g_c0": S0}  # c1's session ends
+        clean.samples[s] = dataclasses.replace(clean.samples[s], ids_before=ids,
+                                               ids_after=ids)
+    clean.events.insert(3, ev("A", 2.15, "1#1", "0-0", session=S1))
+    clean.events.insert(4, ev("Z", 2.16, "1#1", body="LOST"))
+    assert clean.verdict().violations == []
+
+
 def _c0_session_ends_at(h: History, t: float) -> None:
     h.samples = [s if s.t < t else dataclasses.replace(
         s, ids_before={}, ids_after={}, owners={}) for s in h.samples]
