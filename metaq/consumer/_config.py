@@ -48,7 +48,8 @@ class ConsumerConfig:
     zk_session_timeout: float = 30.0
     #: ZooKeeper connection timeout for ``start()`` in seconds.
     zk_connect_timeout: float = 15.0
-    #: Fetch runner threads shared by all partitions [CPU count].
+    #: Fetch runner threads shared by all partitions [CPU count].  With listeners
+    #: that only use the CPU, 1 is fastest (the GIL); more help listeners that wait.
     fetch_runner_count: int = field(default_factory=lambda: os.cpu_count() or 1)
     #: Socket timeout of one ``get`` in seconds [10].
     fetch_timeout: float = 10.0
