@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from metaq._errors import ProtocolError
+from metaq._native import speedups as _NATIVE
 from metaq._wire import (  # the protocol's types and encoders, re-exported
     _INT32_MAX,
     _INT32_MIN,
@@ -231,10 +232,16 @@ class RequestParser(_Buffered):
         fast = self.fast_puts
         fast_match = _FAST_PUT.match
         fast_get = None if fast is None else fast.get
+        # the same loop in C (metaq/_speedups.c) when built: same tuples, same stops
+        fast_c = _NATIVE.fast_puts if _NATIVE is not None and type(fast) is dict else None
         last_key = None
         try:
             while pos < end or self._put is not None:
-                if fast_get is not None and self._put is None:
+                if fast_c is not None and self._put is None:
+                    pos = fast_c(buf, pos, fast, max_payload, out)
+                    if pos >= end:
+                        break
+                elif fast_get is not None and self._put is None:
                     # The hot loop: runs of valid puts to known partitions.  Numbers of
                     # fewer than 10 digits are in the int32 range without a check.  After
                     # two puts in a row to one partition, a pattern for that partition is

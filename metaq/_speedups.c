@@ -16,6 +16,7 @@
  *   deliver(data, pos, base, verify, max_payload,
  *           topic, partition, codec, plain, attr, listener, later)
  *                                         -> (status, pos, count, last, failed, exc)
+ *   fast_puts(buf, pos, fast, max_payload, out) -> pos   (the broker's put parser)
  * Status: END (no further whole message: the data is used up or the next
  * message is cut short), LIMIT (``limit`` messages taken), BAD (an impossible
  * length or a checksum mismatch at ``pos``), LATER (the listener returned
@@ -32,7 +33,7 @@
 #define METAQ_X86_SIMD 1
 #endif
 
-#define VERSION 2
+#define VERSION 3
 #define HEADER 20
 
 enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
@@ -575,6 +576,136 @@ fail:
     return NULL;
 }
 
+
+/* ---- the broker's put parser ---------------------------------------------------------- */
+
+/* ``-?[0-9]{1,10}`` (the sign only when ``neg``) at *p: its value, or 0 when absent. */
+static inline int
+number(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, int neg, long long *value)
+{
+    Py_ssize_t i = *p;
+    int minus = 0;
+    if (neg && i < n && d[i] == '-') {
+        minus = 1;
+        i++;
+    }
+    Py_ssize_t first = i;
+    long long v = 0;
+    while (i < n && i - first < 10 && d[i] >= '0' && d[i] <= '9')
+        v = v * 10 + (d[i++] - '0');
+    if (i == first)
+        return 0;
+    *value = minus ? -v : v;
+    *p = i;
+    return 1;
+}
+
+static inline int
+literal(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, const char *lit, Py_ssize_t len)
+{
+    if (n - *p < len || memcmp(d + *p, lit, (size_t)len) != 0)
+        return 0;
+    *p += len;
+    return 1;
+}
+
+/* The broker's hot loop (metaq/_protocol.py, RequestParser._run): from ``pos``,
+ * every whole ``put <topic> <part> <len> <flag> <checksum> <opaque>\r\n<payload>``
+ * whose ``b"<topic> <part>"`` is a key of ``fast`` becomes the tuple
+ * ``(target, length, flag, checksum, opaque_token, payload)`` appended to ``out``;
+ * stops at the first request that is anything else (the Python parser takes
+ * it from there) and returns where. */
+static PyObject *
+py_fast_puts(PyObject *self, PyObject *args)
+{
+    Py_buffer buf;
+    Py_ssize_t pos;
+    long long max_payload;
+    PyObject *fast, *out;
+    if (!PyArg_ParseTuple(args, "y*nO!LO!:fast_puts", &buf, &pos, &PyDict_Type, &fast,
+                          &max_payload, &PyList_Type, &out))
+        return NULL;
+    if (pos < 0 || pos > buf.len) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "fast_puts: pos outside the data");
+        return NULL;
+    }
+    const unsigned char *d = buf.buf;
+    Py_ssize_t n = buf.len;
+    PyObject *last_key = NULL, *target = NULL;
+    for (;;) {
+        Py_ssize_t p = pos;
+        long long part, length, flag, check, opaque;
+        if (!literal(d, n, &p, "put ", 4))
+            break;
+        Py_ssize_t key = p;
+        while (p < n && p - key < 256 && d[p] != ' ' && d[p] != '\r' && d[p] != '\n')
+            p++;
+        if (p - key < 1 || p - key > 255 || !literal(d, n, &p, " ", 1)
+            || !number(d, n, &p, 1, &part))
+            break;
+        Py_ssize_t key_end = p;
+        if (!literal(d, n, &p, " ", 1) || !number(d, n, &p, 0, &length)
+            || !literal(d, n, &p, " ", 1) || !number(d, n, &p, 1, &flag)
+            || !literal(d, n, &p, " ", 1) || !number(d, n, &p, 0, &check)
+            || !literal(d, n, &p, " ", 1))
+            break;
+        Py_ssize_t op = p;
+        if (!number(d, n, &p, 1, &opaque))
+            break;
+        Py_ssize_t op_end = p;
+        if (!literal(d, n, &p, "\r\n", 2))
+            break;
+        if (last_key == NULL || PyBytes_GET_SIZE(last_key) != key_end - key
+            || memcmp(PyBytes_AS_STRING(last_key), d + key, (size_t)(key_end - key)) != 0) {
+            PyObject *k = PyBytes_FromStringAndSize((const char *)d + key, key_end - key);
+            if (k == NULL)
+                goto fail;
+            target = PyDict_GetItemWithError(fast, k);  /* borrowed; no Python code runs */
+            Py_XDECREF(last_key);
+            last_key = k;
+            if (target == NULL && PyErr_Occurred())
+                goto fail;
+        }
+        if (target == NULL || target == Py_None)
+            break;
+        if (length > max_payload || n - p < length)
+            break;
+        if (flag < INT32_MIN || flag > INT32_MAX || check > INT32_MAX
+            || (op_end - op > 9 && (opaque < INT32_MIN || opaque > INT32_MAX)))
+            break;
+        PyObject *t = PyTuple_New(6);
+        if (t == NULL)
+            goto fail;
+        Py_INCREF(target);
+        PyTuple_SET_ITEM(t, 0, target);
+        PyTuple_SET_ITEM(t, 1, PyLong_FromLongLong(length));
+        PyTuple_SET_ITEM(t, 2, PyLong_FromLongLong(flag));
+        PyTuple_SET_ITEM(t, 3, PyLong_FromLongLong(check));
+        PyTuple_SET_ITEM(t, 4, PyBytes_FromStringAndSize((const char *)d + op, op_end - op));
+        PyTuple_SET_ITEM(t, 5, PyBytes_FromStringAndSize((const char *)d + p,
+                                                         (Py_ssize_t)length));
+        for (int i = 1; i < 6; i++) {
+            if (PyTuple_GET_ITEM(t, i) == NULL) {
+                Py_DECREF(t);
+                goto fail;
+            }
+        }
+        int r = PyList_Append(out, t);
+        Py_DECREF(t);
+        if (r < 0)
+            goto fail;
+        pos = p + (Py_ssize_t)length;
+    }
+    Py_XDECREF(last_key);
+    PyBuffer_Release(&buf);
+    return PyLong_FromSsize_t(pos);
+fail:
+    Py_XDECREF(last_key);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -594,6 +725,10 @@ static PyMethodDef methods[] = {
      "deliver(data, pos, base, verify, max_payload, topic, partition, codec, plain, attr,\n"
      "listener, later) -> (status, pos, count, last, failed, exc): call listener(m) for\n"
      "each message from pos until the data ends, a bad message, a later or an error."},
+    {"fast_puts", py_fast_puts, METH_VARARGS,
+     "fast_puts(buf, pos, fast, max_payload, out) -> pos: the broker's put fast path\n"
+     "(see RequestParser): append a tuple per whole put to a key of fast; stop at\n"
+     "anything else."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -273,6 +273,21 @@ fast_puts = st.builds(
     st.binary(max_size=50), int32, st.integers(0, 2**31 - 1), int32)
 
 
+@pytest.fixture(params=["c", "python"])
+def put_loop(request, monkeypatch):
+    """The broker's fast put loop in C (metaq/_speedups.c) and in Python (regexes)."""
+    from metaq import _native, _protocol
+
+    if request.param == "c":
+        if _native.speedups is None:  # tests/test_speedups.py fails if a compiler was there
+            pytest.skip("the C speedups are not built")
+        monkeypatch.setattr(_protocol, "_NATIVE", _native.speedups)
+    else:
+        monkeypatch.setattr(_protocol, "_NATIVE", None)
+    return request.param
+
+
+@pytest.mark.usefixtures("put_loop")
 @settings(max_examples=300)
 @given(st.lists(st.one_of(fast_puts, requests), max_size=20),
        st.lists(st.integers(0, 3000), max_size=6), st.binary(max_size=30))
@@ -293,6 +308,7 @@ def test_fast_put_path_agrees_with_the_slow_path(reqs, cuts, junk):
     assert got_slow[:len(reqs)] == reqs[:len(got_slow)]
 
 
+@pytest.mark.usefixtures("put_loop")
 def test_fast_put_path_exact_bytes():
     parser = RequestParser(fast_puts=FAST)
     out = parser.feed(b"put t 12 3 1 99 -7\r\nabcput t 0 0 0 0 2147483647\r\n")
@@ -302,3 +318,61 @@ def test_fast_put_path_exact_bytes():
     parser = RequestParser(fast_puts=FAST)
     with pytest.raises(metaq.ProtocolError, match="opaque 2147483648 is out of range"):
         parser.feed(b"put t 0 1 0 0 2147483648\r\nz")
+
+
+# Put lines built token by token, with the edge cases of the fast path's grammar
+# (``put <topic> <part> <len> <flag> <checksum> <opaque>\r\n``, numbers of at
+# most 10 digits, int32 ranges, topics of at most 255 bytes).
+_EDGE_FAST = {b"t 0": "T0", b"t 00": "T00", b"t -1": "T-1", "ü 3".encode(): "U3",
+              b"a" * 255 + b" 0": "A255", b"a" * 256 + b" 0": "A256", b"t 12": "T12"}
+def _mostly(common: list[str], edges: list[str]) -> st.SearchStrategy[str]:
+    """Usually a valid token (so that whole runs take the fast path), else an edge case."""
+    return st.sampled_from(common * 16 + edges)
+
+
+_put_line = st.tuples(
+    _mostly(["t", "ü", "a" * 255], ["x", "a" * 256, "t\t", ""]),
+    _mostly(["0", "12", "-1", "3", "00"], ["-0", "012", "99999999999", "1x"]),
+    _mostly(["len"], ["0len", "-1", "99999999999"]),
+    _mostly(["0", "1", "-1"], ["00", "-0", "2147483647", "2147483648", "-2147483648",
+                               "-2147483649", "9999999999", "99999999999"]),
+    _mostly(["0", "5", "2147483647"], ["2147483648", "-1", "9999999999"]),
+    _mostly(["1", "-7", "2147483647"], ["2147483648", "-2147483648", "-2147483649",
+                                        "0000000001", "-000000001", "12345678901", ""]),
+    _mostly([" "], ["  ", "\t"]),
+    _mostly(["\r\n"], ["\n", " \r\n"]),
+    st.binary(max_size=12))
+
+
+def _edge_put(item) -> bytes:
+    topic, part, length, flag, check, opaque, sep, eol, payload = item
+    length = length.replace("len", str(len(payload)))
+    return (sep.join(["put", topic, part, length, flag, check, opaque]) + eol).encode() + payload
+
+
+@settings(max_examples=500)
+@given(st.lists(_put_line, max_size=12), st.lists(st.integers(0, 800), max_size=4),
+       st.integers(0, 100))
+def test_the_c_put_loop_parses_exactly_as_the_python_loop(items, cuts, max_payload):
+    from metaq import _native, _protocol
+
+    if _native.speedups is None:
+        pytest.skip("the C speedups are not built")
+    data = b"".join(map(_edge_put, items))
+    got = {}
+    for name, native in (("c", _native.speedups), ("python", None)):
+        saved, _protocol._NATIVE = _protocol._NATIVE, native
+        try:
+            parser = RequestParser(fast_puts=dict(_EDGE_FAST), max_payload=max_payload)
+            out = []
+            for chunk in chunked(data, cuts):
+                try:
+                    out += parser.feed_lenient(chunk)
+                except metaq.ProtocolError as e:  # fed after a fatal error
+                    out.append(("broken", str(e)))
+                    break
+            got[name] = [(type(r.error), str(r.error), r.opaque, r.fatal)
+                         if isinstance(r, BadRequest) else r for r in out]
+        finally:
+            _protocol._NATIVE = saved
+    assert got["c"] == got["python"]
