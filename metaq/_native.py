@@ -23,7 +23,7 @@ __all__ = ["speedups", "SPEEDUPS_STATUS", "EXPECTED_VERSION"]
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
 #: ``.so`` left next to newer sources) is ignored rather than misused.
-EXPECTED_VERSION = 3
+EXPECTED_VERSION = 4
 
 
 def _load() -> tuple[ModuleType | None, str]:

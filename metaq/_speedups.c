@@ -17,6 +17,7 @@
  *           topic, partition, codec, plain, attr, listener, later)
  *                                         -> (status, pos, count, last, failed, exc)
  *   fast_puts(buf, pos, fast, max_payload, out) -> pos   (the broker's put parser)
+ *   encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes)   (producer)
  * Status: END (no further whole message: the data is used up or the next
  * message is cut short), LIMIT (``limit`` messages taken), BAD (an impossible
  * length or a checksum mismatch at ``pos``), LATER (the listener returned
@@ -33,7 +34,7 @@
 #define METAQ_X86_SIMD 1
 #endif
 
-#define VERSION 3
+#define VERSION 4
 #define HEADER 20
 
 enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
@@ -706,6 +707,97 @@ fail:
     return NULL;
 }
 
+
+/* ---- the producer's put lines --------------------------------------------------------- */
+
+static inline Py_ssize_t
+put_digits(char *out, long long v)
+{
+    char tmp[24];
+    int k = 0, neg = v < 0;
+    unsigned long long u = neg ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    Py_ssize_t n = 0;
+    if (neg)
+        out[n++] = '-';
+    while (k)
+        out[n++] = tmp[--k];
+    return n;
+}
+
+/* encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes): one
+ * ``<head><len> <flag> <checksum> <opaque>\r\n<payload>`` per payload, where
+ * ``head`` is ``b"put <topic> <partition> "`` (metaq/_pipeline.py put_many). */
+static PyObject *
+py_encode_puts(PyObject *self, PyObject *args)
+{
+    Py_buffer head;
+    long long flag;
+    PyObject *payloads, *checksums, *opaques;
+    if (!PyArg_ParseTuple(args, "y*LO!O!O!:encode_puts", &head, &flag, &PyList_Type, &payloads,
+                          &PyList_Type, &checksums, &PyList_Type, &opaques))
+        return NULL;
+    Py_ssize_t m = PyList_GET_SIZE(payloads);
+    PyObject *data = NULL, *sizes = NULL;
+    if (PyList_GET_SIZE(checksums) != m || PyList_GET_SIZE(opaques) != m) {
+        PyErr_SetString(PyExc_ValueError, "encode_puts: lists of different lengths");
+        goto done;
+    }
+    char scratch[96];
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *pl = PyList_GET_ITEM(payloads, i);
+        if (!PyBytes_Check(pl)) {
+            PyErr_Format(PyExc_TypeError, "encode_puts: payload %zd is not bytes", i);
+            goto done;
+        }
+        long long c = PyLong_AsLongLong(PyList_GET_ITEM(checksums, i));
+        long long o = PyLong_AsLongLong(PyList_GET_ITEM(opaques, i));
+        if ((c == -1 || o == -1) && PyErr_Occurred())
+            goto done;
+        Py_ssize_t len = PyBytes_GET_SIZE(pl);
+        total += head.len + put_digits(scratch, len) + 1 + put_digits(scratch, flag) + 1
+                 + put_digits(scratch, c) + 1 + put_digits(scratch, o) + 2 + len;
+    }
+    data = PyBytes_FromStringAndSize(NULL, total);
+    sizes = PyList_New(m);
+    if (data == NULL || sizes == NULL)
+        goto done;
+    char *w = PyBytes_AS_STRING(data);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *pl = PyList_GET_ITEM(payloads, i);
+        Py_ssize_t len = PyBytes_GET_SIZE(pl);
+        char *start = w;
+        memcpy(w, head.buf, (size_t)head.len);
+        w += head.len;
+        w += put_digits(w, len);
+        *w++ = ' ';
+        w += put_digits(w, flag);
+        *w++ = ' ';
+        w += put_digits(w, PyLong_AsLongLong(PyList_GET_ITEM(checksums, i)));
+        *w++ = ' ';
+        w += put_digits(w, PyLong_AsLongLong(PyList_GET_ITEM(opaques, i)));
+        *w++ = '\r';
+        *w++ = '\n';
+        memcpy(w, PyBytes_AS_STRING(pl), (size_t)len);
+        w += len;
+        PyObject *size = PyLong_FromSsize_t(w - start);
+        if (size == NULL)
+            goto done;
+        PyList_SET_ITEM(sizes, i, size);
+    }
+    PyBuffer_Release(&head);
+    return Py_BuildValue("(NN)", data, sizes);
+done:
+    Py_XDECREF(data);
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&head);
+    return NULL;
+}
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -729,6 +821,9 @@ static PyMethodDef methods[] = {
      "fast_puts(buf, pos, fast, max_payload, out) -> pos: the broker's put fast path\n"
      "(see RequestParser): append a tuple per whole put to a key of fast; stop at\n"
      "anything else."},
+    {"encode_puts", py_encode_puts, METH_VARARGS,
+     "encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes): the put\n"
+     "requests of one partition, head being b'put <topic> <partition> '."},
     {NULL, NULL, 0, NULL},
 };
 

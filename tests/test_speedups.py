@@ -334,3 +334,49 @@ def test_bad_arguments_are_named():
         s.deliver(buf, -1, 0, *args, _PLAIN, _ATTR, print, None)
     with pytest.raises(TypeError):
         s.take("not bytes", 0, 0, 10, 99, *args, _PLAIN, _ATTR)
+
+
+# -- the producer's put lines and the broker's put parser ----------------------------------
+
+@needs_c
+@given(st.lists(st.tuples(st.binary(max_size=300), st.integers(0, 2**31 - 1),
+                          st.integers(0, 2**31 - 1)), max_size=20),
+       st.integers(-(2**31), 2**31 - 1), st.sampled_from([b"put t 0 ", "put ü%d 12 ".encode()]))
+def test_encode_puts_equals_the_python_formatting(items, flag, head):
+    from metaq import _pipeline
+
+    payloads = [p for p, _, _ in items]
+    checks = [c for _, c, _ in items]
+    opaques = [o for _, _, o in items]
+    saved, _pipeline._NATIVE = _pipeline._NATIVE, None
+    try:
+        want = _pipeline._encode_puts(head, flag, payloads, checks, opaques)
+    finally:
+        _pipeline._NATIVE = saved
+    assert s.encode_puts(head, flag, payloads, checks, opaques) == want
+    assert _pipeline._encode_puts(head, flag, payloads, checks, opaques) == want
+
+
+@needs_c
+def test_encode_puts_refuses_what_it_cannot_encode_and_the_caller_falls_back():
+    from metaq import _pipeline
+
+    with pytest.raises(TypeError, match="payload 1 is not bytes"):
+        s.encode_puts(b"put t 0 ", 0, [b"a", bytearray(b"b")], [1, 2], [3, 4])
+    with pytest.raises(ValueError, match="different lengths"):
+        s.encode_puts(b"put t 0 ", 0, [b"a"], [1, 2], [3])
+    data, sizes = _pipeline._encode_puts(b"put t 0 ", 0, [b"a", bytearray(b"b")], [1, 2],
+                                         [3, 4])
+    assert data == b"put t 0 1 0 1 3\r\naput t 0 1 0 2 4\r\nb" and sizes == [18, 18]
+
+
+@needs_c
+def test_fast_puts_refuses_bad_arguments():
+    with pytest.raises(TypeError):
+        s.fast_puts(b"", 0, [], 10, [])  # fast must be a dict
+    with pytest.raises(ValueError, match="pos outside the data"):
+        s.fast_puts(b"put", 4, {}, 10, [])
+    out = []
+    assert s.fast_puts(b"put t 0 1 0 5 7\r\nxput t 0 1 0 5 7\r\n", 0, {b"t 0": "T"}, 10,
+                       out) == 18  # the second put's payload has not arrived
+    assert out == [("T", 1, 0, 5, b"7", b"x")]
