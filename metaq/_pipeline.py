@@ -186,15 +186,7 @@ class PipelinedConnection(_ReplyReader):
             pending[opaque] = request
             self._inflight_bytes += size
             self._out.append(data)
-        if flush and self._send_lock.acquire(blocking=False):
-            try:
-                self._drain()
-            except OSError as e:
-                self._fail(_closed(f"writing to broker {self.name} failed: {e}", e))
-            finally:
-                self._send_lock.release()
-        elif not self._wake.is_set():
-            self._wake.set()
+        self._kick(flush)
         return request
 
     def put_many(self, topic: str, partition: int, payloads: list[bytes], flag: int,
@@ -234,6 +226,11 @@ class PipelinedConnection(_ReplyReader):
             pending.update(zip(opaques, _repeat(run), strict=False))
             self._inflight_bytes += size
             self._out.append(data)
+        self._kick(flush)
+
+    def _kick(self, flush: bool) -> None:
+        """After queueing: write now from the caller's thread when ``flush`` and no write
+        is running, else wake the writer thread."""
         if flush and self._send_lock.acquire(blocking=False):
             try:
                 self._drain()
