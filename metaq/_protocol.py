@@ -3,7 +3,7 @@
 Requests (client → broker), space separated, lines end in CRLF::
 
     put <topic> <part> <len> <flag> <checksum> [<txKey>] <opaque>\\r\\n<payload>
-    get <topic> <group> <part> <offset> <maxSize> <opaque>\\r\\n
+    get <topic> <group> <part> <offset> <maxSize> <opaque> [hold=<ms>]\\r\\n
     offset <topic> <group> <part> <offset> <opaque>\\r\\n
     stats [<item>] <opaque>\\r\\n
     version <opaque>\\r\\n
@@ -402,15 +402,16 @@ class RequestParser(_Buffered):
         n = len(parts)
         try:
             if cmd == b"get":
-                if n != 7:
+                if n != 7 and not (n == 8 and parts[7][:5] == b"hold="):
                     raise ProtocolError("expected 'get <topic> <group> <partition> <offset> "
-                                        "<maxSize> <opaque>'")
+                                        "<maxSize> <opaque> [hold=<ms>]'")
                 return GetRequest(
                     _parse_topic(parts[1]), check_group(_token_text(parts[2], "group")),
                     _parse_int(parts[3], "partition", _INT32_MIN, _INT32_MAX),
                     _parse_int(parts[4], "offset", _INT64_MIN, _INT64_MAX),
                     _parse_int(parts[5], "maxSize", _INT32_MIN, _INT32_MAX),
-                    _parse_int(parts[6], "opaque", _INT32_MIN, _INT32_MAX))
+                    _parse_int(parts[6], "opaque", _INT32_MIN, _INT32_MAX),
+                    _parse_int(parts[7][5:], "hold", 0, _INT32_MAX) if n == 8 else 0)
             if cmd == b"offset":
                 if n != 6:
                     raise ProtocolError("expected 'offset <topic> <group> <partition> <offset> "

@@ -70,6 +70,9 @@ class GetRequest(NamedTuple):
     offset: int
     max_size: int
     opaque: int
+    #: metaq-py's extension (``hold=<ms>`` after the opaque): how long the broker may
+    #: hold a get that finds nothing new before it answers "no message"; 0 = a plain get
+    hold_ms: int = 0
 
 
 class OffsetRequest(NamedTuple):
@@ -237,7 +240,13 @@ def _name_bytes(s: str, what: str) -> bytes:
 
 
 def encode_get(topic: str, group: str, partition: int, offset: int, max_size: int,
-               opaque: int) -> bytes:
+               opaque: int, hold_ms: int = 0) -> bytes:
+    """A ``get``; ``hold_ms`` > 0 adds metaq-py's ``hold=<ms>`` field (send it only to
+    a broker whose ``version`` answer lists the ``+hold`` capability)."""
+    if hold_ms > 0:
+        return b"get %b %b %d %d %d %d hold=%d\r\n" % (
+            _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size,
+            opaque, hold_ms)
     return b"get %b %b %d %d %d %d\r\n" % (
         _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size, opaque)
 

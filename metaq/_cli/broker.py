@@ -90,6 +90,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        help="largest put payload accepted")
     start.add_argument("--correct-offsets", action="store_true", default=None,
                        help="answer gets past the end with 301 and the end")
+    start.add_argument("--max-hold", type=_float,
+                       help="longest a get at the log end may be held for a metaq-py client, "
+                            "seconds (default 30; 0: answer at once, as Metaq does)")
     add_zk_security_args(start)
     start.set_defaults(func=_start)
 
@@ -111,7 +114,7 @@ def _start(args: argparse.Namespace) -> int:
         unflush_interval=args.unflush_interval, max_segment_size=args.max_segment_size,
         retention_hours=args.retention_hours, max_transfer_size=args.max_transfer_size,
         max_message_size=args.max_message_size, correct_offsets=args.correct_offsets,
-        zk_security=security_from_args(args))
+        max_hold=args.max_hold, zk_security=security_from_args(args))
 
     def ready(broker: Broker) -> None:
         print(f"metaq broker {config.broker_id} serving on {config.host}:{broker.port}",

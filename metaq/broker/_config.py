@@ -119,6 +119,11 @@ class BrokerConfig:
     #: Close a connection that sent nothing for this long, seconds (0: never).  Metaq
     #: clients send ``version`` heartbeats, so live ones are never idle this long.
     idle_timeout: float = 600.0
+    #: Longest a ``get`` at the log end may be held when its client asks (metaq-py's
+    #: ``hold=<ms>`` extension), seconds; 0 answers every get at once (as Metaq does).
+    max_hold: float = 30.0
+    #: Most gets held at once over all connections; beyond, gets are answered at once.
+    max_held_gets: int = 100_000
 
     def __post_init__(self) -> None:
         _int("broker_id", self.broker_id, 0, 1023)
@@ -171,6 +176,8 @@ class BrokerConfig:
         if isinstance(self.idle_timeout, bool) or not isinstance(self.idle_timeout, (int, float)) \
                 or self.idle_timeout < 0:
             raise ConfigError(f"idle_timeout must be a number >= 0, got {self.idle_timeout!r}")
+        _num("max_hold", self.max_hold, 0)
+        _int("max_held_gets", self.max_held_gets, 0)
 
     @property
     def group_commit(self) -> bool:

@@ -84,6 +84,8 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         self._read_paused = False
         self.last_seen = time.monotonic()  # last bytes received, for the idle timeout
+        #: this client's held gets (see ``_hold``), answered outside the reply order
+        self.held: dict = {}
 
     # -- asyncio callbacks -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -128,14 +130,17 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self.server.connections.discard(self)
+        if self.held:
+            self.server.held.drop(self)
         for item in self._outq:
             if type(item) is FileReply:
                 item.plog.unpin(item.slice)
         self._outq.clear()
 
     def idle_for(self, now: float) -> float:
-        """Seconds since this client last sent bytes, 0 while replies are still queued."""
-        return 0.0 if self._outq or self._busy else now - self.last_seen
+        """Seconds since this client last sent bytes, 0 while replies are still queued
+        or gets are held for it."""
+        return 0.0 if self._outq or self._busy or self.held else now - self.last_seen
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -146,6 +151,11 @@ class Connection(asyncio.Protocol):
         self._drain()
 
     # -- output ----------------------------------------------------------------------------
+    @property
+    def closing(self) -> bool:
+        """No more replies can be sent (closed, or closing after its last replies)."""
+        return self._closing or self._quit
+
     @property
     def queued(self) -> int:
         """Replies waiting behind a gate, a sendfile or a full socket buffer."""

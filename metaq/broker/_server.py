@@ -37,6 +37,7 @@ from metaq._protocol import (
 )
 from metaq.broker._config import BrokerConfig
 from metaq.broker._connection import Connection, FileReply, Gate, result
+from metaq.broker._hold import HOLD_CAPABILITY, HeldGets
 from metaq.broker._putpath import (  # the put fast path and what the slow path shares
     _MASK,
     _crc32,
@@ -52,7 +53,8 @@ __all__ = ["BrokerServer", "VERSION"]
 
 log = logging.getLogger(__name__)
 
-#: Answer to ``version``: the Metaq release we speak, then ours.
+#: Answer to ``version``: the Metaq release we speak, then ours; then the extensions a
+#: broker offers are listed (``+hold``: held gets, see ``_hold``, unless max_hold is 0).
 VERSION = f"1.4.6 metaq-py/{__version__}"
 
 class BrokerServer:
@@ -69,6 +71,9 @@ class BrokerServer:
         self.connections: set[Connection] = set()
         self.started = time.time()
         self.stats = collections.Counter()
+        self.version_text = VERSION + (f" {HOLD_CAPABILITY}" if config.max_hold > 0 else "")
+        self.held = HeldGets(self._get, max_hold=config.max_hold,
+                             max_held=config.max_held_gets, stats=self.stats)
         self._rr: dict[str, int] = {}
         #: b"<topic> <partition>" -> (log, partition bytes); b"<topic> -1" -> (None, topic)
         self.fast_keys: dict[bytes, tuple] = {}
@@ -173,7 +178,7 @@ class BrokerServer:
             elif t is OffsetRequest:
                 self._offset(conn, r)
             elif t is VersionRequest:
-                conn.send(encode_result(200, VERSION.encode(), r.opaque))
+                conn.send(encode_result(200, self.version_text.encode(), r.opaque))
             elif t is StatsRequest:
                 self.stats["cmd_stats"] += 1
                 conn.send(encode_result(200, self.stats_text(r.item).encode(), r.opaque))
@@ -329,7 +334,7 @@ class BrokerServer:
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1
-        topic, _group, partition, offset, max_size, opaque = r
+        topic, _group, partition, offset, max_size, opaque, hold_ms = r
         if max_size <= 0:
             conn.send(result(400, f"bad maxSize {max_size}", opaque))
             return
@@ -359,6 +364,8 @@ class BrokerServer:
                     cap = need
         s = plog.read(offset, cap)
         if s is None:
+            if hold_ms and plog.readable_end <= offset <= end and self.held.hold(conn, r, plog):
+                return  # answered when a put lands (or at the end of the hold)
             self.stats["get_miss"] += 1
             conn.send(result(404, f"no message at offset {offset} (end {end})", opaque))
             return
@@ -408,6 +415,7 @@ class BrokerServer:
                 f"uptime {int(now - self.started)}",
                 f"version {VERSION}",
                 f"curr_connections {len(self.connections)}",
+                f"held_gets {len(self.held)}",
                 f"queued_replies {sum(c.queued for c in self.connections)}",
                 f"unsent_reply_bytes {sum(c.unsent_bytes for c in self.connections)}",
                 f"topics {len(self.storage.topics)}",
@@ -417,7 +425,8 @@ class BrokerServer:
             ]
             if self.status is not None:
                 lines += self.status()
-            for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes",
+            for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes", "get_held",
+                        "get_held_woken", "get_held_expired", "get_hold_refused",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_stats",
                         "bad_requests", "connections_total"):
                 lines.append(f"{key} {self.stats[key]}")

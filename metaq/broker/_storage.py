@@ -21,6 +21,7 @@ import fcntl
 import logging
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -84,6 +85,9 @@ class PartitionLog:
         self._retired: list[Segment] = []
         self.segments: list[Segment] = []
         self._starts: list[int] = []
+        #: called (with this log) when :attr:`readable_end` moves, while someone waits
+        #: for it (the broker's held gets); None otherwise
+        self.on_readable: Callable[[PartitionLog], None] | None = None
         self._open()
         self.durable_end = self.end
 
@@ -160,8 +164,11 @@ class PartitionLog:
         self.unflushed += count
         self.messages_appended += count
         threshold = self.storage.unflush_threshold
-        if threshold and self.unflushed >= threshold:
-            self.flush_soon()
+        if threshold:
+            if self.unflushed >= threshold:
+                self.flush_soon()
+            if self.on_readable is not None:
+                self.on_readable(self)
         return start
 
     def _roll(self) -> Segment:
@@ -215,7 +222,7 @@ class PartitionLog:
         waiters, self._waiters, self._inflight = self._waiters, None, None
         err = cf.exception()
         if err is None:
-            self.durable_end = max(self.durable_end, target)
+            self._advance_durable(target)
             if waiters is not None and not waiters.done():
                 waiters.set_result(target)
         else:
@@ -255,7 +262,13 @@ class PartitionLog:
         except OSError as e:
             self.storage.flush_errors += 1
             raise StorageError(f"fsync of {self.dir} failed: {e}") from e
-        self.durable_end = max(self.durable_end, target)
+        self._advance_durable(target)
+
+    def _advance_durable(self, target: int) -> None:
+        if target > self.durable_end:
+            self.durable_end = target
+            if self.on_readable is not None and self.storage.unflush_threshold == 0:
+                self.on_readable(self)
 
     def needs_flush(self, now: float, interval: float) -> bool:
         return bool(self.unflushed or self._sealed) and now - self.last_flush >= interval
