@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_MAX_PAYLOAD",
     "DEFAULT_MAX_BODY",
     "QUIT",
+    "HOLD_CAPABILITY",
     "PutRequest",
     "GetRequest",
     "OffsetRequest",
@@ -44,6 +45,9 @@ DEFAULT_MAX_PAYLOAD = MAX_MESSAGE_SIZE + 64 * 1024
 #: Default largest reply body the reply parser accepts.
 DEFAULT_MAX_BODY = MAX_PAYLOAD_SIZE
 QUIT = b"quit\r\n"
+#: Token in a broker's ``version`` answer saying it honours ``get ... hold=<ms>``
+#: (metaq-py's long-polling extension of Metaq 1.4; README, "Protocol").
+HOLD_CAPABILITY = "+hold"
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1

@@ -80,7 +80,8 @@ requests = st.one_of(
     st.builds(lambda t, p, pl, f, c, tx, o: PutRequest(t, p, len(pl), f, c, tx, o, pl),
               names, int32, st.binary(max_size=200), int32, st.integers(0, 2**31 - 1),
               st.one_of(st.none(), names), int32),
-    st.builds(GetRequest, names, names, int32, int64, int32, int32),
+    st.builds(GetRequest, names, names, int32, int64, int32, int32,
+              st.one_of(st.just(0), st.integers(1, 2**31 - 1))),
     st.builds(OffsetRequest, names, names, int32, int64, int32),
     st.builds(StatsRequest, st.one_of(st.none(), names), int32),
     st.builds(VersionRequest, int32),
@@ -92,7 +93,8 @@ def encode_request(r) -> bytes:
     if isinstance(r, PutRequest):
         return encode_put(r.topic, r.partition, r.payload, r.flag, r.checksum, r.opaque, r.tx_key)
     if isinstance(r, GetRequest):
-        return encode_get(r.topic, r.group, r.partition, r.offset, r.max_size, r.opaque)
+        return encode_get(r.topic, r.group, r.partition, r.offset, r.max_size, r.opaque,
+                          r.hold_ms)
     if isinstance(r, OffsetRequest):
         return encode_offset(r.topic, r.group, r.partition, r.offset, r.opaque)
     if isinstance(r, StatsRequest):

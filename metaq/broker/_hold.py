@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from metaq._protocol import GetRequest
+from metaq._protocol import HOLD_CAPABILITY, GetRequest
 
 if TYPE_CHECKING:
     from metaq.broker._connection import Connection
@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["HeldGets", "HOLD_CAPABILITY"]
 
 log = logging.getLogger(__name__)
-
-#: Token in the broker's ``version`` answer that says it honours ``hold=<ms>``.
-HOLD_CAPABILITY = "+hold"
 
 #: Answers a get (the server's normal get path) on a connection.
 Answer = Callable[["Connection", GetRequest], None]

@@ -55,6 +55,11 @@ class ConsumerConfig:
     fetch_timeout: float = 10.0
     #: Largest delay between fetches of an idle or failing partition, seconds [5].
     max_fetch_delay: float = 5.0
+    #: How long a metaq-py broker may hold a fetch of a partition with nothing new,
+    #: answering it the moment a message arrives (long polling), seconds; an idle
+    #: partition then costs one request per hold.  0, or a broker that does not offer
+    #: holding (a Java Metaq broker), backs off as Metaq does (max_fetch_delay).
+    fetch_hold: float = 5.0
     #: Period of the offset commit timer, seconds [5].
     commit_period: float = 5.0
     #: Times a listener may fail on one message before the reject policy [5].
@@ -121,6 +126,10 @@ class ConsumerConfig:
                      "recover_interval", "max_fetch_delay", "commit_period", "claim_backoff",
                      "claim_backoff_max", "close_timeout"):
             _positive(name, getattr(self, name))
+        if isinstance(self.fetch_hold, bool) or not isinstance(self.fetch_hold, (int, float)) \
+                or not 0 <= self.fetch_hold <= 3600:
+            raise ConfigError(f"fetch_hold must be a number of seconds 0..3600, "
+                              f"got {self.fetch_hold!r}")
         if self.zk_security is not None and not isinstance(self.zk_security, ZkSecurity):
             raise ConfigError("zk_security must be a metaq.ZkSecurity")
         if self.claim_backoff > self.claim_backoff_max:

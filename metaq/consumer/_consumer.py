@@ -143,7 +143,7 @@ class MessageConsumer:
             group=group, runner_count=self.config.fetch_runner_count,
             fetch_timeout=self.config.fetch_timeout, max_delay=self.config.max_fetch_delay,
             max_fetch_size=self.config.max_fetch_size, on_error=self.report_error,
-            lease=self.lease,
+            lease=self.lease, hold=self.config.fetch_hold,
             name=f"metaq-fetch-{self.consumer_id}")
         self._coordinator = Coordinator(self, self._client)
 

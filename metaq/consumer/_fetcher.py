@@ -24,7 +24,13 @@ What differs from Metaq:
   the partition's offset is still where they start;
 - replies are received straight into a buffer of the partition's own
   (``pf.rbuf``, behind the unconsumed tail of the last one), and the C message
-  builder reads them there: the body bytes are copied once, into the messages.
+  builder reads them there: the body bytes are copied once, into the messages;
+- a partition found at its log end on a broker that offers holding is not
+  backed off but parked with the :class:`~metaq.consumer._longpoll.LongPoller`,
+  whose held get brings the next message the moment it is written; the bytes
+  it brings become the partition's ready bytes, delivered by a runner like
+  any other (park tokens make replies for a partition revoked, sought,
+  paused or woken meanwhile count for nothing).
 """
 
 from __future__ import annotations
@@ -39,7 +45,9 @@ from typing import Any
 
 from metaq._connection import BrokerConnection
 from metaq._errors import BrokerError, ChecksumError, MessageError, MetaqError
+from metaq._protocol import HOLD_CAPABILITY
 from metaq.consumer._lease import Lease
+from metaq.consumer._longpoll import LongPoller, Parked
 from metaq.consumer._processor import PartitionFetch, process_batch
 
 __all__ = ["FetchManager"]
@@ -48,6 +56,8 @@ log = logging.getLogger(__name__)
 
 _LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
 _FLOW_POLL = 0.02  # seconds between looks at a flow-controlled partition
+#: ``_fetch_once``'s answer for "at the log end: park it with the long poller"
+_PARK = -1.0
 
 
 def _apply_control(pf: PartitionFetch) -> None:
@@ -67,6 +77,14 @@ def _apply_control(pf: PartitionFetch) -> None:
 ErrorHandler = Callable[[BaseException, "PartitionFetch | None"], None]
 
 
+def _offers_hold(conn: BrokerConnection) -> bool:
+    """Does this broker hold gets (``+hold`` in its ``version`` answer)?"""
+    try:
+        return HOLD_CAPABILITY in conn.version().split()
+    except BrokerError:
+        return False  # a broker that does not answer version: Metaq's backoff
+
+
 def _take_ready(pf: PartitionFetch, address: tuple[str, int]) -> memoryview | None:
     """The bytes fetched ahead for ``pf``, if they still start at its offset."""
     ready, pf.ready = pf.ready, None
@@ -84,7 +102,7 @@ class FetchManager:
 
     def __init__(self, *, group: str, runner_count: int, fetch_timeout: float,
                  max_delay: float, max_fetch_size: int, on_error: ErrorHandler,
-                 lease: Lease | None = None,
+                 lease: Lease | None = None, hold: float = 0.0,
                  name: str = "metaq-fetch", prefetch: bool = True) -> None:
         self._group = group
         self._prefetch = prefetch
@@ -103,6 +121,14 @@ class FetchManager:
             threading.Thread(target=self._run, name=f"{name}-{group}-{i}", daemon=True)
             for i in range(runner_count)
         ]
+        #: broker address -> it offers held gets (asked on each new runner connection)
+        self._holds: dict[tuple[str, int], bool] = {}
+        self._poller: LongPoller | None = None
+        if hold > 0:
+            self._poller = LongPoller(
+                group=group, hold=hold, connect_timeout=fetch_timeout,
+                reply_margin=fetch_timeout, woken=self._woken,
+                still_parked=self._still_parked, name=f"{name}-{group}-hold")
         for t in self._threads:
             t.start()
 
@@ -168,17 +194,58 @@ class FetchManager:
             self._closed = True
             self._cond.notify_all()
         deadline = time.monotonic() + timeout
+        if self._poller is not None:
+            self._poller.close(timeout)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
 
     @property
     def threads(self) -> list[threading.Thread]:
-        return list(self._threads)
+        extra = [] if self._poller is None else [self._poller.thread]
+        return list(self._threads) + extra
+
+    # -- long polling ------------------------------------------------------------------
+
+    def _park(self, pf: PartitionFetch) -> Parked | None:
+        """(Under the lock, as the runner lets ``pf`` go) hand it to the long poller,
+        unless a control request wants it fetched now (None: push it instead)."""
+        if pf.seek_to is not None or pf.rollback or pf.paused or pf.broker_address is None:
+            return None
+        pf.hold_token = token = next(self._seq)
+        pf.delay = 0.0
+        if pf.ready is None:
+            pf.rbuf = None  # an idle partition gives its receive buffer back
+        return Parked(pf, token, pf.broker_address, pf.offset)
+
+    def _still_parked(self, parked: Parked) -> bool:
+        pf = parked.pf
+        return pf.hold_token == parked.token and pf.active and not self._closed
+
+    def _woken(self, parked: Parked, data: memoryview | None, backoff: bool) -> None:
+        """(Long-poll thread) the held get of ``parked`` was answered: fetch it now
+        with ``data`` as its ready bytes, or after Metaq's backoff."""
+        pf = parked.pf
+        with self._cond:
+            if pf.hold_token != parked.token or not pf.active or self._closed:
+                return  # revoked, sought, paused or woken since it was parked
+            if data is not None and pf.offset == parked.offset:
+                pf.ready, pf.ready_offset, pf.ready_address = data, parked.offset, \
+                    parked.address
+            self._push(pf, self._backoff(pf) if backoff else 0.0)
+            self._cond.notify()
+
+    def _at_end(self, pf: PartitionFetch, address: tuple[str, int]) -> float:
+        """Nothing new at ``pf``'s offset: park it when its broker holds gets, else
+        Metaq's growing backoff."""
+        if self._poller is not None and self._holds.get(address):
+            return _PARK
+        return self._backoff(pf)
 
     # -- internals ---------------------------------------------------------
 
     def _push(self, pf: PartitionFetch, delay: float) -> None:
+        pf.hold_token = 0  # a held get out for it no longer counts
         pf.due = time.monotonic() + delay
         pf.queued_token = next(self._seq)
         heapq.heappush(self._heap, (pf.due, pf.queued_token, pf))
@@ -207,11 +274,19 @@ class FetchManager:
                     self._cond.wait(1.0 if self._suspended else None)
 
     def _release(self, pf: PartitionFetch, delay: float | None) -> None:
+        parked = None
         with self._cond:
             pf.busy = False
             if pf.active and delay is not None and not self._closed:
-                self._push(pf, delay)
+                if delay == _PARK and self._poller is not None:
+                    parked = self._park(pf)
+                    if parked is None:
+                        self._push(pf, 0.0)
+                else:
+                    self._push(pf, delay)
             self._cond.notify_all()
+        if parked is not None:
+            self._poller.park(parked)  # type: ignore[union-attr]
 
     def _run(self) -> None:
         connections: dict[tuple[str, int], BrokerConnection] = {}
@@ -261,6 +336,8 @@ class FetchManager:
             if conn is None:
                 conn = BrokerConnection(address[0], address[1], timeout=self._fetch_timeout)
                 connections[address] = conn
+                if self._poller is not None:
+                    self._holds[address] = _offers_hold(conn)
             if data is None:
                 if pf.offset < 0:  # start_position="latest": the broker's log end
                     pf.offset = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
@@ -273,7 +350,7 @@ class FetchManager:
                 ahead = conn.send_get(pf.topic, self._group, pf.index, pf.offset + len(data),
                                       pf.max_size)
         except BrokerError as e:
-            return self._on_broker_error(pf, e)
+            return self._on_broker_error(pf, e, address)
         except (OSError, MetaqError) as e:
             return self._connection_failed(pf, conn, address, connections, e)
         pf.failures = 0
@@ -291,12 +368,16 @@ class FetchManager:
             self._end_ahead(pf, conn, ahead, None, address, connections)
             raise
         keep = result.consumed and pf.retry_delay is None
-        self._end_ahead(pf, conn, ahead, data[pf.offset - base:] if keep else None, address,
-                        connections)
+        at_end = self._end_ahead(pf, conn, ahead, data[pf.offset - base:] if keep else None,
+                                 address, connections)
         if result.consumed:
             pf.delay = 0.0
             pf.grow_size_streak = 0
-            return 0.0 if pf.retry_delay is None else pf.retry_delay
+            if pf.retry_delay is not None:
+                return pf.retry_delay
+            if at_end and pf.offset == base + len(data):
+                return self._at_end(pf, address)  # all delivered, nothing after it
+            return 0.0
         if pf.retry_delay is not None:
             return pf.retry_delay  # listener failed on the first message: retry later
         if result.needed_size:
@@ -320,28 +401,30 @@ class FetchManager:
     @staticmethod
     def _end_ahead(pf: PartitionFetch, conn: BrokerConnection, ahead: int | None,
                    tail: memoryview | None, address: tuple[str, int],
-                   connections: dict[tuple[str, int], BrokerConnection]) -> None:
+                   connections: dict[tuple[str, int], BrokerConnection]) -> bool:
         """Read the reply of the get sent ahead: kept in ``pf.ready`` after ``tail`` (the
-        bytes not consumed yet, which it continues), or dropped when ``tail`` is None."""
+        bytes not consumed yet, which it continues), or dropped when ``tail`` is None.
+        True when it said there is nothing after the bytes in hand (404)."""
         pf.ready = None
         if ahead is None:
-            return
+            return False
         try:
             if tail is None:
                 conn.skip_reply(ahead)
-                return
+                return False
             # the tail is a view of pf.rbuf, which the reply is about to overwrite
             pf.rbuf, n = conn.read_get_into(ahead, bytes(tail), pf.rbuf)
             ready = memoryview(pf.rbuf)[:n]
         except BrokerError as e:  # e.g. 404, nothing new yet: the next fetch asks again
             log.debug("get ahead of %s/%s: %s", pf.topic, pf.partition, e)
-            return
+            return e.code == 404
         except (OSError, MetaqError) as e:
             conn.close()
             connections.pop(address, None)
             log.debug("get ahead of %s/%s failed: %s", pf.topic, pf.partition, e)
-            return
+            return False
         pf.ready, pf.ready_offset, pf.ready_address = ready, pf.offset, address
+        return False
 
     def _grow(self, pf: PartitionFetch, needed: int) -> float:
         if needed > self._max_fetch_size:
@@ -359,9 +442,10 @@ class FetchManager:
         pf.grow_size_streak += 1
         return 0.0
 
-    def _on_broker_error(self, pf: PartitionFetch, e: BrokerError) -> float:
+    def _on_broker_error(self, pf: PartitionFetch, e: BrokerError,
+                         address: tuple[str, int]) -> float:
         if e.code == 404:
-            return self._backoff(pf)  # nothing new (or unknown partition)
+            return self._at_end(pf, address)  # nothing new (or unknown partition)
         if e.code == 301:
             try:
                 moved = int(e.detail.strip())

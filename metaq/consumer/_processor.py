@@ -109,6 +109,8 @@ class PartitionFetch:
         self.parked = False
         self.due = 0.0
         self.queued_token = -1
+        #: token of the held get the long poller keeps out for it; 0 when not parked
+        self.hold_token = 0
         # backoff and counters, owned by the runner holding it
         self.delay = 0.0
         self.failures = 0

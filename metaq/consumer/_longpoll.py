@@ -1,0 +1,298 @@
+"""Long polling: one thread that keeps held gets out for partitions with nothing new.
+
+When a fetch runner finds a partition at its log end and the broker offers
+holding (``+hold`` in its ``version`` answer; see ``metaq.broker._hold``), the
+:class:`~metaq.consumer._fetcher.FetchManager` parks the partition here instead
+of backing off.  This thread sends one ``get ... hold=<ms>`` for it on a
+connection of its own per broker (non-blocking sockets, one ``selectors`` loop,
+replies matched by opaque since held gets are answered out of order) and waits:
+
+- a ``value`` reply (a message arrived) goes back to the manager as the
+  partition's ready bytes, and a runner delivers them at once;
+- a 404 at the end of the hold: the held get is sent again (an idle partition
+  costs one request per hold period, and no CPU in between);
+- a 404 long before the hold ran out (the broker did not hold it: at its
+  ``max_held_gets``, or holding switched off) hands the partition back with
+  Metaq's backoff; any other answer, a dead connection or a reply that never
+  comes hands it back to the runners, whose normal path handles it.
+
+It never delivers anything itself, and never decides ownership: the manager
+drops a reply whose partition was revoked, sought, paused or woken meanwhile
+(its park token changed), and a runner checks the lease before delivering.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from metaq._errors import MetaqError
+from metaq._protocol import ReplyParser, Value, encode_get
+
+__all__ = ["LongPoller", "Parked"]
+
+log = logging.getLogger(__name__)
+
+#: A 404 that comes back before this share of the asked hold was not held.
+_NOT_HELD = 0.5
+#: Seconds between looks for held gets past their deadline (hold + reply margin).
+_CHECK_EVERY = 1.0
+
+
+class Parked:
+    """One held get: partition state, park token, where it asked and when."""
+
+    __slots__ = ("pf", "token", "address", "offset", "sent", "deadline")
+
+    def __init__(self, pf: Any, token: int, address: tuple[str, int], offset: int) -> None:
+        self.pf = pf
+        self.token = token
+        self.address = address
+        self.offset = offset
+        self.sent = 0.0
+        self.deadline = 0.0
+
+
+#: ``woken(parked, data, backoff)``: ``data`` the bytes a held get brought (or None),
+#: ``backoff`` True when the partition should wait as Metaq's backoff says.
+Woken = Callable[[Parked, "memoryview | None", bool], None]
+#: ``still_parked(parked)``: the partition still waits on this held get.
+StillParked = Callable[[Parked], bool]
+
+
+class _Conn:
+    __slots__ = ("address", "sock", "parser", "pending", "out")
+
+    def __init__(self, address: tuple[str, int], sock: socket.socket) -> None:
+        self.address = address
+        self.sock = sock
+        self.parser = ReplyParser()
+        self.pending: dict[int, Parked] = {}
+        self.out = bytearray()
+
+
+class LongPoller:
+    """The thread behind held gets of one FetchManager (see the module docstring)."""
+
+    def __init__(self, *, group: str, hold: float, connect_timeout: float,
+                 reply_margin: float, woken: Woken, still_parked: StillParked,
+                 name: str) -> None:
+        self._group = group
+        self._hold_ms = max(1, int(hold * 1000))
+        self._hold = hold
+        self._connect_timeout = connect_timeout
+        self._margin = reply_margin
+        self._woken = woken
+        self._still_parked = still_parked
+        self._queue: collections.deque[Parked] = collections.deque()
+        self._lock = threading.Lock()
+        self._signalled = False
+        self._closed = False
+        self._opaque = itertools.count(1)
+        self._conns: dict[tuple[str, int], _Conn] = {}
+        self._next_check = 0.0
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    # -- any thread ------------------------------------------------------------------------
+    def park(self, parked: Parked) -> None:
+        """Send a held get for ``parked`` (from a runner, as it lets the partition go)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._queue.append(parked)
+            signal = not self._signalled
+            self._signalled = True
+        if signal:
+            self._signal()
+
+    def close(self, timeout: float = 5.0) -> None:
+        with self._lock:
+            self._closed = True
+        self._signal()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _signal(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is already pending, or closing
+
+    # -- the thread ------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                timeout = self._next_deadline()
+                for key, events in self._sel.select(timeout):
+                    conn = key.data
+                    if conn is None:
+                        self._drain_wakeups()
+                        continue
+                    if events & selectors.EVENT_WRITE:
+                        self._flush(conn)
+                    if events & selectors.EVENT_READ and conn.address in self._conns:
+                        self._read(conn)
+                with self._lock:
+                    if self._closed:
+                        return
+                    todo = list(self._queue)
+                    self._queue.clear()
+                    self._signalled = False
+                for parked in todo:
+                    self._send(parked)
+                for conn in list(self._conns.values()):
+                    if conn.out:
+                        self._flush(conn)
+                self._check_deadlines()
+        except BaseException:  # noqa: BLE001 - hand every partition back, then report
+            log.exception("long-poll thread of group %s failed; partitions fall back to "
+                          "the fetch runners", self._group)
+            raise
+        finally:
+            with self._lock:
+                self._closed = True
+                todo = list(self._queue)
+                self._queue.clear()
+            for conn in list(self._conns.values()):
+                self._drop(conn, None)
+            for parked in todo:
+                self._woken(parked, None, False)
+            self._sel.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def _next_deadline(self) -> float | None:
+        """Select's timeout: held gets' deadlines are looked at about once a second."""
+        if not any(conn.pending for conn in self._conns.values()):
+            return None
+        return max(0.0, self._next_check - time.monotonic())
+
+    def _connect(self, address: tuple[str, int]) -> _Conn | None:
+        conn = self._conns.get(address)
+        if conn is not None:
+            return conn
+        try:
+            sock = socket.create_connection(address, timeout=self._connect_timeout)
+        except OSError as e:
+            log.debug("long-poll connection to %s:%s failed: %s", address[0], address[1], e)
+            return None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        conn = self._conns[address] = _Conn(address, sock)
+        self._sel.register(sock, selectors.EVENT_READ, conn)
+        return conn
+
+    def _send(self, parked: Parked) -> None:
+        conn = self._connect(parked.address)
+        if conn is None:
+            self._woken(parked, None, False)  # the runner's own fetch meets the failure
+            return
+        pf = parked.pf
+        opaque = next(self._opaque) & 0x7FFFFFFF
+        try:
+            conn.out += encode_get(pf.topic, self._group, pf.index, parked.offset,
+                                   pf.max_size, opaque, self._hold_ms)
+        except MetaqError as e:  # a name the protocol cannot carry: not ours to hold
+            log.warning("cannot hold a get of %s/%s: %s", pf.topic, pf.partition, e)
+            self._woken(parked, None, True)
+            return
+        parked.sent = now = time.monotonic()
+        parked.deadline = now + self._hold + self._margin
+        conn.pending[opaque] = parked
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            while conn.out:
+                n = conn.sock.send(conn.out)
+                del conn.out[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as e:
+            self._drop(conn, e)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
+        self._sel.modify(conn.sock, events, conn)
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(conn, e)
+            return
+        if not data:
+            self._drop(conn, ConnectionResetError("broker closed the connection"))
+            return
+        try:
+            replies = conn.parser.feed(data)
+        except MetaqError as e:
+            self._drop(conn, e)
+            return
+        now = time.monotonic()
+        for reply in replies:
+            parked = conn.pending.pop(reply.opaque, None)
+            if parked is None:
+                continue  # not ours (cannot happen with a sane broker): ignore
+            if type(reply) is Value:
+                self._woken(parked, memoryview(reply.body) if reply.body else None, False)
+            elif reply.code == 404 and self._still_parked(parked):
+                if now - parked.sent >= self._hold * _NOT_HELD:
+                    self._send(parked)  # the hold ran out: hold again
+                else:
+                    self._woken(parked, None, True)  # not held: Metaq's backoff
+            else:
+                self._woken(parked, None, False)
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + _CHECK_EVERY
+        for conn in list(self._conns.values()):
+            if any(p.deadline <= now for p in conn.pending.values()):
+                self._drop(conn, TimeoutError("a held get was not answered in time"))
+
+    def _drop(self, conn: _Conn, err: BaseException | None) -> None:
+        """Close ``conn``; its partitions go back to the runners."""
+        if self._conns.get(conn.address) is conn:
+            del self._conns[conn.address]
+        if err is not None:
+            log.info("long-poll connection to %s:%s lost: %s", conn.address[0],
+                     conn.address[1], err)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        pending, conn.pending = conn.pending, {}
+        for parked in pending.values():
+            self._woken(parked, None, False)
+
