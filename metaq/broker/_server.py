@@ -335,6 +335,8 @@ class BrokerServer:
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1
         topic, _group, partition, offset, max_size, opaque, hold_ms = r
+        if hold_ms:
+            self.stats["get_hold_asked"] += 1
         if max_size <= 0:
             conn.send(result(400, f"bad maxSize {max_size}", opaque))
             return
@@ -425,8 +427,9 @@ class BrokerServer:
             ]
             if self.status is not None:
                 lines += self.status()
-            for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes", "get_held",
-                        "get_held_woken", "get_held_expired", "get_hold_refused",
+            for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes",
+                        "get_hold_asked", "get_held", "get_held_woken", "get_held_expired",
+                        "get_hold_refused",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_stats",
                         "bad_requests", "connections_total"):
                 lines.append(f"{key} {self.stats[key]}")
