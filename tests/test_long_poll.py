@@ -375,17 +375,37 @@ def test_fetcher_falls_back_to_backoff_against_a_broker_without_holding(brokers,
 
 # --------------------------------------------------------------------------- the consumer
 
-def test_consumer_waits_in_held_gets_and_delivers_each_message_once(zk_connect, brokers):
+class _Batch:
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+
+    def on_messages(self, batch) -> None:  # noqa: ANN001
+        for m in batch:
+            self.rec(m)
+
+
+@pytest.mark.parametrize("mode", ["orderly", "batch", "concurrent", "manual", "broadcast"])
+def test_every_mode_waits_in_held_gets_and_delivers_each_message_once(zk_connect, brokers,
+                                                                      mode):
     b = brokers(0, {TOPIC: 4})
     rec = Recorder()
+    options = {"fetch_runner_count": 1, "consume_mode": "concurrent" if mode == "concurrent"
+               else "orderly", "broadcast": mode == "broadcast"}
     with Producer(zk_connect) as producer, \
-            MessageConsumer("lp", zk_connect, fetch_runner_count=1) as consumer:
-        consumer.subscribe(TOPIC, rec)
+            MessageConsumer(f"lp-{mode}", zk_connect, **options) as consumer:
+        listener = rec
+        if mode == "batch":
+            listener = _Batch(rec)
+        elif mode == "manual":
+            def listener(m):  # noqa: ANN001, ANN202
+                rec(m)
+                consumer.ack(m)
+        consumer.subscribe(TOPIC, listener, auto_ack=mode != "manual")
         consumer.start()
         assert consumer.wait_settled(30)
         _parked(b.port, 4)
         sent = []
-        for i in range(20):
+        for i in range(12):
             r = producer.send(TOPIC, b"n%d" % i)
             sent.append((r.partition, b"n%d" % i))
             wait_until(lambda n=i + 1: sum(len(v) for v in rec.got.values()) == n, 10,
@@ -394,4 +414,25 @@ def test_consumer_waits_in_held_gets_and_delivers_each_message_once(zk_connect, 
         for part, body in sent:
             want[part].append(body)
         assert {k: rec.bodies(k) for k in want} == dict(want)
-        assert _stat(b.port, "get_held_woken") >= 20
+        assert _stat(b.port, "get_held_woken") >= 12
+
+def test_a_failing_long_poller_is_reported_and_partitions_fall_back(broker, monkeypatch):
+    from metaq.consumer import _longpoll
+
+    def broken(self, parked):  # noqa: ANN001, ANN202
+        raise RuntimeError("long poller broke")
+
+    monkeypatch.setattr(_longpoll.LongPoller, "_send", broken)
+    errors: list = []
+    rec = Recorder()
+    m = FetchManager(group="g", runner_count=1, fetch_timeout=5.0, max_delay=0.1,
+                     max_fetch_size=1 << 20, on_error=lambda e, pf: errors.append(e), hold=60)
+    try:
+        m.add(_fetch(broker.port, 0, rec))
+        wait_until(lambda: errors, 10, what="the poller's failure to be reported")
+        assert "long poller broke" in str(errors[0])
+        _put(broker.port, 0, b"still delivered")
+        wait_until(lambda: rec.bodies("0-0") == [b"still delivered"], 10, what="delivery")
+    finally:
+        m.close()
+    assert not any(t.is_alive() for t in m.threads)

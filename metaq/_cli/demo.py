@@ -53,6 +53,10 @@ def _table(headers: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
+#: Single messages sent one at a time for the demo's latency line.
+LATENCY_MESSAGES = 20
+
+
 def _progress(done: int, total: int, started: float) -> None:
     width = 30
     filled = width * done // max(total, 1)
@@ -128,7 +132,14 @@ def run(args: argparse.Namespace) -> int:
                 f.result(timeout=30)
         _progress(args.messages, args.messages, started)
 
+        latencies: list[float] = []
+
         def listener(message) -> None:
+            body = message.body
+            if body[:8] == b"latency ":
+                with lock:
+                    latencies.append(time.monotonic() - float(body[8:]))
+                return
             with lock:
                 consumed[0] += 1
 
@@ -171,6 +182,15 @@ def run(args: argparse.Namespace) -> int:
                      for p in report.partitions]))
         _say(f"consumed {consumed[0]} deliveries of {args.messages} messages "
              f"(a stopped member's uncommitted ones are delivered again: at least once)")
+
+        _say("\n== latency: single messages into the idle group, send -> listener")
+        with Producer(zk.hosts) as producer:
+            for i in range(LATENCY_MESSAGES):
+                producer.send(TOPIC, b"latency %r" % time.monotonic())
+                _wait(lambda n=i + 1: len(latencies) >= n, 10, "a latency message")
+        ms = sorted(x * 1000 for x in latencies)
+        _say(f"{len(ms)} messages: median {ms[len(ms) // 2]:.2f} ms, max {ms[-1]:.2f} ms "
+             f"(the brokers hold the consumers' fetches: no polling delay)")
     finally:
         for c in consumers:
             c.close()

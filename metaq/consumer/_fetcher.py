@@ -128,7 +128,8 @@ class FetchManager:
             self._poller = LongPoller(
                 group=group, hold=hold, connect_timeout=fetch_timeout,
                 reply_margin=fetch_timeout, woken=self._woken,
-                still_parked=self._still_parked, name=f"{name}-{group}-hold")
+                still_parked=self._still_parked,
+                on_error=lambda e: self._on_error(e, None), name=f"{name}-{group}-hold")
         for t in self._threads:
             t.start()
 
@@ -285,8 +286,8 @@ class FetchManager:
                 else:
                     self._push(pf, delay)
             self._cond.notify_all()
-        if parked is not None:
-            self._poller.park(parked)  # type: ignore[union-attr]
+        if parked is not None and not self._poller.park(parked):  # type: ignore[union-attr]
+            self._woken(parked, None, True)  # the poller stopped: Metaq's backoff
 
     def _run(self) -> None:
         connections: dict[tuple[str, int], BrokerConnection] = {}

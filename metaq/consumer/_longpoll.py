@@ -14,7 +14,8 @@ replies matched by opaque since held gets are answered out of order) and waits:
 - a 404 long before the hold ran out (the broker did not hold it: at its
   ``max_held_gets``, or holding switched off) hands the partition back with
   Metaq's backoff; any other answer, a dead connection or a reply that never
-  comes hands it back to the runners, whose normal path handles it.
+  comes hands it back to the runners, whose normal path handles it (after
+  Metaq's backoff where the connection failed, so nothing spins).
 
 It never delivers anything itself, and never decides ownership: the manager
 drops a reply whose partition was revoked, sought, paused or woken meanwhile
@@ -83,7 +84,7 @@ class LongPoller:
 
     def __init__(self, *, group: str, hold: float, connect_timeout: float,
                  reply_margin: float, woken: Woken, still_parked: StillParked,
-                 name: str) -> None:
+                 on_error: Callable[[BaseException], None], name: str) -> None:
         self._group = group
         self._hold_ms = max(1, int(hold * 1000))
         self._hold = hold
@@ -91,6 +92,7 @@ class LongPoller:
         self._margin = reply_margin
         self._woken = woken
         self._still_parked = still_parked
+        self._on_error = on_error
         self._queue: collections.deque[Parked] = collections.deque()
         self._lock = threading.Lock()
         self._signalled = False
@@ -111,16 +113,18 @@ class LongPoller:
         return self._thread
 
     # -- any thread ------------------------------------------------------------------------
-    def park(self, parked: Parked) -> None:
-        """Send a held get for ``parked`` (from a runner, as it lets the partition go)."""
+    def park(self, parked: Parked) -> bool:
+        """Send a held get for ``parked`` (from a runner, as it lets the partition go);
+        False when this poller has stopped (the caller fetches it as before)."""
         with self._lock:
             if self._closed:
-                return
+                return False
             self._queue.append(parked)
             signal = not self._signalled
             self._signalled = True
         if signal:
             self._signal()
+        return True
 
     def close(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -161,10 +165,10 @@ class LongPoller:
                     if conn.out:
                         self._flush(conn)
                 self._check_deadlines()
-        except BaseException:  # noqa: BLE001 - hand every partition back, then report
+        except BaseException as e:  # noqa: BLE001 - hand every partition back, report
             log.exception("long-poll thread of group %s failed; partitions fall back to "
-                          "the fetch runners", self._group)
-            raise
+                          "Metaq's backoff", self._group)
+            self._on_error(e)
         finally:
             with self._lock:
                 self._closed = True
@@ -173,7 +177,7 @@ class LongPoller:
             for conn in list(self._conns.values()):
                 self._drop(conn, None)
             for parked in todo:
-                self._woken(parked, None, False)
+                self._woken(parked, None, True)
             self._sel.close()
             self._wake_r.close()
             self._wake_w.close()
@@ -208,8 +212,8 @@ class LongPoller:
 
     def _send(self, parked: Parked) -> None:
         conn = self._connect(parked.address)
-        if conn is None:
-            self._woken(parked, None, False)  # the runner's own fetch meets the failure
+        if conn is None:  # the runner's own fetch meets the failure, after a backoff
+            self._woken(parked, None, True)
             return
         pf = parked.pf
         opaque = next(self._opaque) & 0x7FFFFFFF
@@ -293,6 +297,6 @@ class LongPoller:
         except OSError:
             pass
         pending, conn.pending = conn.pending, {}
-        for parked in pending.values():
-            self._woken(parked, None, False)
+        for parked in pending.values():  # back off: a broker that keeps dropping
+            self._woken(parked, None, True)  # us must not make partitions spin
 
