@@ -94,6 +94,7 @@ class LongPoller:
         self._still_parked = still_parked
         self._on_error = on_error
         self._queue: collections.deque[Parked] = collections.deque()
+        self._todo: collections.deque[Parked] = collections.deque()  # being sent (thread)
         self._lock = threading.Lock()
         self._signalled = False
         self._closed = False
@@ -156,11 +157,13 @@ class LongPoller:
                 with self._lock:
                     if self._closed:
                         return
-                    todo = list(self._queue)
+                    todo = self._todo
+                    todo.extend(self._queue)
                     self._queue.clear()
                     self._signalled = False
-                for parked in todo:
-                    self._send(parked)
+                while todo:
+                    self._send(todo[0])
+                    todo.popleft()
                 for conn in list(self._conns.values()):
                     if conn.out:
                         self._flush(conn)
@@ -172,7 +175,7 @@ class LongPoller:
         finally:
             with self._lock:
                 self._closed = True
-                todo = list(self._queue)
+                todo = list(self._todo) + list(self._queue)
                 self._queue.clear()
             for conn in list(self._conns.values()):
                 self._drop(conn, None)
