@@ -333,6 +333,7 @@ class FetchManager:
         data = _take_ready(pf, address)
         conn = connections.get(address)
         ahead: int | None = None  # opaque of the get sent ahead, reply not read yet
+        parks = False
         try:
             if conn is None:
                 conn = BrokerConnection(address[0], address[1], timeout=self._fetch_timeout)
@@ -346,8 +347,12 @@ class FetchManager:
                     conn.send_get(pf.topic, self._group, pf.index, pf.offset, pf.max_size),
                     b"", pf.rbuf)
                 data = memoryview(pf.rbuf)[:n]
-            if data and self._prefetch:
+            parks = self._poller is not None and self._holds.get(address, False)
+            if data and self._prefetch and (not parks or len(data) >= pf.max_size >> 1):
                 # the bytes right after these: the broker sends them while we deliver
+                # (not after a short reply from a broker that holds gets: the partition
+                # is probably caught up, and its held get will bring what comes next
+                # without this runner waiting for a round trip)
                 ahead = conn.send_get(pf.topic, self._group, pf.index, pf.offset + len(data),
                                       pf.max_size)
         except BrokerError as e:
@@ -376,8 +381,8 @@ class FetchManager:
             pf.grow_size_streak = 0
             if pf.retry_delay is not None:
                 return pf.retry_delay
-            if at_end and pf.offset == base + len(data):
-                return self._at_end(pf, address)  # all delivered, nothing after it
+            if (at_end or (parks and ahead is None)) and pf.offset == base + len(data):
+                return self._at_end(pf, address)  # all delivered, maybe nothing after it
             return 0.0
         if pf.retry_delay is not None:
             return pf.retry_delay  # listener failed on the first message: retry later
