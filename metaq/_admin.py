@@ -116,7 +116,14 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
             lag = None if end is None else max(0, end - position)
             prev = before.get((gt.topic, name))
             moved = interval <= 0 or prev is None or (committed or 0) > prev.offset
-            if lag is None:
+            if ps.errors and committed is None:
+                state = "damaged"  # garbage in its offset node (see the errors column)
+            elif committed is not None and end is not None and committed > end:
+                state = "out of range"  # beyond the log end: nothing can be delivered
+                lag = None
+            elif committed is not None and start is not None and committed < start:
+                state = "data lost"  # below the log start: retention deleted unread bytes
+            elif lag is None:
                 state = "unknown"
             elif lag == 0:
                 state = "ok"

@@ -18,6 +18,7 @@ builtin type.
     ├── MessageError (ValueError)           message bytes that cannot be used
     │   ├── MessageTooLargeError            body over the configured limit
     │   └── ChecksumError                   CRC32 of the payload does not match
+    │       └── DamagedMessageError         a consumer met damaged bytes in a log
     ├── StorageError                        the broker's log cannot be used
     │   └── CorruptLogError                 bad bytes found where none may be
     ├── BrokerError                         a broker answered a non-200 result
@@ -29,7 +30,9 @@ builtin type.
     │   └── BatchSendError                  some messages of a batch were not stored
     └── ConsumerError
         ├── ConsumerClosedError             the consumer was used after close()
-        └── DataLossError                   wanted messages are gone (retention, short log)
+        ├── DataLossError                   wanted messages are gone (retention, short log)
+        ├── OffsetOutOfRangeError           a position outside the log (offset_reset)
+        └── MemberFailedError               a member's coordinator failed and gave up
 
 ``zk_layout`` does not import ``metaq``, so its :class:`zk_layout.NodeDataError`
 (a ``ValueError``) is registered here as a virtual subclass of
@@ -67,6 +70,9 @@ __all__ = [
     "ConsumerError",
     "ConsumerClosedError",
     "DataLossError",
+    "DamagedMessageError",
+    "OffsetOutOfRangeError",
+    "MemberFailedError",
 ]
 
 
@@ -175,6 +181,45 @@ class ConsumerClosedError(ConsumerError):
 class DataLossError(ConsumerError):
     """Messages a reader was asked for are gone: deleted by retention, or the
     log is shorter or more damaged than when the read was planned."""
+
+
+class DamagedMessageError(ChecksumError):
+    """A consumer met bytes in a partition's log that are no valid message, and moved
+    past them: ``topic``, ``partition``, ``offset`` (where they start) and
+    ``next_offset`` (where delivery resumed; ``next_offset - offset`` bytes skipped)."""
+
+    def __init__(self, message: str, *, topic: str, partition: str, offset: int,
+                 next_offset: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.next_offset = next_offset
+
+
+class OffsetOutOfRangeError(ConsumerError):
+    """A partition's position (a committed offset, a seek) is outside its log: above
+    the end, below the start after retention, or inside a message.  ``offset`` is
+    the position, ``log_start``/``log_end`` the log's bounds (``None`` when not
+    known), ``action`` what ``offset_reset`` did: ``earliest``, ``latest``,
+    ``boundary`` (moved to the start of the message holding it) or ``fail``
+    (the partition is not fetched until a seek)."""
+
+    def __init__(self, message: str, *, topic: str, partition: str, offset: int,
+                 log_start: int | None, log_end: int | None, action: str) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.log_start = log_start
+        self.log_end = log_end
+        self.action = action
+
+
+class MemberFailedError(ConsumerError):
+    """An unexpected failure in a member's coordinator: the member gave up its
+    partitions and its registration (the group rebalances without it), and either
+    rejoins after a backoff or, after repeated failures, closes."""
 
 
 CoordinationError.register(NodeDataError)

@@ -87,8 +87,14 @@ def run(args: argparse.Namespace) -> int:
             consumer.subscribe(topic, listener, max_size=args.max_size)
         consumer.start()
         while not done.wait(0.5):
-            pass
+            if consumer.failed is not None:
+                break
+    failed = consumer.failed
     for e in errors:
-        print(f"metaq consume: background error: {e}", file=sys.stderr)
+        if e is not failed:
+            print(f"metaq consume: background error: {e}", file=sys.stderr)
     print(f"consumed {state['n']} messages", file=sys.stderr)
+    if failed is not None:
+        print(f"metaq consume: error: {failed}", file=sys.stderr)
+        return 1
     return 0

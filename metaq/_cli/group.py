@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=group_list)
     p = gs.add_parser("describe", help="per partition: owner, committed offset and msgId, "
-                                       "log end, lag, state (ok/lagging/stalled/unowned)")
+                                       "log end, lag, state (ok, lagging, stalled, unowned, "
+                                       "damaged, out of range, data lost, unknown)")
     _common(p)
     p.add_argument("group")
     p.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",

@@ -17,6 +17,7 @@ from metaq._zkclient import ZkSecurity
 __all__ = ["ConsumerConfig", "START_POSITIONS"]
 
 START_POSITIONS = ("earliest", "latest")
+OFFSET_RESETS = ("earliest", "latest", "fail")
 _NAME = re.compile(r"^[A-Za-z0-9_.%\-]{1,200}$")
 MIB = 1024 * 1024
 
@@ -96,6 +97,13 @@ class ConsumerConfig:
     strategy: str = "default"
     #: Where a group with no committed offset starts: ``earliest`` or ``latest``.
     start_position: str = "earliest"
+    #: What to do with a position outside the log (a committed offset above the log end
+    #: or below its start, garbage in an offset node): ``earliest`` (read from the log
+    #: start: duplicates, never gaps), ``latest`` (skip to the end) or ``fail`` (fetch
+    #: nothing from that partition until a seek).  Every case is reported to on_error
+    #: as an OffsetOutOfRangeError naming what was skipped or re-read; an offset inside
+    #: a message always moves to the start of that message.
+    offset_reset: str = "earliest"
     #: Body codec for ``Message.body``: ``bytes``, ``str`` or ``msgpack``.
     codec: str = "bytes"
     #: Verify each message's CRC32 while consuming.
@@ -156,6 +164,9 @@ class ConsumerConfig:
                 callable(getattr(self.offset_store, m, None))
                 for m in ("load", "load_many", "commit")):
             raise ConfigError("offset_store needs load(), load_many() and commit() methods")
+        if self.offset_reset not in OFFSET_RESETS:
+            raise ConfigError(
+                f"offset_reset must be one of {OFFSET_RESETS}, got {self.offset_reset!r}")
         if self.start_position not in START_POSITIONS:
             raise ConfigError(
                 f"start_position must be one of {START_POSITIONS}, got {self.start_position!r}")

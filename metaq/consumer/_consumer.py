@@ -21,12 +21,13 @@ from metaq._errors import (
     ConsumerError,
     CoordinationError,
     MetaqError,
+    OffsetOutOfRangeError,
 )
 from metaq._zkclient import make_client
 from metaq.consumer._concurrent import ConcurrentDispatcher, InFlight
 from metaq.consumer._config import MIB, ConsumerConfig
 from metaq.consumer._coordinator import Coordinator, State
-from metaq.consumer._fetcher import FetchManager
+from metaq.consumer._fetcher import EARLIEST, LATEST, FetchManager
 from metaq.consumer._lease import Lease
 from metaq.consumer._message import Message
 from metaq.consumer._offsets import LocalFileOffsetStore
@@ -35,6 +36,7 @@ from metaq.consumer._recover import RecoverStore
 from metaq.consumer._reject import RejectHandler, default_recover_dir
 from zk_layout import (
     Layout,
+    NodeDataError,
     StoredOffset,
     build_consumer_id,
     check_topic,
@@ -127,6 +129,7 @@ class MessageConsumer:
         self._closed = False
         self._metrics_mark = (time.monotonic(), 0)
         self._consumed_released = 0  # messages of partitions no longer owned
+        self._damaged_offsets = 0  # offset nodes found holding garbage
         if isinstance(zk_connect, KazooClient):
             self._client, self._own_client = zk_connect, False
         else:
@@ -143,6 +146,7 @@ class MessageConsumer:
             group=group, runner_count=self.config.fetch_runner_count,
             fetch_timeout=self.config.fetch_timeout, max_delay=self.config.max_fetch_delay,
             max_fetch_size=self.config.max_fetch_size, on_error=self.report_error,
+            offset_reset=self.config.offset_reset,
             lease=self.lease, hold=self.config.fetch_hold,
             name=f"metaq-fetch-{self.consumer_id}")
         self._coordinator = Coordinator(self, self._client)
@@ -318,8 +322,14 @@ class MessageConsumer:
             "messages": total, "rate": (total - last_n) / max(now - last_t, 1e-9),
             "rejected": self._rejecter.rejected, "recover_store_size": store,
             "errors": len(self._errors),
+            "damaged_offsets": self._damaged_offsets,
+            "damaged_messages": sum(pf.damaged for _, pf, _ in owned),
+            "offset_resets": sum(pf.resets for _, pf, _ in owned),
             "partitions": {f"{t}/{p}": {"position": pf.offset, "committed": c[1],
-                                        "consumed": pf.consumed,
+                                        "consumed": pf.consumed, "damaged": pf.damaged,
+                                        "skipped_bytes": pf.skipped,
+                                        "stalled": None if pf.stalled is None
+                                        else str(pf.stalled),
                                         **({"lag": lags.get((t, p))} if with_lag else {})}
                            for (t, p), pf, c in owned},
         }
@@ -331,6 +341,12 @@ class MessageConsumer:
     def errors(self) -> list[BaseException]:
         with self._lock:
             return list(self._errors)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that made this member give up for good (its coordinator failed
+        MAX_FAILURES times in a row); None while it works."""
+        return self._coordinator.failed
 
     def check(self) -> None:
         """Raise the first background error not yet seen, as a ConsumerError."""
@@ -360,13 +376,31 @@ class MessageConsumer:
         return encode_topic_list(self.topics())
 
     def new_fetch(self, topic: str, partition: str, broker_id: int,
-                  address: tuple[str, int] | None, stored: StoredOffset | None,
-                  epoch: int) -> PartitionFetch:
+                  address: tuple[str, int] | None,
+                  stored: StoredOffset | NodeDataError | None, epoch: int) -> PartitionFetch:
         sub = self._subs[topic]
-        if stored is not None:
+        stalled = None
+        if isinstance(stored, NodeDataError):
+            # garbage in the offset node: report it, start as offset_reset says; the next
+            # commit writes a good value over it
+            reset = self.config.offset_reset
+            offset = {"earliest": EARLIEST, "latest": LATEST}.get(reset, EARLIEST)
+            msg_id = -1
+            err = OffsetOutOfRangeError(
+                f"{topic}/{partition}: damaged committed offset ({stored}); "
+                + ("not fetched until a seek (offset_reset=fail)" if reset == "fail" else
+                   f"reading from the log {'start' if reset == 'earliest' else 'end'} "
+                   f"(offset_reset={reset})"),
+                topic=topic, partition=partition, offset=-1, log_start=None, log_end=None,
+                action=reset)
+            log.error("group %s consumer %s: %s", self.config.group, self.consumer_id, err)
+            self.report_error(err, None)
+            self._damaged_offsets += 1
+            stalled = err if reset == "fail" else None
+        elif stored is not None:
             offset, msg_id = stored.offset, -1 if stored.msg_id is None else stored.msg_id
         elif self.config.start_position == "latest":
-            offset, msg_id = -1, -1  # resolved by the fetcher from the broker's log end
+            offset, msg_id = LATEST, -1  # resolved by the fetcher from the broker's log end
         else:
             offset, msg_id = 0, -1
         pf = PartitionFetch(
@@ -377,6 +411,7 @@ class MessageConsumer:
             verify=self.config.verify_checksums, max_retries=self.config.max_fetch_retries,
             reject=self._reject, epoch=epoch)
         pf.auto_ack = sub.auto_ack
+        pf.stalled = stalled
         if self._dispatcher is not None:
             cfg = self.config
             pf.dispatcher, pf.inflight = self._dispatcher, InFlight()

@@ -12,6 +12,10 @@ States and transitions (``Coordinator.state``)::
     any --session LOST--> CONNECTING  (fetchers stopped, progress dropped,
                                        nothing committed, generation bumped)
     any --close()--> CLOSED
+    any --unexpected exception--> CONNECTING  (fetchers stopped, owner nodes and the
+                                       id node deleted: the group rebalances without
+                                       us; we rejoin after a backoff) or, after
+                                       MAX_FAILURES in a row, CLOSED with the error
 
 ZooKeeper watch callbacks and the kazoo state listener only set a flag and
 notify (they never block); this thread coalesces bursts of events into one
@@ -40,15 +44,19 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from metaq._errors import CoordinationError, MetaqError
+from metaq._errors import CoordinationError, MemberFailedError, MetaqError
 from metaq.consumer._assignors import get_strategy
 from metaq.consumer._offsets import Ownership, SessionFence, StaleOwnershipError, ZkOffsetStore
 from metaq.consumer._processor import PartitionFetch
 from metaq.consumer._topology import read_topology
 
-__all__ = ["Coordinator", "State"]
+__all__ = ["Coordinator", "State", "MAX_FAILURES"]
 
 log = logging.getLogger(__name__)
+
+#: Unexpected coordinator failures in a row (no settled rebalance between them) after
+#: which the member closes with the error instead of rejoining.
+MAX_FAILURES = 5
 
 
 class State(enum.Enum):
@@ -109,6 +117,10 @@ class Coordinator:
         self._next_heartbeat = 0.0
         self._next_zk_retry = 0.0
         self._zk_failures = 0
+        self._failures = 0  # unexpected failures in a row
+        self._rejoin_at = 0.0  # after one: no rebalance before this time
+        #: the error that made this member give up for good (then CLOSED)
+        self.failed: BaseException | None = None
         self.settled = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name=f"metaq-coordinator-{self.consumer_id}")
@@ -187,46 +199,114 @@ class Coordinator:
     # -- the coordinator thread ---------------------------------------------
 
     def _run(self) -> None:
-        try:
-            while True:
-                with self._cond:
-                    while not self._has_work():
-                        self._cond.wait(self._timeout())
-                    closing, lost = self._closing, self._lost
-                    suspended, reconnected = self._suspended, self._reconnected
-                    self._lost = self._suspended = self._reconnected = False
-                    rebalance = self._want_rebalance
-                    self._want_rebalance = False
-                    if self._claims_due:
-                        self._claims_due = False
-                        for c in self._claims.values():
-                            c.next_try = 0.0
-                if closing:
-                    self._shutdown()
+        while True:
+            try:
+                if self._turn():
                     return
-                if lost:
-                    self._on_lost()
-                if suspended and not reconnected:
-                    self._set_state(State.SUSPENDED)
-                    self.settled.clear()
-                if reconnected and self._client.connected:
-                    self._next_heartbeat = 0.0
-                    self._c.fetcher.resume()
-                    rebalance = True
-                if time.monotonic() >= self._next_heartbeat and self._client.connected:
-                    self._heartbeat()
-                now = time.monotonic()
-                if any(c.next_try <= now for c in self._claims.values()):
-                    rebalance = True
-                if (rebalance or now >= self._next_zk_retry > 0) and self._client.connected:
-                    self._guarded(self._rebalance)
-                if time.monotonic() >= self._next_commit:
-                    self._next_commit = time.monotonic() + self._cfg.commit_period
-                    if self._client.connected:
-                        self._guarded(self.commit_all, retry=False)
-        except BaseException as e:  # noqa: BLE001 - must reach the user
-            log.exception("coordinator of %s died", self.consumer_id)
-            self._c.report_error(e, None)
+            except Exception as e:  # noqa: BLE001 - never a live session owning partitions
+                if self._give_up(e):  # with nobody behind them
+                    return
+            except BaseException as e:  # noqa: BLE001 - must reach the user
+                log.exception("coordinator of %s died", self.consumer_id)
+                self._c.report_error(e, None)
+                return
+
+    def _turn(self) -> bool:
+        """One turn of the coordinator loop; True when closed."""
+        with self._cond:
+            while not self._has_work():
+                self._cond.wait(self._timeout())
+            closing, lost = self._closing, self._lost
+            suspended, reconnected = self._suspended, self._reconnected
+            self._lost = self._suspended = self._reconnected = False
+            rebalance = self._want_rebalance
+            self._want_rebalance = False
+            if self._claims_due:
+                self._claims_due = False
+                for c in self._claims.values():
+                    c.next_try = 0.0
+        if closing:
+            self._shutdown()
+            return True
+        if lost:
+            self._on_lost()
+        if suspended and not reconnected:
+            self._set_state(State.SUSPENDED)
+            self.settled.clear()
+        if reconnected and self._client.connected:
+            self._next_heartbeat = 0.0
+            self._c.fetcher.resume()
+            rebalance = True
+        if time.monotonic() >= self._next_heartbeat and self._client.connected:
+            self._heartbeat()
+        now = time.monotonic()
+        if any(c.next_try <= now for c in self._claims.values()):
+            rebalance = True
+        if (rebalance or now >= self._next_zk_retry > 0) and self._client.connected \
+                and now >= self._rejoin_at:
+            self._guarded(self._rebalance)
+        if time.monotonic() >= self._next_commit:
+            self._next_commit = time.monotonic() + self._cfg.commit_period
+            if self._client.connected:
+                self._guarded(self.commit_all, retry=False)
+        if self.state is State.STABLE:
+            self._failures = 0
+        return False
+
+    def _give_up(self, error: Exception) -> bool:
+        """An unexpected failure: leave the group cleanly (stop fetching, delete our owner
+        nodes and id node so the others take the partitions) and rejoin after a backoff,
+        or close for good after MAX_FAILURES in a row.  True when closed."""
+        self._failures += 1
+        final = self._failures >= MAX_FAILURES
+        log.exception("group %s consumer %s gen %d: coordinator failed (%d in a row); %s",
+                      self._group, self.consumer_id, self.generation, self._failures,
+                      "closing" if final else "leaving the group and rejoining")
+        err = MemberFailedError(
+            f"consumer {self.consumer_id} of group {self._group}: coordinator failed "
+            f"({error!r}); " + (f"closed after {self._failures} failures in a row"
+                                if final else "left the group, rejoining"))
+        err.__cause__ = error
+        for owned in list(self._owned.values()):
+            self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout)
+        try:
+            self._leave()
+        except Exception as e:  # noqa: BLE001 - the session may be the problem too
+            log.warning("leaving group %s after a failure: %r", self._group, e)
+        self.generation += 1
+        self.settled.clear()
+        if final:
+            self.failed = err
+            self._set_state(State.CLOSED)
+        else:
+            self._set_state(State.CONNECTING)
+            wait = min(30.0, 0.5 * 2 ** (self._failures - 1)) * (0.5 + random.random())
+            self._rejoin_at = self._next_zk_retry = time.monotonic() + wait
+        self._c.report_error(err, None)
+        return final
+
+    def _leave(self) -> None:
+        """Give up every partition and the registration, committing nothing (our
+        progress may be what failed); owner nodes go in this session, fenced."""
+        owned, self._owned = self._owned, {}
+        self._claims.clear()
+        self._registered_session = None
+        if not self._client.connected:
+            return
+        for o in owned.values():
+            with self.fence.lock:
+                if o.ownership is None or self.fence.epoch != o.ownership.epoch:
+                    continue
+                pending = self._client.delete_async(o.ownership.owner_path,
+                                                    o.ownership.version)
+            try:
+                pending.get(timeout=self._cfg.zk_connect_timeout)
+            except (NoNodeError, KazooException):
+                pass
+        try:
+            self._client.delete(self._layout.consumer_id(self._group, self.consumer_id))
+        except (NoNodeError, KazooException):
+            pass
 
     def _has_work(self) -> bool:
         if self._closing or self._lost or self._suspended or self._reconnected:

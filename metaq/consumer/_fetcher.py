@@ -44,7 +44,14 @@ from collections.abc import Callable
 from typing import Any
 
 from metaq._connection import BrokerConnection
-from metaq._errors import BrokerError, ChecksumError, MessageError, MetaqError
+from metaq._errors import (
+    BrokerError,
+    ChecksumError,
+    DamagedMessageError,
+    MessageError,
+    MetaqError,
+    OffsetOutOfRangeError,
+)
 from metaq._protocol import HOLD_CAPABILITY
 from metaq.consumer._lease import Lease
 from metaq.consumer._longpoll import LongPoller, Parked
@@ -55,6 +62,8 @@ __all__ = ["FetchManager"]
 log = logging.getLogger(__name__)
 
 _LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
+#: ``PartitionFetch.offset`` values resolved by the first fetch from the broker
+LATEST, EARLIEST = -1, -2
 _FLOW_POLL = 0.02  # seconds between looks at a flow-controlled partition
 #: ``_fetch_once``'s answer for "at the log end: park it with the long poller"
 _PARK = -1.0
@@ -69,6 +78,7 @@ def _apply_control(pf: PartitionFetch) -> None:
     if to is not None:
         pf.seek_to = None
         pf.offset, pf.msg_id = to, -1
+        pf.checked, pf.stalled = False, None
         if not pf.auto_ack:
             pf.acked = (-1, to)
     pf.ready = None  # bytes fetched ahead belong to the old position
@@ -103,6 +113,7 @@ class FetchManager:
     def __init__(self, *, group: str, runner_count: int, fetch_timeout: float,
                  max_delay: float, max_fetch_size: int, on_error: ErrorHandler,
                  lease: Lease | None = None, hold: float = 0.0,
+                 offset_reset: str = "earliest",
                  name: str = "metaq-fetch", prefetch: bool = True) -> None:
         self._group = group
         self._prefetch = prefetch
@@ -110,6 +121,7 @@ class FetchManager:
         self._max_delay = max_delay
         self._step = max_delay / 10.0
         self._max_fetch_size = max_fetch_size
+        self._offset_reset = offset_reset
         self._on_error = on_error
         self._lease = lease
         self._cond = threading.Condition()
@@ -321,6 +333,8 @@ class FetchManager:
                     connections: dict[tuple[str, int], BrokerConnection]) -> float:
         if pf.seek_to is not None or pf.rollback:
             _apply_control(pf)
+        if pf.stalled is not None:
+            return self._max_delay  # offset_reset="fail": waits for a seek
         if pf.inflight is not None and pf.inflight.blocked(*pf.flow):
             return _FLOW_POLL  # flow control: too much of this partition is in flight
         address = pf.broker_address
@@ -341,8 +355,10 @@ class FetchManager:
                 if self._poller is not None:
                     self._holds[address] = _offers_hold(conn)
             if data is None:
-                if pf.offset < 0:  # start_position="latest": the broker's log end
-                    pf.offset = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+                if pf.offset < 0:  # LATEST or EARLIEST: the broker's log end or start
+                    pf.offset = conn.offset(pf.topic, self._group, pf.index,
+                                            _LOG_END if pf.offset == LATEST else 0)
+                    pf.checked = True
                 pf.rbuf, n = conn.read_get_into(
                     conn.send_get(pf.topic, self._group, pf.index, pf.offset, pf.max_size),
                     b"", pf.rbuf)
@@ -356,7 +372,7 @@ class FetchManager:
                 ahead = conn.send_get(pf.topic, self._group, pf.index, pf.offset + len(data),
                                       pf.max_size)
         except BrokerError as e:
-            return self._on_broker_error(pf, e, address)
+            return self._on_broker_error(pf, e, conn, address, connections)
         except (OSError, MetaqError) as e:
             return self._connection_failed(pf, conn, address, connections, e)
         pf.failures = 0
@@ -369,6 +385,10 @@ class FetchManager:
             result = process_batch(pf, data)
         except ChecksumError as e:
             self._end_ahead(pf, conn, ahead, None, address, connections)
+            if not pf.checked:  # a committed offset inside a message reads as garbage
+                delay = self._check_position(pf, conn, address, connections)
+                if delay is not None:
+                    return delay
             return self._resync(pf, conn, e)
         except BaseException:
             self._end_ahead(pf, conn, ahead, None, address, connections)
@@ -377,6 +397,7 @@ class FetchManager:
         at_end = self._end_ahead(pf, conn, ahead, data[pf.offset - base:] if keep else None,
                                  address, connections)
         if result.consumed:
+            pf.checked = True
             pf.delay = 0.0
             pf.grow_size_streak = 0
             if pf.retry_delay is not None:
@@ -387,6 +408,10 @@ class FetchManager:
         if pf.retry_delay is not None:
             return pf.retry_delay  # listener failed on the first message: retry later
         if result.needed_size:
+            if not pf.checked:  # a huge "message" at an unconfirmed position: maybe
+                delay = self._check_position(pf, conn, address, connections)  # inside one
+                if delay is not None:
+                    return delay
             return self._grow(pf, result.needed_size)
         return self._backoff(pf)
 
@@ -448,32 +473,39 @@ class FetchManager:
         pf.grow_size_streak += 1
         return 0.0
 
-    def _on_broker_error(self, pf: PartitionFetch, e: BrokerError,
-                         address: tuple[str, int]) -> float:
+    def _on_broker_error(self, pf: PartitionFetch, e: BrokerError, conn: BrokerConnection,
+                         address: tuple[str, int],
+                         connections: dict[tuple[str, int], BrokerConnection]) -> float:
         if e.code == 404:
-            return self._at_end(pf, address)  # nothing new (or unknown partition)
+            if not pf.checked:  # nothing here: the end, or a position beyond it?
+                delay = self._check_position(pf, conn, address, connections)
+                if delay is not None:
+                    return delay
+            return self._at_end(pf, address)  # nothing new
         if e.code == 301:
             try:
                 moved = int(e.detail.strip())
             except ValueError:
                 self._on_error(e, pf)
                 return self._backoff(pf)
-            log.warning("broker moved %s/%s from offset %d to %d", pf.topic, pf.partition,
-                        pf.offset, moved)
-            pf.offset = moved
-            return 0.0
+            if moved > pf.offset:  # below the log start: retention deleted what was unread
+                return self._out_of_range(pf, conn, address, connections,
+                                          start=moved, end=None)
+            return self._out_of_range(pf, conn, address, connections,  # above the end
+                                      start=None, end=moved)
         log.warning("fetch %s/%s: %s", pf.topic, pf.partition, e)
         return self._backoff(pf)
 
     def _resync(self, pf: PartitionFetch, conn: BrokerConnection, err: Exception) -> float:
-        """A checksum mismatch: ask the broker for a valid position (Metaq's rule)."""
+        """A damaged message: ask the broker for the next valid position (Metaq's rule),
+        report what is skipped (DamagedMessageError to on_error) and resume there."""
         bad = getattr(err, "offset", pf.offset)
         try:
             valid = conn.offset(pf.topic, self._group, pf.index, bad)
         except (OSError, MetaqError) as e:
             log.warning("offset resync of %s/%s failed: %s", pf.topic, pf.partition, e)
             return self._backoff(pf)
-        if valid <= bad:
+        if valid <= bad:  # the broker sees a valid message there
             pf.checksum_failures += 1
             if pf.checksum_failures < 3:
                 return self._backoff(pf)  # maybe damaged in transit: read again
@@ -481,13 +513,97 @@ class FetchManager:
             if skip_to is None:
                 self._on_error(err, pf)
                 return self._max_delay
-            valid = skip_to
-            self._on_error(err, pf)
+            valid = skip_to  # the broker serves damaged bytes: skip the one message
         pf.checksum_failures = 0
-        log.error("checksum error in %s/%s at %d; resuming at %d", pf.topic, pf.partition,
-                  bad, valid)
+        pf.damaged += 1
+        pf.skipped += valid - bad
+        log.error("damaged message in %s/%s at offset %d (%s); %d bytes skipped, resuming "
+                  "at %d", pf.topic, pf.partition, bad, err, valid - bad, valid)
+        self._on_error(DamagedMessageError(
+            f"damaged message in {pf.topic}/{pf.partition} at offset {bad}: {err}; "
+            f"{valid - bad} bytes skipped, delivery resumes at {valid}",
+            topic=pf.topic, partition=pf.partition, offset=bad, next_offset=valid), pf)
         pf.offset = valid
         return 0.0
+
+    # -- positions outside the log -------------------------------------------
+
+    def _check_position(self, pf: PartitionFetch, conn: BrokerConnection,
+                        address: tuple[str, int],
+                        connections: dict[tuple[str, int], BrokerConnection]
+                        ) -> float | None:
+        """Is ``pf.offset`` (from a commit or a seek) a message boundary in the log?
+        Asks the broker (``offset``); None when it is (the caller goes on), else the
+        delay after handling what it is not (offset_reset)."""
+        try:
+            valid = conn.offset(pf.topic, self._group, pf.index, pf.offset)
+            if valid == pf.offset:
+                pf.checked = True
+                return None
+            end = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+        except BrokerError as e:  # a broker that cannot tell (Java: unwritten partition)
+            log.debug("position check of %s/%s: %s", pf.topic, pf.partition, e)
+            pf.checked = True
+            return None
+        except (OSError, MetaqError) as e:
+            return self._connection_failed(pf, conn, address, connections, e)
+        if pf.offset > end:
+            return self._out_of_range(pf, conn, address, connections, start=None, end=end)
+        if valid > pf.offset:  # below the log start
+            return self._out_of_range(pf, conn, address, connections, start=valid, end=end)
+        # inside a message: back to its start (that message is read again)
+        self._report_reset(pf, "boundary", None, end,
+                           f"offset {pf.offset} is inside the message at {valid}; "
+                           f"reading from {valid} ({pf.offset - valid} bytes again)")
+        pf.offset, pf.checked = valid, True
+        return 0.0
+
+    def _out_of_range(self, pf: PartitionFetch, conn: BrokerConnection,
+                      address: tuple[str, int],
+                      connections: dict[tuple[str, int], BrokerConnection], *,
+                      start: int | None, end: int | None) -> float:
+        """``pf.offset`` is below the log ``start`` or above its ``end``: offset_reset."""
+        policy = self._offset_reset
+        try:
+            if policy == "earliest" and start is None:
+                start = conn.offset(pf.topic, self._group, pf.index, 0)
+            elif policy == "latest" and end is None:
+                end = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+        except BrokerError as e:
+            log.warning("log bounds of %s/%s: %s", pf.topic, pf.partition, e)
+            return self._backoff(pf)
+        except (OSError, MetaqError) as e:
+            return self._connection_failed(pf, conn, address, connections, e)
+        where = (f"above the log end {end}" if start is None
+                 else f"below the log start {start}")
+        if policy == "fail":
+            err = self._report_reset(pf, "fail", start, end,
+                                     f"offset {pf.offset} is {where}; offset_reset=fail: "
+                                     f"not fetched until a seek")
+            pf.stalled = err
+            return self._max_delay
+        to = start if policy == "earliest" else end
+        assert to is not None
+        gap = to - pf.offset
+        what = (f"{gap} bytes skipped" if gap > 0 else f"{-gap} bytes from the log start "
+                f"read (again)" if policy == "earliest" else f"{-gap} bytes back")
+        self._report_reset(pf, policy, start, end,
+                           f"offset {pf.offset} is {where}; offset_reset={policy}: "
+                           f"reading from {to} ({what})")
+        if gap > 0:
+            pf.skipped += gap
+        pf.offset, pf.msg_id, pf.checked = to, -1, True
+        return 0.0
+
+    def _report_reset(self, pf: PartitionFetch, action: str, start: int | None,
+                      end: int | None, what: str) -> OffsetOutOfRangeError:
+        pf.resets += 1
+        err = OffsetOutOfRangeError(f"{pf.topic}/{pf.partition}: {what}", topic=pf.topic,
+                                    partition=pf.partition, offset=pf.offset,
+                                    log_start=start, log_end=end, action=action)
+        log.error("%s", err)
+        self._on_error(err, pf)
+        return err
 
     def describe(self) -> dict[str, Any]:
         with self._cond:

@@ -23,7 +23,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
 from metaq._errors import CoordinationError, StorageError
-from zk_layout import Layout, StoredOffset, decode_offset, encode_offset
+from zk_layout import Layout, NodeDataError, StoredOffset, decode_offset, encode_offset
 
 __all__ = ["OffsetStore", "ZkOffsetStore", "LocalFileOffsetStore", "SessionFence", "Ownership",
            "StaleOwnershipError"]
@@ -94,16 +94,20 @@ class ZkOffsetStore:
         return decode_offset(data, path)
 
     def load_many(self, keys: list[tuple[str, str]]
-                  ) -> dict[tuple[str, str], StoredOffset]:
-        """``load`` for many (topic, partition) keys, pipelined."""
+                  ) -> dict[tuple[str, str], StoredOffset | NodeDataError]:
+        """``load`` for many (topic, partition) keys, pipelined.  A node holding garbage
+        gives its :class:`NodeDataError` (naming the path and the bytes) instead of a
+        value: one damaged node must not stop the others from being read."""
         paths = {k: self._layout.offset(self._group, *k) for k in keys}
         pending = {k: self._client.get_async(p) for k, p in paths.items()}
-        out = {}
+        out: dict[tuple[str, str], StoredOffset | NodeDataError] = {}
         for k, r in pending.items():
             try:
                 out[k] = decode_offset(r.get()[0], paths[k])
             except NoNodeError:
                 pass
+            except NodeDataError as e:
+                out[k] = e
         return out
 
     def commit(self, topic: str, partition: str, msg_id: int, offset: int,

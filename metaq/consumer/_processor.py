@@ -111,6 +111,16 @@ class PartitionFetch:
         self.queued_token = -1
         #: token of the held get the long poller keeps out for it; 0 when not parked
         self.hold_token = 0
+        # position checks (see FetchManager._check_position), owned by the runner
+        #: ``offset`` is known to be a message boundary inside the log (set once the
+        #: broker confirmed it or a message was delivered from it; cleared by a seek)
+        self.checked = False
+        #: offset_reset="fail" found the position out of range: not fetched until a seek
+        self.stalled: BaseException | None = None
+        #: damaged byte ranges met and bytes skipped over them, out-of-range resets
+        self.damaged = 0
+        self.skipped = 0
+        self.resets = 0
         # backoff and counters, owned by the runner holding it
         self.delay = 0.0
         self.failures = 0
