@@ -4,6 +4,8 @@ Real ZooKeeper, real broker processes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -197,3 +199,24 @@ def test_repeated_coordinator_failures_close_the_member(zk_connect, loaded, monk
         assert c.state.value == "closed"
         # nothing left in ZooKeeper that others would wait for
         assert c.assignment() == {}
+
+
+def test_metaq_consume_exits_nonzero_with_one_line_when_the_member_gives_up(zk_connect,
+                                                                           loaded):
+    """``metaq consume`` as a user runs it, with a coordinator that always fails."""
+    script = (
+        "import sys\n"
+        "import metaq.consumer._coordinator as c\n"
+        "def broken(*a, **k):\n"
+        "    raise RuntimeError('always broken')\n"
+        "broken.uses_previous = False\n"
+        "c.get_strategy = lambda name: broken\n"
+        "from metaq._cli import main\n"
+        f"sys.exit(main(['consume', '--zk', {zk_connect!r}, '--group', 'g4', "
+        f"'--topic', {TOPIC!r}]))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("metaq consume: error:")]
+    assert len(lines) == 1 and "always broken" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr

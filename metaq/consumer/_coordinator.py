@@ -259,9 +259,10 @@ class Coordinator:
         or close for good after MAX_FAILURES in a row.  True when closed."""
         self._failures += 1
         final = self._failures >= MAX_FAILURES
-        log.exception("group %s consumer %s gen %d: coordinator failed (%d in a row); %s",
-                      self._group, self.consumer_id, self.generation, self._failures,
-                      "closing" if final else "leaving the group and rejoining")
+        log.error("group %s consumer %s gen %d: coordinator failed (%d in a row): %r; %s",
+                  self._group, self.consumer_id, self.generation, self._failures, error,
+                  "closing" if final else "leaving the group and rejoining")
+        log.debug("the failure of consumer %s", self.consumer_id, exc_info=error)
         err = MemberFailedError(
             f"consumer {self.consumer_id} of group {self._group}: coordinator failed "
             f"({error!r}); " + (f"closed after {self._failures} failures in a row"
