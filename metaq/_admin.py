@@ -81,6 +81,40 @@ def log_ends(client: KazooClient, layout: Layout, topic: str, *, group: str = "m
     return out
 
 
+def log_damage(client: KazooClient, layout: Layout, topic: str, *,
+               timeout: float = 5.0) -> dict[str, tuple[int, int] | None]:
+    """partition -> (damaged ranges, damaged bytes) as its broker counts them (the
+    ``stats offsets`` of a metaq-py broker); None where the broker does not say
+    (unreachable, or a Java Metaq broker)."""
+    out: dict[str, tuple[int, int] | None] = {}
+    by_broker: dict[int, list[str]] = {}
+    for p in read_partitions(client, layout, topic):
+        by_broker.setdefault(int(p.split("-", 1)[0]), []).append(p)
+    for bid, parts in by_broker.items():
+        out.update({p: None for p in parts})
+        address = broker_address(client, layout, bid)
+        if address is None:
+            continue
+        try:
+            with BrokerConnection(*address, timeout=timeout) as conn:
+                text = conn.stats("offsets")
+        except (OSError, MetaqError) as e:
+            log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
+            continue
+        for line in text.splitlines():
+            f = line.split()
+            # STAT <topic> part <n> min_offset a max_offset b closed x damaged c damaged_bytes d
+            if len(f) >= 14 and f[1] == topic and f[10] == "damaged" \
+                    and f[12] == "damaged_bytes":
+                name = f"{bid}-{f[3]}"
+                if name in out:
+                    try:
+                        out[name] = (int(f[11]), int(f[13]))
+                    except ValueError:
+                        pass
+    return out
+
+
 def _sample(client: KazooClient, layout: Layout, group: str):
     snap = take_snapshot(client, layout)
     info = snap.group(group)

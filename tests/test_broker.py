@@ -286,7 +286,8 @@ def test_offset_stats_version_quit(broker, client):
     assert "STAT topics 2\r\n" in text and "STAT partitions 3\r\n" in text
     assert "STAT cmd_put 5\r\n" in text
     s = client.call(encode_stats("offsets", 8)).body.decode()
-    assert "STAT t part 0 min_offset 0 max_offset 150 closed false\r\n" in s
+    assert ("STAT t part 0 min_offset 0 max_offset 150 closed false damaged 0 "
+            "damaged_bytes 0\r\n") in s
     assert "STAT other partitions 1" in client.call(encode_stats("topics", 9)).body.decode()
     client.send(encode_version(10) + QUIT + encode_version(11))
     assert [r.opaque for r in client.rest_until_closed()] == [10]

@@ -11,12 +11,13 @@ import threading
 import pytest
 
 from metaq import (
+    DamagedMessageError,
     MemberFailedError,
     MessageConsumer,
     OffsetOutOfRangeError,
     Producer,
 )
-from metaq._admin import describe_group
+from metaq._admin import describe_group, log_damage
 from metaq.testing import wait_until
 from zk_layout import Layout, decode_offset
 
@@ -61,9 +62,10 @@ def _set_offset(zk_client, group: str, partition: str, data: bytes) -> str:
     return path
 
 
-def _consumer(zk_connect, group: str, got, errors: list, **kw) -> MessageConsumer:
+def _consumer(zk_connect, group: str, got, errors: list, topic: str = TOPIC,
+              **kw) -> MessageConsumer:
     c = MessageConsumer(group, zk_connect, commit_period=0.2, on_error=errors.append, **kw)
-    c.subscribe(TOPIC, got)
+    c.subscribe(topic, got)
     return c
 
 
@@ -220,3 +222,64 @@ def test_metaq_consume_exits_nonzero_with_one_line_when_the_member_gives_up(zk_c
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("metaq consume: error:")]
     assert len(lines) == 1 and "always broken" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+# --------------------------------------------------------------------------- damaged logs
+
+def _flip(path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset:offset + 4] = bytes(b ^ 0xA5 for b in data[offset:offset + 4])
+    path.write_bytes(bytes(data))
+
+
+def _load(zk_connect: str, n: int) -> list:
+    with Producer(zk_connect) as p:
+        return [p.send("d", b"d%03d" % i) for i in range(n)]
+
+
+@pytest.mark.parametrize("sealed", [False, True])
+def test_a_damaged_message_costs_only_itself_and_is_reported(zk_connect, zk_client, brokers,
+                                                             sealed):
+    """Findings 2 and 3: bytes flipped in a message of the writable (or a sealed) segment
+    of a killed broker.  Recovery keeps every intact message at its offset, offsets are
+    never reused, a group past the damage goes on, a new group gets everything else and
+    one DamagedMessageError naming the offset."""
+    extra = ["--max-segment-size", "4096"] if sealed else []
+    b = brokers(0, {"d": 1}, extra_args=extra)
+    sent = _load(zk_connect, 300)
+    damaged = sent[30]
+    # a group that already consumed past the damage
+    zk_client.ensure_path(LAYOUT.offset("late", "d", "0-0"))
+    zk_client.set(LAYOUT.offset("late", "d", "0-0"), b"%d-%d" % (sent[199].msg_id,
+                                                                  sent[200].offset))
+    b.kill()
+    seg_dir = b.data_dir / "d-0"
+    segs = sorted(seg_dir.glob("*.meta"))
+    seg = max((s for s in segs if int(s.name[:20]) <= damaged.offset), key=lambda s: s.name)
+    assert (seg == segs[-1]) is not sealed
+    _flip(seg, damaged.offset - int(seg.name[:20]) + 20)  # message 30's 4-byte payload
+    b.restart()
+    more = _load(zk_connect, 10)
+    assert more[0].offset == sent[-1].offset + (sent[1].offset - sent[0].offset)
+    offsets = {r.offset for r in sent} | {r.offset for r in more}
+    assert len(offsets) == 310  # no offset handed out twice
+
+    got, errors = Got(), []
+    with _consumer(zk_connect, "late", got, errors, topic="d") as c:
+        c.start()
+        wait_until(lambda: got.total() == 110, 30, what="the late group's messages")
+        assert got.of("0-0") == [b"d%03d" % i for i in range(200, 300)] + \
+            [b"d%03d" % i for i in range(10)]
+        assert not errors
+
+    got, errors = Got(), []
+    with _consumer(zk_connect, "fresh", got, errors, topic="d") as c:
+        c.start()
+        wait_until(lambda: got.total() == 309, 30, what="every intact message")
+        want = [b"d%03d" % i for i in range(300) if i != 30] + [b"d%03d" % i for i in range(10)]
+        assert got.of("0-0") == want
+        bad = [e for e in errors if isinstance(e, DamagedMessageError)]
+        assert len(bad) == 1 and bad[0].offset == damaged.offset
+        assert bad[0].next_offset == sent[31].offset
+        assert c.metrics()["damaged_messages"] == 1
+    assert log_damage(zk_client, LAYOUT, "d") == {"0-0": (1, sent[31].offset - damaged.offset)}

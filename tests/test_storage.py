@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import time
 
 import pytest
@@ -120,22 +119,107 @@ def test_recovery_cuts_torn_tail(tmp_path, caplog, damage):
     assert saved.read_bytes()[:cut] == saved.read_bytes() and len(saved.read_bytes()) == cut
 
 
-def test_recovery_cuts_at_corrupt_byte_in_the_middle(tmp_path, caplog):
-    with Storage(tmp_path) as storage:
+def _written(tmp_path, n: int = 50, **kw):
+    with Storage(tmp_path, **kw) as storage:
         plog = storage.open_topic("t", 1)[0]
-        for i in range(50):
+        for i in range(n):
             plog.append(rec(i), 1)
-        path = plog.dir / seg_files(plog)[0]
+        return plog.dir / seg_files(plog)[-1], plog.end
+
+
+@pytest.mark.parametrize("where", ["payload", "length", "checksum", "msg_id"])
+def test_recovery_keeps_the_intact_messages_after_a_damaged_one(tmp_path, caplog, where):
+    """Issue 13: a damaged message in the writable segment costs only itself; the
+    messages after it keep their offsets, and the log end (so every offset) stays."""
+    path, end = _written(tmp_path)
     data = bytearray(path.read_bytes())
-    data[20 * 120 + 60] ^= 0xFF  # a payload byte of message 20
+    at = {"payload": 60, "length": 1, "checksum": 5, "msg_id": 12}[where]
+    data[20 * 120 + at] ^= 0x5A  # a byte of message 20
     path.write_bytes(bytes(data))
     caplog.set_level(logging.WARNING)
     with Storage(tmp_path) as storage:
         plog = storage.open_topic("t", 1)[0]
-        assert plog.end == 20 * 120
-        assert [m.msg_id for m in read_all(plog)] == list(range(20))
-        assert scan_messages(path.read_bytes()) == (2400, 20, None)
-    assert re.search(r"checksum mismatch .* at offset 2400; cut 3600 bytes", caplog.text)
+        assert plog.end == end  # nothing cut: no offset will be reused
+        bad = (2400, 2520) if where != "msg_id" else None
+        if bad is None:  # the msgId is not covered by the checksum: still a valid message
+            assert plog.damaged == []
+            return
+        assert [(a, b) for a, b, _ in plog.damaged] == [bad]
+        assert plog.nearest_valid_offset(2400) == 2520
+        assert plog.nearest_valid_offset(2450) == 2520
+        good = [m.msg_id for m in _valid_messages(plog)]
+        assert good == [i for i in range(50) if i != 20]
+        assert plog.append(rec(50), 1) == end  # new messages go after everything
+    assert "at offset 2400; 120 bytes (offsets 2400..2520) kept in place" in caplog.text
+    aside = path.with_name(f"{path.name}.damaged-2400")
+    assert aside.read_bytes() == bytes(data[2400:2520])
+    # a second restart knows the damage (from <segment>.damaged) and records it once
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert [(a, b) for a, b, _ in plog.damaged] == [bad]
+        assert plog.end == end + 120
+
+
+def _valid_messages(plog) -> list:
+    """Every valid message, stepping over damaged ranges with nearest_valid_offset."""
+    out, off = [], plog.min_offset
+    while off < plog.end:
+        known = plog.damage_at(off)
+        if known is not None:
+            off = known[1]
+            continue
+        s = plog.read(off, 1 << 30)
+        data = s.segment.pread(off, s.length)
+        valid, _n, _problem = scan_messages(data)
+        out += list(iter_messages(data[:valid], off))
+        off += valid
+        if off < plog.end and valid < s.length:
+            off = plog.nearest_valid_offset(off)
+    return out
+
+
+def test_recovery_marks_garbage_to_the_end_damaged_and_appends_after_it(tmp_path):
+    path, end = _written(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[40 * 120:] = os.urandom(len(data) - 40 * 120)  # no valid message from 40 on
+    data[40 * 120:40 * 120 + 4] = b"\x00\x00\x00\x10"  # a plausible length, bad checksum
+    path.write_bytes(bytes(data))
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.end == end
+        assert [(a, b) for a, b, _ in plog.damaged] == [(4800, end)]
+        assert plog.nearest_valid_offset(4800) == end
+        assert plog.append(rec(99), 1) == end
+
+
+def test_recovery_does_not_take_a_zeroed_tail_for_messages(tmp_path):
+    """A hole (power loss extends a file with zeros) reads as empty messages with a
+    matching checksum; it is damage, never delivered as messages."""
+    path, end = _written(tmp_path, 10)
+    with open(path, "ab") as f:
+        f.write(bytes(20 * 7))
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert [(a, b) for a, b, _ in plog.damaged] == [(end, end + 140)]
+        assert [m.msg_id for m in _valid_messages(plog)] == list(range(10))
+
+
+def test_damage_in_a_sealed_segment_is_recorded_when_met(tmp_path):
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(100):
+            plog.append(rec(i), 1)
+        first = plog.segments[0].path
+    data = bytearray(first.read_bytes())
+    data[3 * 120 + 30] ^= 0x55
+    first.write_bytes(bytes(data))
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.damaged == []  # sealed segments are not scanned at start
+        assert plog.nearest_valid_offset(3 * 120) == 4 * 120
+        assert [(a, b) for a, b, _ in plog.damaged] == [(360, 480)]
+    with Storage(tmp_path, max_segment_size=4096) as storage:
+        assert [(a, b) for a, b, _ in storage.open_topic("t", 1)[0].damaged] == [(360, 480)]
 
 
 def test_recovery_of_a_message_bigger_than_the_scan_chunk(tmp_path, monkeypatch):
@@ -276,7 +360,9 @@ def test_any_appends_survive_reopen_and_any_truncation(tmp_path_factory, batches
         for sizes in batches:
             recs = []
             for size in sizes:
-                recs.append(encode_message(n, 0, os.urandom(size)))
+                # msgIds from 1: a real one is never 0, and an all-zero header (msgId 0,
+                # empty payload) reads as a hole, not a message
+                recs.append(encode_message(n + 1, 0, os.urandom(size)))
                 n += 1
             start = plog.append(b"".join(recs), len(recs))
             for r in recs:
@@ -294,7 +380,7 @@ def test_any_appends_survive_reopen_and_any_truncation(tmp_path_factory, batches
         plog = storage.open_topic("h", 1)[0]
         got = read_all(plog)
         assert [(m.offset, m.msg_id) for m in got] == [
-            (o, i) for i, (o, _r) in enumerate(keep)]
+            (o, i + 1) for i, (o, _r) in enumerate(keep)]
         assert plog.end == (keep[-1][0] + len(keep[-1][1]) if keep else 0)
 
 

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from metaq._admin import describe_group, log_ends, reset_offsets
+from metaq._admin import describe_group, log_damage, log_ends, reset_offsets
 from metaq._cli._zkflags import add_zk_security_args, security_from_args
 from metaq._errors import ConfigError, CoordinationError
 from metaq._zkclient import make_client
@@ -158,13 +158,17 @@ def topic_describe(args: argparse.Namespace) -> int:
         if client.exists(layout.topic_sub_dir(args.topic)) is None:
             raise ConfigError(f"no topic {args.topic!r} under {args.root}")
         ends = log_ends(client, layout, args.topic, timeout=args.timeout)
+        damage = log_damage(client, layout, args.topic, timeout=args.timeout)
     rows = [{"partition": p, "broker_id": int(p.split("-", 1)[0]), "log_start": s,
-             "log_end": e, "bytes": None if s is None or e is None else e - s}
+             "log_end": e, "bytes": None if s is None or e is None else e - s,
+             "damaged": None if damage.get(p) is None else damage[p][0],
+             "damaged_bytes": None if damage.get(p) is None else damage[p][1]}
             for p, (s, e) in ends.items()]
     if args.json:
         print(json.dumps({"topic": args.topic, "partitions": rows}, indent=2))
     else:
-        print(_table(["partition", "broker", "log start", "log end", "bytes"],
+        print(_table(["partition", "broker", "log start", "log end", "bytes", "damaged",
+                      "damaged bytes"],
                      [[r["partition"], r["broker_id"], r["log_start"], r["log_end"],
-                       r["bytes"]] for r in rows]))
+                       r["bytes"], r["damaged"], r["damaged_bytes"]] for r in rows]))
     return 0

@@ -13,7 +13,6 @@ import bisect
 import logging
 import os
 import re
-import shutil
 from pathlib import Path
 
 from metaq._errors import StorageError
@@ -53,6 +52,8 @@ class Segment:
         self.index: list[int] = [start]     # absolute offsets of known message boundaries
         self.indexed = False                # True once index covers the whole segment
         self.pins = 0                       # reads (sendfile) in progress
+        #: ``(start, end, why)`` absolute offset ranges known to hold no valid message
+        self.damaged: list[tuple[int, int, str]] = []
         self.retired = False                # deleted; close the file once unpinned
 
     @property
@@ -103,32 +104,84 @@ class Segment:
 
     # -- recovery and boundaries -----------------------------------------------------------
     def recover(self) -> tuple[int, int]:
-        """Check every message; cut the file at the first torn or corrupt one.
+        """Check every message of the (writable) segment after a restart.
 
-        The cut bytes are kept next to the segment as ``<name>.cut-<offset>`` and
-        the cut is logged.  Returns ``(messages kept, bytes cut)``.
+        - A truncated message at the end (a write torn by a crash; nothing after it
+          was ever served) is cut; its bytes are kept as ``<name>.cut-<offset>``.
+        - A damaged message (impossible length, checksum mismatch) is *not* cut: the
+          scan resynchronises on the first later offset from which valid messages
+          run to the end, the bytes in between stay in place as a damaged range
+          (recorded in ``<name>.damaged``, copied aside as ``<name>.damaged-<offset>``)
+          and the intact messages after it are kept at their offsets.  Offsets are
+          never reused for other messages; readers meet the damaged range and the
+          ``offset`` command sends them past it.
+
+        Returns ``(messages kept, bytes cut)``.
         """
         fd = self.rfile.fileno()
-        pos = 0
-        count = 0
-        problem: str | None = None
-        want = _SCAN_CHUNK
         index = [self.start]
+        pos = count = cut = 0
+        while pos < self.size:
+            stop, n, problem = self._scan_from(pos, index)
+            count += n
+            if stop >= self.size:
+                break
+            nxt = self._chain_start(stop + 1)
+            if problem is None and nxt is None:  # a torn tail
+                cut = self.size - stop
+                keep = self._save_aside(stop, self.size, "cut")
+                log.warning("recovery of %s: truncated message at offset %d; cut %d bytes "
+                            "(offsets %d..%d)%s", self.path, self.start + stop, cut,
+                            self.start + stop, self.end, f", saved to {keep}" if keep else "")
+                os.ftruncate(self.wfd if self.wfd is not None else fd, stop)
+                self.size = stop
+                break
+            if problem is None:  # a length pointing past the end, valid messages after
+                problem = "a message length pointing past the end of the segment"
+            end = self.size if nxt is None else nxt
+            self.add_damage(self.start + stop, self.start + end, problem)
+            keep = self._save_aside(stop, end, "damaged")
+            log.error("recovery of %s: %s at offset %d; %d bytes (offsets %d..%d) kept in "
+                      "place as damaged%s; %s", self.path, problem, self.start + stop,
+                      end - stop, self.start + stop, self.start + end,
+                      f", copied to {keep}" if keep else "",
+                      "nothing valid follows" if nxt is None else
+                      f"intact messages from offset {self.start + end} kept")
+            if nxt is None:
+                break
+            pos = nxt
+            if self.start + pos - index[-1] >= INDEX_STEP:
+                index.append(self.start + pos)
+        self.index = index
+        self.indexed = True
+        return count, cut
+
+    def _scan_from(self, pos: int, index: list[int]) -> tuple[int, int, str | None]:
+        """Walk valid messages from ``pos``: ``(first position not part of one, count,
+        problem)``; problem None at the end or at a truncated message.  Extends the
+        sparse ``index`` with the boundaries it passes."""
+        fd = self.rfile.fileno()
+        count = 0
+        want = _SCAN_CHUNK
         while pos < self.size:
             chunk = os.pread(fd, min(want, self.size - pos), pos)
             valid, n, problem = scan_messages(chunk, max_payload=_INT32_MAX)
-            count += n
             if n:
-                # index the boundaries of this chunk sparsely
                 b = pos
                 view = memoryview(chunk)
+                k = 0
                 while b < pos + valid:
+                    if _zero_header(view, b - pos):  # a hole, not a message: stop here
+                        valid, n, problem = b - pos, k, "an all-zero message header"
+                        break
                     if self.start + b - index[-1] >= INDEX_STEP:
                         index.append(self.start + b)
                     b += HEADER_SIZE + HEADER.unpack_from(view, b - pos)[0]
+                    k += 1
+            count += n
             pos += valid
             if problem is not None or pos >= self.size:
-                break
+                return pos, count, problem
             if valid == 0:
                 # a message larger than the chunk, or a torn tail
                 length = HEADER.unpack_from(chunk, 0)[0] if len(chunk) >= HEADER_SIZE else 0
@@ -136,27 +189,98 @@ class Segment:
                 if len(chunk) >= HEADER_SIZE and pos + need <= self.size and need > want:
                     want = need
                     continue
-                break
+                return pos, count, None
             want = _SCAN_CHUNK
-        cut = self.size - pos
-        if cut:
-            reason = problem or "truncated message"
-            keep = self.path.with_name(f"{self.path.name}.cut-{self.start + pos}")
+        return pos, count, None
+
+    def _chain_start(self, pos: int) -> int | None:
+        """The first position >= ``pos`` from which valid messages run to the end of
+        the file (or to a torn tail); None when there is none."""
+        fd = self.rfile.fileno()
+        size = self.size
+        while pos + HEADER_SIZE <= size:
+            chunk = os.pread(fd, min(_SCAN_CHUNK, size - pos), pos)
+            view = memoryview(chunk)
+            last = len(chunk) - HEADER_SIZE
+            for b in range(0, last + 1):
+                length = HEADER.unpack_from(view, b)[0]
+                if length < 0 or pos + b + HEADER_SIZE + length > size or \
+                        _zero_header(view, b):
+                    continue
+                rec = (view[b:b + HEADER_SIZE + length] if b + HEADER_SIZE + length <= len(chunk)
+                       else os.pread(fd, HEADER_SIZE + length, pos + b))
+                if scan_messages(rec, max_payload=_INT32_MAX)[1] != 1:
+                    continue
+                stop, _n, problem = self._scan_from(pos + b, [self.start])
+                if stop >= size or problem is None:
+                    return pos + b
+            pos += last + 1
+        return None
+
+    def _save_aside(self, start: int, end: int, kind: str) -> Path | None:
+        keep = self.path.with_name(f"{self.path.name}.{kind}-{self.start + start}")
+        try:
+            with open(self.path, "rb") as src, open(keep, "wb") as dst:
+                src.seek(start)
+                left = end - start
+                while left > 0:
+                    data = src.read(min(left, _SCAN_CHUNK))
+                    if not data:
+                        break
+                    dst.write(data)
+                    left -= len(data)
+        except OSError as e:
+            log.error("could not save bytes %d..%d of %s to %s: %s", start, end, self.path,
+                      keep, e)
+            return None
+        return keep
+
+    # -- damaged ranges --------------------------------------------------------------------
+    @property
+    def damage_file(self) -> Path:
+        return self.path.with_name(self.path.name + ".damaged")
+
+    def load_damage(self) -> None:
+        """Read the damaged ranges recorded for this segment (``<name>.damaged``)."""
+        try:
+            text = self.damage_file.read_text("utf-8")
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            log.error("cannot read %s: %s", self.damage_file, e)
+            return
+        for line in text.splitlines():
+            parts = line.split(" ", 2)
             try:
-                with open(self.path, "rb") as src, open(keep, "wb") as dst:
-                    src.seek(pos)
-                    shutil.copyfileobj(src, dst)
-            except OSError as e:
-                log.error("could not save the cut bytes of %s to %s: %s", self.path, keep, e)
-                keep = None
-            log.warning("recovery of %s: %s at offset %d; cut %d bytes (offsets %d..%d)%s",
-                        self.path, reason, self.start + pos, cut, self.start + pos,
-                        self.end, f", saved to {keep}" if keep else "")
-            os.ftruncate(self.wfd if self.wfd is not None else fd, pos)
-            self.size = pos
-        self.index = index
-        self.indexed = True
-        return count, cut
+                a, b = int(parts[0]), int(parts[1])
+            except (ValueError, IndexError):
+                log.error("ignoring a bad line in %s: %r", self.damage_file, line[:100])
+                continue
+            known = {(x, y) for x, y, _ in self.damaged}
+            if self.start <= a < b <= self.end and (a, b) not in known:
+                self.damaged.append((a, b, parts[2] if len(parts) > 2 else ""))
+        self.damaged.sort()
+
+    def add_damage(self, start: int, end: int, why: str) -> None:
+        """Record that offsets ``[start, end)`` hold no valid message (kept on disk)."""
+        if any(a <= start < b for a, b, _ in self.damaged):
+            return
+        self.damaged.append((start, end, why))
+        self.damaged.sort()
+        try:
+            with open(self.damage_file, "a", encoding="utf-8") as f:
+                f.write(f"{start} {end} {why}\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            log.error("cannot record damaged range %d..%d in %s: %s", start, end,
+                      self.damage_file, e)
+
+    def damage_at(self, offset: int) -> tuple[int, int, str] | None:
+        for d in self.damaged:
+            if d[0] <= offset < d[1]:
+                return d
+        return None
 
     def build_index(self) -> None:
         """Walk the headers of the whole segment to fill the sparse index."""
@@ -186,6 +310,9 @@ class Segment:
         """Start of the message holding ``offset`` (``offset`` itself at a boundary),
         or the next valid message start when the bytes there are corrupt; the
         segment end when nothing valid follows."""
+        known = self.damage_at(offset)
+        if known is not None:
+            return known[1]
         if not self.indexed:
             self.build_index()
         i = bisect.bisect_right(self.index, offset) - 1
@@ -204,7 +331,11 @@ class Segment:
                     return pos
                 break
             pos = nxt
-        return self._resync(max(pos, min(offset, end)))
+        bad = max(pos, min(offset, end))
+        good = self._resync(bad)
+        if good > bad:  # found by a reader (a sealed segment is not scanned at start)
+            self.add_damage(bad, good, "found while looking for a valid offset")
+        return good
 
     def _resync(self, pos: int) -> int:
         """First offset >= pos where a valid message starts (byte-by-byte search)."""
@@ -224,6 +355,15 @@ class Segment:
                         return pos + b
             pos += max(1, len(chunk) - HEADER_SIZE + 1)
         return end
+
+
+def _zero_header(buf: bytes | memoryview, at: int) -> bool:
+    """Twenty zero bytes: a hole or preallocated space, never a message (a real one
+    has a non-zero msgId), though its empty payload's checksum (0) would match."""
+    return buf[at:at + HEADER_SIZE] == _ZEROS
+
+
+_ZEROS = bytes(HEADER_SIZE)
 
 
 def check_contiguous(segments: list[Segment], where: Path) -> None:

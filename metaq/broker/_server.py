@@ -351,6 +351,11 @@ class BrokerServer:
         if offset < plog.min_offset:
             conn.send(result(301, str(plog.min_offset), opaque))
             return
+        damage = plog.damage_at(offset)
+        if damage is not None:  # known damaged bytes: send the reader past them
+            self.stats["get_damaged"] += 1
+            conn.send(result(301, str(damage[1]), opaque))
+            return
         end = plog.end
         if offset > end and self.config.correct_offsets:
             conn.send(result(301, str(end), opaque))
@@ -429,7 +434,7 @@ class BrokerServer:
                 lines += self.status()
             for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes",
                         "get_hold_asked", "get_held", "get_held_woken", "get_held_expired",
-                        "get_hold_refused",
+                        "get_hold_refused", "get_damaged",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_stats",
                         "bad_requests", "connections_total"):
                 lines.append(f"{key} {self.stats[key]}")
@@ -438,8 +443,11 @@ class BrokerServer:
                 lines.append(f"{topic} partitions {n}")
         elif item == "offsets":
             for plog in sorted(self.storage.logs(), key=lambda p: (p.topic, p.partition)):
+                damaged = plog.damaged
                 lines.append(f"{plog.topic} part {plog.partition} min_offset {plog.min_offset} "
-                             f"max_offset {plog.end} closed {str(plog.closed).lower()}")
+                             f"max_offset {plog.end} closed {str(plog.closed).lower()} "
+                             f"damaged {len(damaged)} damaged_bytes "
+                             f"{sum(b - a for a, b, _ in damaged)}")
         elif item == "config":
             for key, value in sorted(vars(self.config).items()):
                 lines.append(f"{key} {dict(value) if key == 'topics' else value}")

@@ -113,8 +113,9 @@ class PartitionLog:
         try:
             for i, start in enumerate(starts):
                 last = i == len(starts) - 1
-                self.segments.append(Segment(self.dir / segment_name(start), start,
-                                             writable=last))
+                seg = Segment(self.dir / segment_name(start), start, writable=last)
+                self.segments.append(seg)
+                seg.load_damage()
             check_contiguous(self.segments, self.dir)
             kept, cut = self.segments[-1].recover()
             if cut or kept:
@@ -141,6 +142,11 @@ class PartitionLog:
         return self.segments[-1].end
 
     max_offset = end
+
+    @property
+    def damaged(self) -> list[tuple[int, int, str]]:
+        """Every known damaged range ``(start, end, why)`` of the log, in offset order."""
+        return [d for seg in self.segments for d in seg.damaged]
 
     @property
     def readable_end(self) -> int:
@@ -281,7 +287,8 @@ class PartitionLog:
 
     def read(self, offset: int, max_size: int) -> LogSlice | None:
         """Up to ``max_size`` bytes from ``offset`` (within one segment, never past
-        :attr:`readable_end`), or None when ``offset`` is outside ``[min, readable_end)``."""
+        :attr:`readable_end`, and ending where a known damaged range begins), or None
+        when ``offset`` is outside ``[min, readable_end)``."""
         end = self.readable_end
         if offset >= end:
             return None
@@ -289,7 +296,17 @@ class PartitionLog:
         if seg is None:
             return None
         length = min(max_size, seg.end - offset, end - offset)
+        if seg.damaged:
+            for a, _b, _why in seg.damaged:
+                if offset < a < offset + length:
+                    length = a - offset
+                    break
         return LogSlice(seg.rfile, offset - seg.start, length, seg)
+
+    def damage_at(self, offset: int) -> tuple[int, int, str] | None:
+        """The known damaged range holding ``offset``, if any."""
+        seg = self._segment_for(offset)
+        return None if seg is None or not seg.damaged else seg.damage_at(offset)
 
     def read_bytes(self, offset: int, max_size: int) -> bytes:
         """Like :meth:`read` but returns the bytes (empty when nothing is there)."""

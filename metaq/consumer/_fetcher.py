@@ -488,7 +488,17 @@ class FetchManager:
             except ValueError:
                 self._on_error(e, pf)
                 return self._backoff(pf)
-            if moved > pf.offset:  # below the log start: retention deleted what was unread
+            if moved > pf.offset:
+                try:
+                    start = conn.offset(pf.topic, self._group, pf.index, 0)
+                except BrokerError:
+                    start = moved
+                except (OSError, MetaqError) as err:
+                    return self._connection_failed(pf, conn, address, connections, err)
+                if start < moved:  # a damaged range the broker knows: past it
+                    return self._skip_damaged(pf, pf.offset, moved, "damaged bytes in the "
+                                              "broker's log")
+                # below the log start: retention deleted what was not read
                 return self._out_of_range(pf, conn, address, connections,
                                           start=moved, end=None)
             return self._out_of_range(pf, conn, address, connections,  # above the end
@@ -515,15 +525,20 @@ class FetchManager:
                 return self._max_delay
             valid = skip_to  # the broker serves damaged bytes: skip the one message
         pf.checksum_failures = 0
+        return self._skip_damaged(pf, bad, valid, str(err))
+
+    def _skip_damaged(self, pf: PartitionFetch, bad: int, valid: int, why: str) -> float:
+        """Report the damaged bytes ``[bad, valid)`` (DamagedMessageError to on_error),
+        count them, and resume delivery at ``valid``."""
         pf.damaged += 1
         pf.skipped += valid - bad
         log.error("damaged message in %s/%s at offset %d (%s); %d bytes skipped, resuming "
-                  "at %d", pf.topic, pf.partition, bad, err, valid - bad, valid)
+                  "at %d", pf.topic, pf.partition, bad, why, valid - bad, valid)
         self._on_error(DamagedMessageError(
-            f"damaged message in {pf.topic}/{pf.partition} at offset {bad}: {err}; "
+            f"damaged message in {pf.topic}/{pf.partition} at offset {bad}: {why}; "
             f"{valid - bad} bytes skipped, delivery resumes at {valid}",
             topic=pf.topic, partition=pf.partition, offset=bad, next_offset=valid), pf)
-        pf.offset = valid
+        pf.offset, pf.checked = valid, True
         return 0.0
 
     # -- positions outside the log -------------------------------------------
