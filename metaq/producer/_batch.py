@@ -33,7 +33,6 @@ from metaq._errors import (
     ConnectionClosedError,
     MessageError,
     MessageTooLargeError,
-    NoBrokerAvailableError,
     ProducerError,
     ProtocolError,
     SendTimeoutError,
@@ -322,9 +321,8 @@ def submit_batch(producer: Producer, topic: str, bodies: Sequence[Any] | Iterabl
         payloads, flag = list(map(head.__add__, data)), FLAG_HAS_ATTRIBUTE
     parts = route.partitions
     if not parts:
-        raise NoBrokerAvailableError(
-            f"no broker publishes topic {topic!r}: no '<id>-m' node with partitions and "
-            f"a live broker under {producer._layout.topic_pub_dir(topic)}")
+        route = producer._route_within(topic, time.monotonic() + producer.config.send_timeout)
+        parts = route.partitions
     checksums = list(map(_MASK.__and__, map(_crc32, payloads)))
     if producer._round_robin:
         part = parts[next(route.counter) % len(parts)]

@@ -250,12 +250,11 @@ class Producer:
         else:
             payload, flag = self._with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
         parts = route.partitions
+        deadline = _monotonic() + self._timeout
         if not parts:
-            raise NoBrokerAvailableError(
-                f"no broker publishes topic {topic!r}: no '<id>-m' node with partitions and "
-                f"a live broker under {self._layout.topic_pub_dir(topic)}")
-        send = _Send(self, topic, payload, flag, _crc32(payload) & _MASK,
-                     _monotonic() + self._timeout)
+            route = self._route_within(topic, deadline)
+            parts = route.partitions
+        send = _Send(self, topic, payload, flag, _crc32(payload) & _MASK, deadline)
         if self._round_robin:
             part = parts[next(route.counter) % len(parts)]
         else:
@@ -265,6 +264,17 @@ class Producer:
         send.flush = flush
         self._dispatch(send, route, part)
         return send
+
+    def _route_within(self, topic: str, deadline: float) -> TopicRoute:
+        """No broker publishes ``topic`` right now (a broker restarting, its session
+        being replaced): wait for one within the send timeout."""
+        route = self._router.wait_for_partitions(topic, deadline)
+        if route is None or not route.partitions:
+            raise NoBrokerAvailableError(
+                f"no broker publishes topic {topic!r}: no '<id>-m' node with partitions and "
+                f"a live broker under {self._layout.topic_pub_dir(topic)} (waited "
+                f"{self.config.send_timeout:g}s, the send timeout)")
+        return route
 
     def partitions(self, topic: str) -> list[str]:
         """The names of ``topic``'s writable partitions, in Metaq order."""
@@ -418,10 +428,13 @@ class Producer:
             return None
         route = self._router.get(topic)
         parts = route.partitions if route is not None else ()
+        if not parts:  # its broker is re-registering, maybe: wait within the send timeout
+            route = self._router.wait_for_partitions(topic, send.deadline)
+            parts = route.partitions if route is not None else ()
         if not parts:
             self._finish(send, NoBrokerAvailableError(
                 f"no broker publishes topic {topic!r} any more (after {send.attempts} "
-                f"attempt(s); last error: {err})"), err)
+                f"attempt(s), waiting until the send timeout; last error: {err})"), err)
             return None
         if send.tried is None:
             send.tried = set()

@@ -19,6 +19,7 @@ import itertools
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -87,6 +88,7 @@ class Router:
         self._broker_watchers: dict[int, Callable[..., None]] = {}
         self._load_locks: dict[str, threading.Lock] = {}
         self._cond = threading.Condition()
+        self._changed = threading.Condition()  # notified when a route is stored
         self._dirty: set[str] = set()
         self._stopped = False
         self.refreshes = 0  # completed background re-reads, for tests and stats
@@ -112,6 +114,22 @@ class Router:
                 route = self._read(topic)
                 self._store(topic, route)
         return route
+
+    def wait_for_partitions(self, topic: str, deadline: float) -> TopicRoute | None:
+        """Wait (until ``deadline``, time.monotonic) for ``topic`` to have a writable
+        partition, e.g. while a restarted broker registers again; the route then, or
+        None.  The watches re-read the topic the moment its publishers change."""
+        self.refresh(topic)
+        with self._changed:
+            while True:
+                route = self._routes.get(topic)
+                if route is not None and route.partitions:
+                    return route
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopped:
+                    return route
+                self._changed.wait(min(left, 0.5))  # (re-asks ZooKeeper meanwhile)
+                self.refresh(topic)
 
     def refresh(self, topic: str | None = None) -> None:
         """Ask the router thread to re-read ``topic`` (every topic when None)."""
@@ -236,6 +254,8 @@ class Router:
         if old == route:
             return  # unchanged: keep the old object (and its round-robin position)
         self._routes[topic] = route
+        with self._changed:
+            self._changed.notify_all()
         log.info("topic %r: %d partition(s) on broker(s) %s", topic, len(route.partitions),
                  ", ".join(f"{b}@{h}:{p}" for b, (h, p) in sorted(route.addresses.items()))
                  or "none")
