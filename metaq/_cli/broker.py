@@ -90,6 +90,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        help="largest put payload accepted")
     start.add_argument("--correct-offsets", action="store_true", default=None,
                        help="answer gets past the end with 301 and the end")
+    start.add_argument("--max-connections", type=_int,
+                       help="most client connections (default 10000)")
+    start.add_argument("--max-connections-per-address", type=_int,
+                       help="most connections from one client address (default 1000)")
+    start.add_argument("--request-timeout", type=_float,
+                       help="close a client whose request is incomplete after this many "
+                            "seconds (default 30; 0: never)")
+    start.add_argument("--idle-timeout", type=_float,
+                       help="close a client silent for this many seconds (default 600)")
     start.add_argument("--max-hold", type=_float,
                        help="longest a get at the log end may be held for a metaq-py client, "
                             "seconds (default 30; 0: answer at once, as Metaq does)")
@@ -114,7 +123,10 @@ def _start(args: argparse.Namespace) -> int:
         unflush_interval=args.unflush_interval, max_segment_size=args.max_segment_size,
         retention_hours=args.retention_hours, max_transfer_size=args.max_transfer_size,
         max_message_size=args.max_message_size, correct_offsets=args.correct_offsets,
-        max_hold=args.max_hold, zk_security=security_from_args(args))
+        max_hold=args.max_hold, max_connections=args.max_connections,
+        max_connections_per_address=args.max_connections_per_address,
+        request_timeout=args.request_timeout, idle_timeout=args.idle_timeout,
+        zk_security=security_from_args(args))
 
     def ready(broker: Broker) -> None:
         print(f"metaq broker {config.broker_id} serving on {config.host}:{broker.port}",

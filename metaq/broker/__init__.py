@@ -175,7 +175,7 @@ class Broker:
                 self._registry = reg
             tasks.append(loop.create_task(self._flush_loop(), name="metaq-broker-flush"))
             tasks.append(loop.create_task(self._retention_loop(), name="metaq-broker-retention"))
-            if cfg.idle_timeout > 0:
+            if cfg.idle_timeout > 0 or cfg.request_timeout > 0:
                 tasks.append(loop.create_task(self._idle_loop(), name="metaq-broker-idle"))
             self._running = True
             log.info("broker %d serving on %s:%d (%s)", cfg.broker_id, cfg.host, self.port,
@@ -207,16 +207,25 @@ class Broker:
                 log.exception("interval flush failed")
 
     async def _idle_loop(self) -> None:
-        """Close connections that sent nothing for ``idle_timeout`` seconds."""
+        """Close connections that sent nothing for ``idle_timeout`` seconds, and those
+        whose request has been coming in for over ``request_timeout`` (slow clients)."""
         limit = self.config.idle_timeout
+        slow = self.config.request_timeout
+        tick = min(x / 4 for x in (limit, slow, 120.0) if x > 0)
         while True:
-            await asyncio.sleep(min(limit / 4, 30.0))
+            await asyncio.sleep(min(tick, 30.0))
             now = time.monotonic()
             for conn in list(self._server.connections):
-                if conn.idle_for(now) > limit:
+                if limit > 0 and conn.idle_for(now) > limit:
                     log.info("closing %s: idle for over %gs", conn.peer, limit)
                     self._server.stats["idle_closed"] += 1
                     conn.abort(f"idle for over {limit:g}s")
+                elif slow > 0 and conn.partial_since is not None \
+                        and now - conn.partial_since > slow:
+                    log.info("closing %s: a request has been coming in for over %gs",
+                             conn.peer, slow)
+                    self._server.stats["slow_closed"] += 1
+                    conn.abort(f"request incomplete after {slow:g}s")
 
     async def _retention_loop(self) -> None:
         while True:  # once at start, then every retention_check_interval

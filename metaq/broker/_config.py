@@ -116,6 +116,14 @@ class BrokerConfig:
     max_inflight_requests: int = 100_000
     #: Most simultaneous client connections; more are closed at once.
     max_connections: int = 10_000
+    #: Most simultaneous connections from one client address; more are closed at once.
+    max_connections_per_address: int = 1_000
+    #: The last this many places of max_connections admit only addresses holding fewer
+    #: than 8 connections, so a client that hoards connections cannot lock others out.
+    connection_reserve: int = 64
+    #: Close a connection whose request (a line, or a put's payload) has been coming in
+    #: for longer than this, seconds: a slow or stuck client (0: never).
+    request_timeout: float = 30.0
     #: Close a connection that sent nothing for this long, seconds (0: never).  Metaq
     #: clients send ``version`` heartbeats, so live ones are never idle this long.
     idle_timeout: float = 600.0
@@ -173,6 +181,12 @@ class BrokerConfig:
         _int("max_pending_bytes", self.max_pending_bytes, 64 * 1024)
         _int("max_inflight_requests", self.max_inflight_requests, 1)
         _int("max_connections", self.max_connections, 1)
+        _int("max_connections_per_address", self.max_connections_per_address, 1)
+        _int("connection_reserve", self.connection_reserve, 0)
+        if self.connection_reserve >= self.max_connections:
+            raise ConfigError(f"connection_reserve ({self.connection_reserve}) must be below "
+                              f"max_connections ({self.max_connections})")
+        _num("request_timeout", self.request_timeout, 0)
         if isinstance(self.idle_timeout, bool) or not isinstance(self.idle_timeout, (int, float)) \
                 or self.idle_timeout < 0:
             raise ConfigError(f"idle_timeout must be a number >= 0, got {self.idle_timeout!r}")

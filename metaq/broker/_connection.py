@@ -84,6 +84,11 @@ class Connection(asyncio.Protocol):
         self._write_paused = False
         self._read_paused = False
         self.last_seen = time.monotonic()  # last bytes received, for the idle timeout
+        #: when the request now being received began (None between requests)
+        self.partial_since: float | None = None
+        self.address = "?"
+        self._admitted = False
+        self._dropped = 0  # replies not sent because the client had gone
         #: this client's held gets (see ``_hold``), answered outside the reply order
         self.held: dict = {}
 
@@ -92,21 +97,25 @@ class Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.address = peer[0] if isinstance(peer, tuple) else str(peer)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)  # type: ignore[attr-defined]
         srv = self.server
         srv.stats["connections_total"] += 1
-        if len(srv.connections) >= srv.config.max_connections:
-            log.warning("refusing connection from %s: %d connections open", self.peer,
-                        len(srv.connections))
+        why = srv.admit(self.address)
+        if why is not None:
+            srv.refused(self.address, why)
+            self._closing = True
             transport.close()
             return
         srv.connections.add(self)
+        srv.per_address[self.address] += 1
+        self._admitted = True
 
     def data_received(self, data: bytes) -> None:
-        self.last_seen = time.monotonic()
+        now = self.last_seen = time.monotonic()
         if self._closing or self._quit:
             return
         try:
@@ -121,6 +130,12 @@ class Connection(asyncio.Protocol):
                 log.exception("internal error serving %s; closing its connection", self.peer)
                 self.send(result(500, "internal broker error", 0))
                 self.close_after_replies()
+        # a request begun and not complete: when it began (the slow-client timeout)
+        if self.parser.buffered:
+            if self.partial_since is None:
+                self.partial_since = now
+        else:
+            self.partial_since = None
         self._check_backpressure()
 
     def eof_received(self) -> bool:
@@ -130,6 +145,15 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
         self.server.connections.discard(self)
+        if self._admitted:
+            self._admitted = False
+            n = self.server.per_address[self.address] - 1
+            if n > 0:
+                self.server.per_address[self.address] = n
+            else:
+                del self.server.per_address[self.address]
+        if self._dropped:
+            log.info("client %s went away with %d replies unsent", self.peer, self._dropped)
         if self.held:
             self.server.held.drop(self)
         for item in self._outq:
@@ -154,7 +178,19 @@ class Connection(asyncio.Protocol):
     @property
     def closing(self) -> bool:
         """No more replies can be sent (closed, or closing after its last replies)."""
-        return self._closing or self._quit
+        return self._closing or self._quit or self.gone
+
+    @property
+    def gone(self) -> bool:
+        """The client went away (its socket failed or closed): requests still parsed
+        are not served, replies are dropped (counted, one log line at the end)."""
+        t = self.transport
+        if self._closing or t is None or t.is_closing():
+            if not self._closing:
+                self._closing = True
+                self.server.stats["clients_vanished"] += 1
+            return True
+        return False
 
     @property
     def queued(self) -> int:
@@ -183,9 +219,11 @@ class Connection(asyncio.Protocol):
 
     def send(self, data: bytes) -> None:
         """Queue a reply (written at once when nothing is ahead of it)."""
-        if self._outq or self._busy or self._write_paused:
+        if self.gone:
+            self._dropped += 1
+        elif self._outq or self._busy or self._write_paused:
             self._outq.append(data)
-        elif not self._closing:
+        else:
             self.transport.write(data)
 
     def send_gated(self, gate: Gate) -> None:
@@ -195,9 +233,12 @@ class Connection(asyncio.Protocol):
     def send_file(self, item: FileReply) -> None:
         """Queue a ``value`` reply; its bytes are read from the log only when they can
         go out, so a client that does not read its replies costs no memory."""
+        if self.gone:
+            self._dropped += 1
+            return
         item.plog.pin(item.slice)
         if (item.slice.length < SENDFILE_MIN and not self._outq and not self._busy
-                and not self._write_paused and not self._closing):
+                and not self._write_paused):
             data = self._read_small(item)
             if data is not None:
                 self.transport.write(data)
@@ -231,7 +272,7 @@ class Connection(asyncio.Protocol):
     def _drain(self) -> None:
         """Write queued replies in order until one must wait (fsync, sendfile, a full
         socket buffer)."""
-        if self._busy or self._closing:
+        if self._busy or self.gone:
             return
         q = self._outq
         chunks: list[bytes] = []
@@ -272,6 +313,9 @@ class Connection(asyncio.Protocol):
                 write(b"".join(chunks))  # may pause writing: the loop re-checks
                 chunks = []
                 size = 0
+                if self.gone:
+                    self._dropped += len(q)
+                    return
         if chunks:
             write(b"".join(chunks))
         self._check_backpressure()

@@ -49,7 +49,10 @@ from metaq.broker._putpath import (  # the put fast path and what the slow path 
 from metaq.broker._putpath import runs as group_runs
 from metaq.broker._storage import PartitionLog, Storage
 
-__all__ = ["BrokerServer", "VERSION"]
+__all__ = ["BrokerServer", "VERSION", "SMALL_CLIENT"]
+
+#: An address holding fewer connections than this may use the connection reserve.
+SMALL_CLIENT = 8
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +72,9 @@ class BrokerServer:
         self.on_topic_added = on_topic_added
         self.status = status
         self.connections: set[Connection] = set()
+        #: client address -> connections open from it
+        self.per_address: collections.Counter = collections.Counter()
+        self._refusals_logged: dict[str, float] = {}
         self.started = time.time()
         self.stats = collections.Counter()
         self.version_text = VERSION + (f" {HOLD_CAPABILITY}" if config.max_hold > 0 else "")
@@ -95,6 +101,36 @@ class BrokerServer:
             conn.abort("broker shutting down")
         if self._server is not None:
             await self._server.wait_closed()
+
+    # -- connections -----------------------------------------------------------------------
+    def admit(self, address: str) -> str | None:
+        """Why a new connection from ``address`` is refused, or None to admit it.
+
+        Limits: ``max_connections`` in all, ``max_connections_per_address`` from one
+        address, and the last ``connection_reserve`` places only for addresses that
+        hold fewer than :data:`SMALL_CLIENT` connections (a client that already
+        holds many cannot take the places others need to get in)."""
+        cfg = self.config
+        total = len(self.connections)
+        mine = self.per_address.get(address, 0)
+        if total >= cfg.max_connections:
+            return f"{total} connections open (max_connections)"
+        if mine >= cfg.max_connections_per_address:
+            return f"{mine} connections open from it (max_connections_per_address)"
+        if total >= cfg.max_connections - cfg.connection_reserve and mine >= SMALL_CLIENT:
+            return (f"{mine} connections open from it and only the reserve of "
+                    f"{cfg.connection_reserve} places left (connection_reserve)")
+        return None
+
+    def refused(self, address: str, why: str) -> None:
+        """Count a refused connection; log at most one line a minute per address."""
+        self.stats["connections_refused"] += 1
+        now = time.monotonic()
+        if now - self._refusals_logged.get(address, -60.0) >= 60.0:
+            self._refusals_logged[address] = now
+            if len(self._refusals_logged) > 10_000:
+                self._refusals_logged.clear()
+            log.warning("refusing connections from %s: %s", address, why)
 
     # -- topics ----------------------------------------------------------------------------
     def _index_topics(self) -> None:
@@ -144,6 +180,9 @@ class BrokerServer:
         i = 0
         n = len(reqs)
         while i < n:
+            if conn.gone:  # the client went away: what it still asked is not served
+                self.stats["requests_dropped"] += n - i
+                return
             r = reqs[i]
             t = type(r)
             if t is tuple:  # fast put (see RequestParser.fast_puts)
@@ -436,7 +475,8 @@ class BrokerServer:
                         "get_hold_asked", "get_held", "get_held_woken", "get_held_expired",
                         "get_hold_refused", "get_damaged",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_stats",
-                        "bad_requests", "connections_total"):
+                        "bad_requests", "connections_total", "connections_refused",
+                        "clients_vanished", "requests_dropped", "slow_closed", "idle_closed"):
                 lines.append(f"{key} {self.stats[key]}")
         elif item == "topics":
             for topic, n in sorted(self.storage.topics.items()):
