@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kazoo.client import KazooClient
+from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_acl, make_digest_acl
 
 from metaq._errors import ConfigError
@@ -94,8 +95,17 @@ class ZkSecurity:
         return kw
 
 
+#: Longest pause between attempts to reach ZooKeeper again, seconds.  kazoo's default
+#: doubles up to an hour: after a 20 s outage the next attempt could come 13 s after the
+#: servers were back, and members resumed late; capped, they return within about this.
+RECONNECT_MAX_DELAY = 1.0
+
+
 def make_client(hosts: str, *, timeout: float = 30.0,
                 security: ZkSecurity | None = None) -> KazooClient:
-    """A (not yet started) kazoo client for ``hosts`` with ``security`` applied."""
+    """A (not yet started) kazoo client for ``hosts`` with ``security`` applied, which
+    reconnects after an outage with a bounded backoff (:data:`RECONNECT_MAX_DELAY`)."""
     kw = (security or ZkSecurity()).client_kwargs()
-    return KazooClient(hosts=hosts, timeout=timeout, **kw)
+    retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
+                       max_delay=RECONNECT_MAX_DELAY)
+    return KazooClient(hosts=hosts, timeout=timeout, connection_retry=retry, **kw)

@@ -105,7 +105,9 @@ class ZkProxy:
     SUSPENDED, then reconnect through the proxy).  :meth:`pause` stops forwarding without
     closing anything — a blackhole: no byte goes either way and no new connection reaches
     the server — until :meth:`resume`; held longer than a session timeout, the server expires
-    the session.  :meth:`close` stops everything (also via ``with``).
+    the session.  :meth:`down` is an outage: every connection is closed and new ones are
+    refused (closed at once) until :meth:`up`.  :meth:`close` stops everything (also via
+    ``with``).
     """
 
     def __init__(self, upstream: str | tuple[str, int], *, port: int = 0) -> None:
@@ -120,6 +122,7 @@ class ZkProxy:
         self._resumed = threading.Event()
         self._resumed.set()
         self._closed = threading.Event()
+        self._down = threading.Event()
         self._count = 0
         self._threads: list[threading.Thread] = []
         self._acceptor = threading.Thread(target=self._accept_loop,
@@ -156,6 +159,9 @@ class ZkProxy:
             if self._closed.is_set():
                 _close(client)
                 break
+            if self._down.is_set():  # an outage: refused
+                _close(client)
+                continue
             with self._lock:
                 self._count += 1
                 link = _Link(self, client, self._count)
@@ -185,6 +191,17 @@ class ZkProxy:
             link.close()
         log.info("ZkProxy %s: dropped %d connection(s)", self.hosts, len(links))
         return len(links)
+
+    def down(self) -> None:
+        """An outage: close every connection and refuse new ones until :meth:`up`."""
+        self._down.set()
+        self.drop()
+        log.info("ZkProxy %s: down", self.hosts)
+
+    def up(self) -> None:
+        """End the outage: connections are accepted again."""
+        self._down.clear()
+        log.info("ZkProxy %s: up", self.hosts)
 
     def pause(self) -> None:
         """Stop forwarding in both directions without closing any connection."""

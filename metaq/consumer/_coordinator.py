@@ -8,7 +8,8 @@ States and transitions (``Coordinator.state``)::
     CLAIMING --claim retry succeeds--> STABLE
     STABLE | CLAIMING --member/topic/broker change--> REBALANCING
     any live state --connection SUSPENDED--> SUSPENDED   (fetching stops)
-    SUSPENDED --CONNECTED, same session--> REBALANCING   (fetching resumes)
+    SUSPENDED --CONNECTED, same session--> STABLE | CLAIMING (fetching resumes; no
+                                       rebalance unless a watch fired meanwhile)
     any --session LOST--> CONNECTING  (fetchers stopped, progress dropped,
                                        nothing committed, generation bumped)
     any --close()--> CLOSED
@@ -236,7 +237,11 @@ class Coordinator:
         if reconnected and self._client.connected:
             self._next_heartbeat = 0.0
             self._c.fetcher.resume()
-            rebalance = True
+            session = self._client.client_id[0] if self._client.client_id else None
+            if session is None or session != self._registered_session:
+                rebalance = True
+            else:  # same session: our nodes are intact and ZooKeeper replays the watches
+                self._resume_after_reconnect()  # that fired meanwhile: nothing to redo
         if time.monotonic() >= self._next_heartbeat and self._client.connected:
             self._heartbeat()
         now = time.monotonic()
@@ -308,6 +313,16 @@ class Coordinator:
             self._client.delete(self._layout.consumer_id(self._group, self.consumer_id))
         except (NoNodeError, KazooException):
             pass
+
+    def _resume_after_reconnect(self) -> None:
+        if self._claims:
+            self._set_state(State.CLAIMING)
+        else:
+            self._set_state(State.STABLE)
+            self.settled.set()
+        log.info("group %s consumer %s gen %d: ZooKeeper connection back in the same session; "
+                 "fetching resumes without a rebalance", self._group, self.consumer_id,
+                 self.generation)
 
     def _has_work(self) -> bool:
         if self._closing or self._lost or self._suspended or self._reconnected:
