@@ -306,41 +306,41 @@ def test_seek_during_a_hold_delivers_from_the_new_position_at_once(broker, manag
     assert rec.bodies("0-0") == [b"a", b"b", b"a", b"b", b"c"]
 
 
+def _answered_not_delivered(port: int, rec: Recorder, index: int, other: int) -> None:
+    """Put to partition ``index`` (parked, then paused or removed): its held get is
+    answered by the broker; a marker put to ``other`` shows the runners went on."""
+    woken = _stat(port, "get_held_woken")
+    _put(port, index, b"while away")
+    wait_until(lambda: _stat(port, "get_held_woken") > woken, 10,
+               what="the held get to be answered")
+    _put(port, other, b"marker")
+    wait_until(lambda: rec.bodies(f"0-{other}") == [b"marker"], 10, what="the marker")
+    assert rec.bodies(f"0-{index}") == []  # answered, never delivered
+
+
+def _two_parked(port: int, m: FetchManager, rec: Recorder, a: int, b: int):  # noqa: ANN202
+    first, second = _fetch(port, a, rec), _fetch(port, b, rec)
+    m.add(first)
+    m.add(second)
+    _parked(port, 2)
+    return first, second
+
+
 def test_pause_during_a_hold_delivers_nothing_until_resumed(broker, manager):
-    rec = Recorder()
-    m = manager()
-    paused, other = _fetch(broker.port, 0, rec), _fetch(broker.port, 1, rec)
-    m.add(paused)
-    m.add(other)
-    _parked(broker.port, 2)
+    rec, m = Recorder(), manager()
+    paused, _other = _two_parked(broker.port, m, rec, 0, 1)
     m.pause(paused)
-    woken = _stat(broker.port, "get_held_woken")
-    _put(broker.port, 0, b"while paused")
-    wait_until(lambda: _stat(broker.port, "get_held_woken") > woken, 10,
-               what="the held get of the paused partition to be answered")
-    _put(broker.port, 1, b"marker")
-    wait_until(lambda: rec.bodies("0-1") == [b"marker"], 10, what="the marker")
-    assert rec.bodies("0-0") == []  # answered by the broker, never delivered
+    _answered_not_delivered(broker.port, rec, 0, 1)
     m.unpause(paused)
-    wait_until(lambda: rec.bodies("0-0") == [b"while paused"], 10, what="delivery on resume")
+    wait_until(lambda: rec.bodies("0-0") == [b"while away"], 10, what="delivery on resume")
 
 
 def test_a_partition_removed_during_its_hold_delivers_nothing(broker, manager):
     """Revoke (rebalance) and session loss both end in ``remove``."""
-    rec = Recorder()
-    m = manager()
-    gone, kept = _fetch(broker.port, 2, rec), _fetch(broker.port, 3, rec)
-    m.add(gone)
-    m.add(kept)
-    _parked(broker.port, 2)
+    rec, m = Recorder(), manager()
+    gone, _kept = _two_parked(broker.port, m, rec, 2, 3)
     assert m.remove(gone, timeout=1.0)  # parked: not busy, so at once
-    woken = _stat(broker.port, "get_held_woken")
-    _put(broker.port, 2, b"for the next owner")
-    wait_until(lambda: _stat(broker.port, "get_held_woken") > woken, 10,
-               what="the stale held get to be answered")
-    _put(broker.port, 3, b"marker")
-    wait_until(lambda: rec.bodies("0-3") == [b"marker"], 10, what="the marker")
-    assert rec.bodies("0-2") == []
+    _answered_not_delivered(broker.port, rec, 2, 3)
     assert gone.offset == 0 and gone.ready is None
 
 

@@ -204,24 +204,6 @@ def test_recovery_does_not_take_a_zeroed_tail_for_messages(tmp_path):
         assert [m.msg_id for m in _valid_messages(plog)] == list(range(10))
 
 
-def test_damage_in_a_sealed_segment_is_recorded_when_met(tmp_path):
-    with Storage(tmp_path, max_segment_size=4096) as storage:
-        plog = storage.open_topic("t", 1)[0]
-        for i in range(100):
-            plog.append(rec(i), 1)
-        first = plog.segments[0].path
-    data = bytearray(first.read_bytes())
-    data[3 * 120 + 30] ^= 0x55
-    first.write_bytes(bytes(data))
-    with Storage(tmp_path, max_segment_size=4096) as storage:
-        plog = storage.open_topic("t", 1)[0]
-        assert plog.damaged == []  # sealed segments are not scanned at start
-        assert plog.nearest_valid_offset(3 * 120) == 4 * 120
-        assert [(a, b) for a, b, _ in plog.damaged] == [(360, 480)]
-    with Storage(tmp_path, max_segment_size=4096) as storage:
-        assert [(a, b) for a, b, _ in storage.open_topic("t", 1)[0].damaged] == [(360, 480)]
-
-
 def test_recovery_of_a_message_bigger_than_the_scan_chunk(tmp_path, monkeypatch):
     import metaq.broker._segment as segmod
     monkeypatch.setattr(segmod, "_SCAN_CHUNK", 1000)
@@ -405,10 +387,14 @@ def test_nearest_valid_offset(tmp_path):
     first_path.write_bytes(bytes(data))
     with Storage(tmp_path, max_segment_size=4096) as storage:
         plog = storage.open_topic("t", 1)[0]
+        assert plog.damaged == []  # sealed segments are not scanned at start
         assert plog.nearest_valid_offset(3 * 120) == 4 * 120
+        assert [(a, b) for a, b, _ in plog.damaged] == [(360, 480)]  # recorded when met
         assert plog.nearest_valid_offset(3 * 120 + 50) == 4 * 120
         assert plog.nearest_valid_offset(2 * 120 + 1) == 2 * 120
         assert plog.nearest_valid_offset(10 * 120 + 7) == 10 * 120
+    with Storage(tmp_path, max_segment_size=4096) as storage:  # kept across a restart
+        assert [(a, b) for a, b, _ in storage.open_topic("t", 1)[0].damaged] == [(360, 480)]
 
 
 def test_failed_write_leaves_no_partial_message(tmp_path, monkeypatch):
