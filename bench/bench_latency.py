@@ -7,7 +7,7 @@ body carries ``time.monotonic_ns()`` taken just before the send, a clock shared
 by every process of the machine); the consumer is a separate process (this
 file, ``child`` mode) with a per-message listener that records ``now - sent``.
 
-Cases, each for the consumer as it is (``fetch_hold=5``: the broker holds a get
+Cases, each for the consumer as it is (default ``fetch_hold``: the broker holds a get
 at the log end) and as before (``fetch_hold=0``: Metaq's backoff, the same as
 against a Java Metaq broker):
 
@@ -51,12 +51,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from _procs import start_broker  # noqa: E402
 
-from metaq import MessageConsumer, Producer  # noqa: E402
+from metaq import ConsumerConfig, MessageConsumer, Producer  # noqa: E402
 from metaq._native import SPEEDUPS_STATUS  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402
 from metaq.testing import free_port, wait_until  # noqa: E402
 
 HERE = Path(__file__).resolve()
+#: the consumer as it is: its default hold (the broker answers at once when a message lands)
+HOLD = ConsumerConfig(group="x").fetch_hold
 
 
 # ------------------------------------------------------------------ consumer child
@@ -398,7 +400,7 @@ def main() -> None:
             floors.append(floor())
             print(f"run {run + 1} floor, Python loopback TCP round trip: {summary(floors[-1])}")
             for rate, s in secs.items():
-                for name, hold in (("metaq held gets", 5.0), ("metaq backoff (before)", 0.0)):
+                for name, hold in (("metaq held gets", HOLD), ("metaq backoff (before)", 0.0)):
                     lat = metaq_steady(cl, hold, rate, s)
                     rows.setdefault(f"{rate}/s {name}", []).append(lat)
                     print(f"run {run + 1} {rate:>6}/s {name:24} {summary(lat)}", flush=True)
@@ -419,7 +421,7 @@ def main() -> None:
                   f"p50/floor {med[0] / fl:6.1f}x")
         if "silence" in cases:
             print("\nsingle messages after silence (ms, each sample):")
-            for name, hold in (("metaq held gets", 5.0), ("metaq backoff (before)", 0.0)):
+            for name, hold in (("metaq held gets", HOLD), ("metaq backoff (before)", 0.0)):
                 res = metaq_silence(cl, hold, silences)
                 print(f"  {name:24} " + "  ".join(
                     f"{s:g}s: " + ",".join(f"{v:.2f}" for v in vs) for s, vs in res.items()))
@@ -429,7 +431,7 @@ def main() -> None:
                     f"{s:g}s: " + ",".join(f"{v:.2f}" for v in vs) for s, vs in res.items()))
         if "idle" in cases:
             print(f"\nidle consumer owning 1,024 partitions, CPU over {idle_s:g} s:")
-            for name, hold in (("metaq held gets", 5.0), ("metaq backoff (before)", 0.0)):
+            for name, hold in (("metaq held gets", HOLD), ("metaq backoff (before)", 0.0)):
                 print(f"  {name:24} {idle_cpu(cl, hold, idle_s):6.2f} % of a core", flush=True)
         if "send" in cases:
             print(f"\nProducer.send round trip (100 B, synchronous); floor p50 {fl:.3f}:")

@@ -57,10 +57,11 @@ class ConsumerConfig:
     #: Largest delay between fetches of an idle or failing partition, seconds [5].
     max_fetch_delay: float = 5.0
     #: How long a metaq-py broker may hold a fetch of a partition with nothing new,
-    #: answering it the moment a message arrives (long polling), seconds; an idle
-    #: partition then costs one request per hold.  0, or a broker that does not offer
-    #: holding (a Java Metaq broker), backs off as Metaq does (max_fetch_delay).
-    fetch_hold: float = 5.0
+    #: answering it the moment a message arrives (long polling), seconds [RocketMQ's
+    #: broker suspends a pull 15 s]; an idle partition then costs one request per hold.
+    #: 0, or a broker that does not offer holding (a Java Metaq broker), backs off as
+    #: Metaq does (max_fetch_delay).
+    fetch_hold: float = 15.0
     #: Period of the offset commit timer, seconds [5].
     commit_period: float = 5.0
     #: Times a listener may fail on one message before the reject policy [5].
