@@ -110,6 +110,7 @@ def test_scan_acks_leaves_odd_replies_to_the_general_parser() -> None:
 
 class _Conn:
     peer = "test"
+    gone = False  # the client is still there (a real Connection checks its transport)
 
     def __init__(self) -> None:
         self.out: list[bytes] = []
