@@ -21,7 +21,13 @@ Checks (each failure is a line in :attr:`Verdict.violations`):
 7. no stretch longer than ``idle_bound`` seconds where a partition was
    unowned while a registered member owned nothing, and no partition unowned
    longer than ``unowned_bound`` seconds;
-8. no background error line (``E``) and no unparsable line from a member.
+8. no background error line (``E``) and no unparsable line from a member;
+9. data faults (issue 13): an acknowledged message may go undelivered only when
+   a member reported damaged bytes (``D``) covering it, and every message a
+   ``disk_flip`` damaged was either delivered before or reported; no offset is
+   acknowledged for two messages; a run that began with a reset of a garbage
+   offset node (``O``) is exempt from 3 and 4 (it starts where offset_reset
+   says), and a run may step over reported damage (2, 4).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Run:
     session: str
     deliveries: list[Event] = field(default_factory=list)
     lost_t: float | None = None
+    reset: bool = False  # began with an offset_reset (an O line just before its claim)
 
 
 @dataclass
@@ -68,11 +75,15 @@ def build_runs(events: list[Event], verdict: Verdict) -> list[Run]:
         by_who[e.who].append(e)
     for who, evs in by_who.items():
         current: dict[str, Run] = {}
+        resets: set[str] = set()
         for e in evs:
             if e.kind == "A":
-                run = Run(who, e.part, e.t, e.session)
+                run = Run(who, e.part, e.t, e.session, reset=e.part in resets)
+                resets.discard(e.part)
                 current[e.part] = run
                 runs.append(run)
+            elif e.kind == "O":
+                resets.add(e.part)  # printed while claiming, before its A line
             elif e.kind == "M":
                 run = current.get(e.part)
                 if run is None:
@@ -147,14 +158,41 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
         key = (d.part, d.offset)
         if bodies.setdefault(key, d.body) != d.body:
             v.fail("body", f"{d.part}@{d.offset} delivered as {bodies[key]!r} and {d.body!r}")
-    missing = 0
+    damage: dict[str, list[tuple[int, int]]] = defaultdict(list)  # reported, per partition
+    for e in events:
+        if e.kind == "D":
+            damage[e.part].append((e.offset, int(e.body)))
+
+    def reported(part: str, offset: int) -> bool:
+        return any(a <= offset < b for a, b in damage.get(part, ()))
+
+    missing = damaged_reported = 0
     for seq, key in acked.items():
         got = bodies.get(key)
-        if got is None:
+        if got is None and reported(*key):
+            damaged_reported += 1  # damaged on disk and reported: not lost silently
+        elif got is None:
             missing += 1
             v.fail("lost", f"seq {seq} acknowledged at {key[0]}@{key[1]} never delivered")
         elif got != f"seq-{seq}":
             v.fail("body", f"{key[0]}@{key[1]} acknowledged for seq {seq}, delivered {got!r}")
+
+    # 9. data faults: no offset acknowledged twice; every flipped message accounted for
+    reused = Counter(acked.values())
+    offsets_reused = sum(n - 1 for n in reused.values() if n > 1)
+    for key, n in reused.items():
+        if n > 1:
+            v.fail("offset-reused", f"{key[0]}@{key[1]} acknowledged for {n} messages")
+    flipped = [f.damaged for f in faults if f.kind == "disk_flip" and f.damaged]
+    flipped_read = 0
+    for part, off, _nxt in flipped:
+        before = [d for d in deliveries if d.part == part and d.offset == off]
+        if reported(part, off):
+            flipped_read += 1
+        elif not before:
+            v.fail("damage-unreported", f"{part}@{off} was damaged on disk and neither "
+                                        f"delivered before nor reported")
+    resets = sum(1 for r in runs if r.reset)
 
     # 2. contiguity within a run
     known: dict[str, list[int]] = defaultdict(list)
@@ -164,15 +202,29 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
     for p, offs in known.items():
         offs.sort()
         nxt[p] = dict(zip(offs, offs[1:], strict=False))
+    def stepped_over_damage(part: str, a: int, b: int) -> bool:
+        """Every known offset between a and b (a delivered, b the next delivered) is
+        reported damage: the run went past it, as it must."""
+        k = nxt[part].get(a)
+        while k is not None and k < b:
+            if not reported(part, k):
+                return False
+            k = nxt[part].get(k)
+        return k == b
+
     for r in runs:
         for a, b in zip(r.deliveries, r.deliveries[1:], strict=False):
-            if b.offset != nxt[r.part].get(a.offset):
+            if b.offset != nxt[r.part].get(a.offset) and not stepped_over_damage(
+                    r.part, a.offset, b.offset):
                 v.fail("skip", f"run of {r.who} on {r.part} went from {a.offset} to {b.offset} "
                                f"(next message is at {nxt[r.part].get(a.offset)})")
 
     # 3. commits only move forward
     histories = {p: sorted(h, key=lambda c: c.version) for p, h in commits.items()}
+    reset_parts = {r.part for r in runs if r.reset}
     for p, hist in histories.items():
+        if p in reset_parts:
+            continue  # offset_reset moved it back to the log start (9)
         for a, b in zip(hist, hist[1:], strict=False):
             if b.value < a.value:
                 v.fail("commit-backwards", f"{p}: committed offset went {a.value} -> {b.value} "
@@ -181,10 +233,14 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
     # 4. each run starts at the committed offset of its claim
     lenient = 0
     for r in runs:
-        if not r.deliveries:
+        if not r.deliveries or r.reset:
             continue
         start = r.deliveries[0].offset
         committed, exact = _committed_at(histories.get(r.part, []), r.claim_t)
+        if start > committed and reported(r.part, committed) and (
+                nxt[r.part].get(committed) == start
+                or stepped_over_damage(r.part, committed, start)):
+            continue  # the committed message (and any up to start) was damaged: skipped
         lenient += not exact
         if start < committed:
             v.fail("redelivered-committed",
@@ -281,6 +337,8 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
     v.metrics.update(
         delivered=len(deliveries), distinct=len(keys),
         duplicates=sum(n - 1 for n in keys.values()), missing=missing,
+        damaged_reported=damaged_reported, flipped=len(flipped), flipped_read=flipped_read,
+        resets=resets, offsets_reused=offsets_reused,
         runs=len(runs), lenient_starts=lenient, zombie_deliveries=zombie,
         zombie_committed=zombie_committed, zombie_max_s=round(zombie_max_s, 2),
         max_unowned_s=round(max_unowned, 2),

@@ -1,7 +1,10 @@
 """A seeded fault plan and the threads that carry it out.
 
 :func:`make_plan` turns a seed into a list of :class:`Fault` (start time,
-kind, target, how long): rounds of the five kinds in a seeded order (so every
+kind, target, how long): rounds of the seven kinds (the two data faults:
+``zk_garbage`` writes garbage into a partition's offset node, ``disk_flip``
+kills a broker, flips bytes of one message in a partition's writable segment
+and restarts it) in a seeded order (so every
 run injects every kind), the first ZooKeeper fault stopping the leader, until
 the chaos window ends.
 
@@ -25,7 +28,8 @@ from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
 
-KINDS = ("consumer_kill", "broker_kill", "zk_stop", "session_expire", "consumer_sigstop")
+KINDS = ("consumer_kill", "broker_kill", "zk_stop", "session_expire", "consumer_sigstop",
+         "zk_garbage", "disk_flip")
 MEMBER_KINDS = ("consumer_kill", "session_expire", "consumer_sigstop")
 
 
@@ -43,6 +47,8 @@ class Fault:
     # True: had its effect (member faults: a new session replaced ``session``); None:
     # masked (a leader election during the hold restarted the session timers)
     effective: bool | None = None
+    # disk_flip: the message whose bytes were flipped, [partition, offset, next offset]
+    damaged: list | None = None
 
     def describe(self) -> str:
         target = self.target if self.node is None else f"{self.target}=node{self.node}"
@@ -75,9 +81,11 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
                     kind != "consumer_kill" and is_busy(("zk",))):
                 return []
             return [i for i in range(members) if not is_busy(("member", i))]
-        if kind == "broker_kill":
+        if kind in ("broker_kill", "disk_flip"):
             down = any(k[0] == "broker" and until > at for k, until in busy.items())
             return [] if down else list(range(brokers))
+        if kind == "zk_garbage":  # any partition's offset node, at any time
+            return list(range(brokers * 4))
         return [] if is_busy(("zk",)) or is_busy(("session",)) else ["zk"]
 
     while True:
@@ -92,6 +100,8 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
             hold = {
                 "consumer_kill": rng.uniform(0.0, 1.5),  # down before the restart
                 "broker_kill": rng.uniform(0.5, 2.0),
+                "disk_flip": rng.uniform(0.5, 2.0),  # down, bytes flipped, restarted
+                "zk_garbage": 0.0,
                 "zk_stop": rng.uniform(1.5, 4.0),
                 # held beyond the session timeout: the server expires the session
                 "session_expire": session_timeout + rng.uniform(1.0, 2.0),
@@ -99,11 +109,14 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
             }[kind]
             recovery = {  # rough: the old session to expire, a start, a new registration
                 "consumer_kill": session_timeout + 3.0, "broker_kill": 7.0, "zk_stop": 3.0,
-                "session_expire": 2.0, "consumer_sigstop": 2.0}[kind]
+                "session_expire": 2.0, "consumer_sigstop": 2.0, "disk_flip": 7.0,
+                "zk_garbage": 0.0}[kind]
             if kind == "zk_stop":
                 target: int | str = "leader" if first_zk or rng.random() < 0.5 else "follower"
                 first_zk = False
                 busy[("zk",)] = t + hold + recovery
+            elif kind == "zk_garbage":
+                target = rng.choice(choices)
             else:
                 target = rng.choice(choices)
                 busy[("member" if kind in MEMBER_KINDS else "broker", target)] = (
@@ -135,8 +148,10 @@ class FaultRunner:
     def _lock_for(self, fault: Fault) -> threading.Lock:
         if fault.kind == "zk_stop":
             key: object = "zk"
-        elif fault.kind == "broker_kill":
+        elif fault.kind in ("broker_kill", "disk_flip"):
             key = ("broker", fault.target)
+        elif fault.kind == "zk_garbage":
+            key = ("offsets", fault.target)
         else:
             key = ("member", fault.target)
         return self._locks.setdefault(key, threading.Lock())

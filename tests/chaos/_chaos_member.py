@@ -10,7 +10,9 @@ wall clock every process on the machine shares)::
     A <t> <partition> <session>                 partition claimed (on_assigned)
     R <t> <partition> <session>                 partition released (on_revoked)
     Z <t> <STATE> <session>                     ZooKeeper connection state change
-    E <t> <error>                               a background error
+    D <t> <partition> <offset> <next offset>    damaged bytes reported and skipped
+    O <t> <partition> <action>                  a position outside the log, reset
+    E <t> <error>                               any other background error
     T <t> <count> <names>                       threads other than main left after close
     X <t> <exit code>                           clean exit
 
@@ -31,8 +33,9 @@ import threading
 import time
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
 
-from metaq import MessageConsumer
+from metaq import DamagedMessageError, MessageConsumer, OffsetOutOfRangeError
 
 _out = sys.stdout.buffer
 _lock = threading.Lock()
@@ -87,17 +90,34 @@ def main() -> int:
             froze.set()
             os.kill(os.getpid(), signal.SIGSTOP)
 
+    def on_error(e: BaseException) -> None:
+        if isinstance(e, DamagedMessageError):
+            emit("D", e.partition, e.offset, e.next_offset)
+        elif isinstance(e, OffsetOutOfRangeError):
+            emit("O", e.partition, e.action)
+        else:
+            emit("E", repr(e).replace("\n", " "))
+
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     client.add_listener(on_state)
-    client.start(timeout=30)
+    deadline = time.monotonic() + 60.0
+    while True:  # a (re)start during a leader election: kazoo's chroot check can see a
+        try:     # ConnectionLoss; ask again, as a supervisor would restart the process
+            client.start(timeout=30)
+            break
+        except KazooException:
+            if time.monotonic() > deadline:
+                raise
+            done_waiting = threading.Event()
+            done_waiting.wait(0.2)  # between attempts, not a synchronisation
     emit("Z", "STARTED", session())
     consumer = MessageConsumer(
         args.group, client, consumer_id=args.id, zk_session_timeout=args.session_timeout,
         commit_period=args.commit_period, fetch_runner_count=args.fetch_runners,
         max_fetch_delay=args.max_fetch_delay,
-        on_error=lambda e: emit("E", repr(e).replace("\n", " ")),
+        on_error=on_error,
         on_assigned=lambda t, part: on_assigned(part),
         on_revoked=lambda t, part: emit("R", part, session()))
     with consumer:

@@ -32,13 +32,13 @@ MEMBER_SCRIPT = Path(__file__).with_name("_chaos_member.py")
 class Event:
     """One line of a member's output.  ``who`` is ``<slot>#<incarnation>``."""
 
-    kind: str          # M, A, R, Z, E, T, X (see _chaos_member.py)
+    kind: str          # M, A, R, Z, D, O, E, T, X (see _chaos_member.py)
     t: float           # the member's time.time() when it happened
     who: str
     slot: int
-    part: str = ""     # M/A/R
-    offset: int = -1   # M
-    body: str = ""     # M; the state for Z; the text for E/T/X
+    part: str = ""     # M/A/R/D/O
+    offset: int = -1   # M; D: where the damaged bytes start
+    body: str = ""     # M; the state for Z; D: the next offset; O: the action; E/T/X: text
     session: str = ""  # A/R/Z
 
 
@@ -54,6 +54,12 @@ def _parse(line: str, who: str, slot: int) -> Event:
     if kind == "Z":
         state, session = rest.split(" ", 1)
         return Event(kind, ts, who, slot, body=state, session=session)
+    if kind == "D":
+        part, offset, nxt = rest.split(" ", 2)
+        return Event(kind, ts, who, slot, part=part, offset=int(offset), body=nxt)
+    if kind == "O":
+        part, action = rest.split(" ", 1)
+        return Event(kind, ts, who, slot, part=part, body=action)
     return Event(kind, ts, who, slot, body=rest)
 
 

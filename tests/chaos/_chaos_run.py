@@ -32,6 +32,7 @@ from kazoo.exceptions import KazooException
 
 from metaq import MetaqError
 from metaq._admin import describe_group
+from metaq._message import iter_messages, scan_messages
 from metaq._zk import ZooKeeperEnsemble
 from metaq.testing import WaitTimeout, wait_until
 from zk_layout import Layout
@@ -41,6 +42,8 @@ GROUP = "chaos-g"
 BROKERS = 3
 PARTS_PER_BROKER = 4
 MEMBERS = 4
+#: what zk_garbage writes into an offset node (issue 13's examples)
+_GARBAGE = (b"garbage", b"", b"\xff\xfe\x00", b"1--5")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +81,7 @@ class ChaosRun:
         self._rng = random.Random(seed ^ 0x5EED)
         self.broker_refusals = 0
         self.unowned_detail = ""
+        self._zk: KazooClient | None = None  # on the run's chroot, for data faults
 
     # -- faults ----------------------------------------------------------------------------
 
@@ -93,6 +97,15 @@ class ChaosRun:
             self.members[int(f.target)].block_zk()
         elif f.kind == "broker_kill":
             self.brokers[int(f.target)].kill()
+        elif f.kind == "disk_flip":
+            broker = self.brokers[int(f.target)]
+            broker.kill()
+            f.damaged = self._flip_a_message(broker)
+        elif f.kind == "zk_garbage":
+            assert self._zk is not None
+            path = Layout().offset(GROUP, TOPIC, self.partitions[int(f.target)])
+            self._zk.ensure_path(path)
+            self._zk.set(path, self._rng.choice(_GARBAGE))
         elif f.kind == "zk_stop":
             leader = self.ensemble.wait_quorum(timeout=60)
             if f.target == "leader":
@@ -139,11 +152,36 @@ class ChaosRun:
             self.members[int(f.target)].resume()
         elif f.kind == "session_expire":
             self.members[int(f.target)].unblock_zk()
-        elif f.kind == "broker_kill":
+        elif f.kind in ("broker_kill", "disk_flip"):
             self._restart_broker(self.brokers[int(f.target)])
         elif f.kind == "zk_stop" and f.node is not None:
             self.ensemble.start_node(f.node)
             self.ensemble.wait_quorum(timeout=60)
+
+    def _flip_a_message(self, broker: BrokerProc) -> list | None:
+        """Flip bytes inside one message of a partition's writable segment (the broker
+        is down): ``[partition, offset, next offset]`` of that message, or None when no
+        partition of the broker holds a message yet."""
+        order = list(range(PARTS_PER_BROKER))
+        self._rng.shuffle(order)
+        for index in order:
+            segs = sorted((broker.data_dir / f"{TOPIC}-{index}").glob("*.meta"))
+            if not segs:
+                continue
+            seg = segs[-1]
+            data = bytearray(seg.read_bytes())
+            valid, _n, _problem = scan_messages(data)
+            msgs = list(iter_messages(bytes(data[:valid]), 0))
+            if not msgs:
+                continue
+            # the newest message (likely not delivered yet: the damage is met) or any
+            m = msgs[-1] if self._rng.random() < 0.5 else self._rng.choice(msgs)
+            at = m.offset + 20 if m.next_offset - m.offset > 20 else m.offset + 4
+            data[at] ^= 0x5A  # payload (or, for an empty one, the checksum)
+            seg.write_bytes(bytes(data))
+            start = int(seg.name[:20])
+            return [f"{broker.broker_id}-{index}", start + m.offset, start + m.next_offset]
+        return None
 
     def _restart_broker(self, broker: BrokerProc, deadline: float = 90.0) -> None:
         """Start a killed broker again; until it registers, ask again through elections.
@@ -173,6 +211,14 @@ class ChaosRun:
     def _consumed(self) -> set[tuple[str, int]]:
         with self.events_lock:
             return {(e.part, e.offset) for e in self.events if e.kind == "M"}
+
+    def _unaccounted(self, acked: set[tuple[str, int]]) -> set[tuple[str, int]]:
+        """Acknowledged messages neither delivered nor inside reported damage."""
+        with self.events_lock:
+            damage = [(e.part, e.offset, int(e.body)) for e in self.events if e.kind == "D"]
+        left = acked - self._consumed()
+        return {(p, off) for p, off in left
+                if not any(p == dp and a <= off < b for dp, a, b in damage)}
 
     def _wait(self, what: str, cond, timeout: float) -> bool:  # noqa: ANN001
         try:
@@ -214,7 +260,7 @@ class ChaosRun:
         admin.start(timeout=30)
         admin.ensure_path(chroot)
         zk = self.ensemble.hosts + chroot
-        group_client = KazooClient(hosts=zk, timeout=30.0)
+        group_client = self._zk = KazooClient(hosts=zk, timeout=30.0)
         runner: FaultRunner | None = None
         try:
             group_client.start(timeout=30)
@@ -253,8 +299,9 @@ class ChaosRun:
             self.producer.stop()
             t_settle = time.monotonic()
             acked = set(self.producer.acked.values())
-            self._wait(f"all {len(acked)} acknowledged messages consumed",
-                       lambda: acked <= self._consumed(), self.s.settle_timeout)
+            self._wait(f"all {len(acked)} acknowledged messages consumed (or reported "
+                       f"damaged)", lambda: not self._unaccounted(acked),
+                       self.s.settle_timeout)
             if not self._wait("the group settled: 4 members, 3 partitions each, lag 0",
                               lambda: self._settled(group_client), self.s.settle_timeout):
                 self.problems.append(f"last group state: {self._group_summary()}")
@@ -403,6 +450,9 @@ class ChaosRun:
             f"{m.get('zombie_deliveries')} of committed offsets={m.get('zombie_committed')} "
             f"(up to {m.get('zombie_max_s')}s after)",
             f"  brokers: start-ups refused while the old session lived={self.broker_refusals}",
+            f"  data faults: damaged messages reported={m.get('damaged_reported')} "
+            f"(flipped={m.get('flipped')}, read after the flip={m.get('flipped_read')}) "
+            f"offset resets={m.get('resets')} offsets reused={m.get('offsets_reused')}",
             f"  audit: commits seen={m.get('commits_seen')} samples={m.get('samples')} "
             f"lenient run starts={m.get('lenient_starts')}",
             "  time: " + " ".join(f"{k}={v:.1f}s" for k, v in self.timings.items()),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 
-from zk_layout import Layout, decode_offset
+from zk_layout import Layout, NodeDataError, decode_offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +82,11 @@ class ZkAudit:
         def watch(data: bytes | None, stat, *_: object) -> None:  # noqa: ANN001
             if data is None or stat is None:
                 return
-            c = Commit(time.time(), stat.version, decode_offset(data).offset,
-                       stat.mtime / 1000.0, stat.mzxid)
+            try:
+                value = decode_offset(data).offset
+            except NodeDataError:
+                return  # garbage a fault wrote: not a commit (the version gap shows it)
+            c = Commit(time.time(), stat.version, value, stat.mtime / 1000.0, stat.mzxid)
             with self._lock:  # append only: the watch thread must not block
                 self.commits[part].append(c)
         return watch
@@ -160,11 +163,11 @@ class ZkAudit:
         for p in self.partitions:
             try:
                 data, stat = self.client.get(self.layout.offset(self.group, self.topic, p))
-            except NoNodeError:
+                value = decode_offset(data).offset
+            except (NoNodeError, NodeDataError):
                 continue
             with self._lock:
-                self.commits[p].append(Commit(time.time(), stat.version,
-                                              decode_offset(data).offset,
+                self.commits[p].append(Commit(time.time(), stat.version, value,
                                               stat.mtime / 1000.0, stat.mzxid))
         self.client.stop()
         self.client.close()

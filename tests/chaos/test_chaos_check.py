@@ -185,3 +185,53 @@ def test_member_lines_parse() -> None:
     assert (z.kind, z.body, z.session) == ("Z", "LOST", "-")
     with pytest.raises(ValueError):
         _parse("M 1.0 0-3 notanumber 1 b", "0#1", 0)
+
+
+# ---- data faults (issue 13): damaged messages, garbage offsets, reused offsets
+
+def test_an_undelivered_message_reported_as_damaged_is_not_lost(clean: History) -> None:
+    del clean.events[3]  # offset 20: damaged on disk, the member skipped it and said so
+    clean.events.insert(3, ev("D", 2.25, "0#1", "0-0", 20, "30"))
+    v = clean.verdict()
+    assert v.violations == [] and v.metrics["damaged_reported"] == 1
+
+
+def test_a_damage_report_elsewhere_does_not_excuse_a_loss(clean: History) -> None:
+    del clean.events[3]
+    clean.events.insert(3, ev("D", 2.25, "0#1", "0-0", 30, "40"))  # not where it is missing
+    assert {"lost", "skip"} <= clean.kinds()
+
+
+def test_a_flipped_message_neither_delivered_before_nor_reported(clean: History) -> None:
+    from _chaos_faults import Fault
+
+    clean.acked[4] = ("0-0", 40)
+    flip = Fault(1.0, "disk_flip", 0, 1.0, damaged=["0-0", 40, 50])
+    v = check(acked=clean.acked, events=clean.events, commits=clean.commits,
+              samples=clean.samples, faults=[flip], partitions=["0-0"], group="g",
+              late_bytes=20, idle_bound=10.0, unowned_bound=15.0)
+    kinds = {x.split("]")[0][1:] for x in v.violations}
+    assert "damage-unreported" in kinds and "lost" in kinds
+
+
+def test_an_offset_acknowledged_twice(clean: History) -> None:
+    clean.acked[9] = ("0-0", 20)
+    assert "offset-reused" in clean.kinds()
+
+
+def test_a_run_reset_from_a_garbage_offset_starts_at_the_log_start(clean: History) -> None:
+    # c0's commit said 40; the node then held garbage: c1 resets to the start
+    clean.events.append(ev("R", 3.5, "0#1", "0-0", session=S0))
+    clean.events.append(ev("O", 3.9, "1#1", "0-0", body="earliest"))
+    clean.events.append(ev("A", 4.0, "1#1", "0-0", session=S1))
+    clean.events += [ev("M", 4.1 + i / 10, "1#1", "0-0", 10 * i, f"seq-{i}") for i in range(4)]
+    clean.commits["0-0"].append(Commit(5.0, 2, 20, 5.0, 102))  # back down: a reset
+    v = clean.verdict()
+    assert v.violations == [] and v.metrics["resets"] == 1
+
+
+def test_the_member_lines_for_damage_and_resets_parse() -> None:
+    d = _parse("D 1.5 0-1 120 240", "0#1", 0)
+    assert (d.kind, d.part, d.offset, d.body) == ("D", "0-1", 120, "240")
+    o = _parse("O 1.5 0-1 earliest", "0#1", 0)
+    assert (o.kind, o.part, o.body) == ("O", "0-1", "earliest")
