@@ -114,12 +114,14 @@ class Cluster:
                 f"keeps its own position and would fight them over the group's offsets. Use a "
                 f"group of its own (option 'group'), or stop those consumers first")
 
-    def committed(self, topic: str, partitions: Iterable[str]) -> dict[str, StoredOffset]:
-        """The group's committed offsets of ``partitions`` (absent when none)."""
+    def committed(self, topic: str, partitions: Iterable[str]
+                  ) -> dict[str, StoredOffset | NodeDataError]:
+        """The group's committed offsets of ``partitions`` (absent when none; a node
+        holding garbage gives its NodeDataError, for the caller's offsetReset)."""
         parts = list(partitions)
         paths = [self.layout.offset(self.group, topic, p) for p in parts]
         pending = [self.zk.get_async(p) for p in paths]
-        out: dict[str, StoredOffset] = {}
+        out: dict[str, StoredOffset | NodeDataError] = {}
         for part, path, result in zip(parts, paths, pending, strict=True):
             try:
                 data = result.get(timeout=self.broker_timeout)[0]
@@ -128,7 +130,7 @@ class Cluster:
             try:
                 out[part] = decode_offset(data, path)
             except NodeDataError as e:
-                raise CoordinationError(f"cannot use the committed offset: {e}") from None
+                out[part] = e
         return out
 
     def commit(self, offsets: Mapping[tuple[str, str], tuple[int, int]]) -> None:

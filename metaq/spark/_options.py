@@ -142,6 +142,7 @@ _NAMES = {
     "brokertimeout": "broker_timeout",
     "brokerretrytimeout": "broker_retry_timeout",
     "commitoffsets": "commit_offsets",
+    "offsetreset": "offset_reset",
 }
 _SPELLING = {
     "zk.connect": "zk.connect", "zk.root": "zk.root", "zk.timeout": "zk.timeout",
@@ -150,7 +151,7 @@ _SPELLING = {
     "maxbytespertrigger": "maxBytesPerTrigger", "failondataloss": "failOnDataLoss",
     "fetchsize": "fetchSize", "verifychecksums": "verifyChecksums", "codec": "codec",
     "brokertimeout": "brokerTimeout", "brokerretrytimeout": "brokerRetryTimeout",
-    "commitoffsets": "commitOffsets",
+    "commitoffsets": "commitOffsets", "offsetreset": "offsetReset",
 }
 _FIELD_SPELLING = {field_name: _SPELLING[key] for key, field_name in _NAMES.items()}
 
@@ -188,6 +189,11 @@ class SourceOptions:
     #: retention, log shorter than planned, corrupt bytes); false: log a warning
     #: and skip to what is there: true.
     fail_on_data_loss: bool = True
+    #: [``offsetReset``] a committed group offset outside the log (above its end, below
+    #: its start) or garbage in its node: ``earliest`` (read from the log start),
+    #: ``latest`` (from its end) or ``fail`` (DataLossError), as the consumer's
+    #: offset_reset; default: ``fail`` with failOnDataLoss, else the nearest end.
+    offset_reset: str | None = None
     #: [``fetchSize``] bytes asked for per ``get`` (a broker caps it, 1 MiB by
     #: default; a bigger message makes a fetch grow as needed): 1 MiB.
     fetch_size: int = MIB
@@ -228,6 +234,9 @@ class SourceOptions:
             _positive_int(name, getattr(self, name), lo=1024)
         if self.max_bytes_per_trigger is not None:
             _positive_int("maxBytesPerTrigger", self.max_bytes_per_trigger)
+        if self.offset_reset not in (None, "earliest", "latest", "fail"):
+            raise ConfigError(f"option offsetReset must be earliest, latest or fail, "
+                              f"got {self.offset_reset!r}")
         if self.codec is not None and self.codec not in CODECS:
             raise ConfigError(f"option codec must be one of {', '.join(CODECS)}, "
                               f"got {self.codec!r}")
@@ -257,6 +266,8 @@ class SourceOptions:
                 kwargs[name] = tuple(t.strip() for t in str(value).split(",") if t.strip())
             elif name in ("zk_connect", "zk_root", "group"):
                 kwargs[name] = str(value).strip()
+            elif name == "offset_reset":
+                kwargs[name] = str(value).strip().lower()
             elif name == "codec":
                 text = str(value).strip().lower()
                 kwargs[name] = None if text in ("", "none", "bytes") else text

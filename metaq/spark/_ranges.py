@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from metaq._errors import ConfigError, ConnectionClosedError, CoordinationError, DataLossError
 from metaq.spark._cluster import Cluster
 from metaq.spark._options import EARLIEST_CODE, LATEST_CODE, OffsetSpec
-from zk_layout import parse_partition
+from zk_layout import NodeDataError, StoredOffset, parse_partition
 
 __all__ = ["OffsetRange", "PartitionOffsets", "resolve", "plan_ranges", "split_range",
            "cap_offsets"]
@@ -74,7 +74,8 @@ def _loss(fail: bool, what: str) -> None:
 
 def resolve(cluster: Cluster, topic: str, partitions: list[str], spec: OffsetSpec, *,
             end: bool, fail_on_data_loss: bool,
-            bounds: Mapping[str, tuple[int, int]]) -> dict[str, int]:
+            bounds: Mapping[str, tuple[int, int]],
+            offset_reset: str | None = None) -> dict[str, int]:
     """Each partition's offset for ``spec`` (a start when ``end`` is false).
 
     ``bounds`` maps partition -> (log start, log end).  A committed offset or
@@ -98,16 +99,8 @@ def resolve(cluster: Cluster, topic: str, partitions: list[str], spec: OffsetSpe
         elif spec.kind == "latest":
             offset = last
         elif spec.kind == "group":
-            stored = committed.get(part)
-            offset = stored.offset if stored is not None else first
-            if offset < first:
-                _loss(fail_on_data_loss, f"group {cluster.group!r} committed {offset} for "
-                                         f"{where}: bytes {offset}..{first} were deleted")
-                offset = first
-            elif offset > last:
-                _loss(fail_on_data_loss, f"group {cluster.group!r} committed {offset} for "
-                                         f"{where}, past the log end")
-                offset = last
+            offset = _committed_start(cluster, committed.get(part), first, last, where,
+                                      fail_on_data_loss, offset_reset)
         else:
             wanted = explicit.get(part, LATEST_CODE if end else EARLIEST_CODE)
             if wanted == EARLIEST_CODE:
@@ -129,6 +122,35 @@ def resolve(cluster: Cluster, topic: str, partitions: list[str], spec: OffsetSpe
                                     "boundary %d the broker names", wanted, where, offset)
         out[part] = offset
     return out
+
+
+def _committed_start(cluster: Cluster, stored: StoredOffset | NodeDataError | None,
+                     first: int, last: int, where: str, fail_on_data_loss: bool,
+                     offset_reset: str | None) -> int:
+    """Where a group position starts: its committed offset, or what offsetReset says
+    when that is outside ``first..last`` or its node holds garbage."""
+    if stored is None:
+        return first
+    if isinstance(stored, NodeDataError):
+        what = f"group {cluster.group!r} has a damaged committed offset for {where}: {stored}"
+        problem, nearest = what, first
+    elif stored.offset < first:
+        problem = (f"group {cluster.group!r} committed {stored.offset} for {where}: bytes "
+                   f"{stored.offset}..{first} were deleted")
+        nearest = first
+    elif stored.offset > last:
+        problem = f"group {cluster.group!r} committed {stored.offset} for {where}, past the log end"
+        nearest = last
+    else:
+        return stored.offset
+    if offset_reset is None:  # failOnDataLoss decides, then the nearest end of the log
+        _loss(fail_on_data_loss, problem)
+        return nearest
+    if offset_reset == "fail":
+        raise DataLossError(problem + " (offsetReset=fail)")
+    log.warning("%s; reading from the log %s (offsetReset=%s)", problem,
+                "start" if offset_reset == "earliest" else "end", offset_reset)
+    return first if offset_reset == "earliest" else last
 
 
 def split_range(cluster: Cluster, rng: OffsetRange, max_bytes: int) -> list[OffsetRange]:
@@ -167,7 +189,8 @@ def log_bounds(cluster: Cluster, topic: str, partitions: list[str], *,
 
 def plan_ranges(cluster: Cluster, topics: tuple[str, ...], start: OffsetSpec,
                 end: OffsetSpec, *, fail_on_data_loss: bool,
-                max_bytes: int | None = None) -> list[OffsetRange]:
+                max_bytes: int | None = None,
+                offset_reset: str | None = None) -> list[OffsetRange]:
     """Batch planning: one range per partition with data (``[]`` for none),
     split at ``max_bytes`` when given."""
     ranges: list[OffsetRange] = []
@@ -179,9 +202,11 @@ def plan_ranges(cluster: Cluster, topics: tuple[str, ...], start: OffsetSpec,
                 f"{cluster.layout.topic_sub_dir(topic)}: no broker serves it now")
         bounds = log_bounds(cluster, topic, parts, skip_unreachable=False)
         froms = resolve(cluster, topic, parts, start, end=False,
-                        fail_on_data_loss=fail_on_data_loss, bounds=bounds)
+                        fail_on_data_loss=fail_on_data_loss, bounds=bounds,
+                        offset_reset=offset_reset)
         untils = resolve(cluster, topic, parts, end, end=True,
-                         fail_on_data_loss=fail_on_data_loss, bounds=bounds)
+                         fail_on_data_loss=fail_on_data_loss, bounds=bounds,
+                         offset_reset=offset_reset)
         for part in parts:
             a, b = froms[part], untils[part]
             if a > b:

@@ -133,7 +133,8 @@ class MetaqBatchReader(_Reading, DataSourceReader):
         with _cluster(opts) as cluster:
             ranges = plan_ranges(cluster, opts.topics, opts.starting(streaming=False),
                                  opts.ending_offsets, fail_on_data_loss=opts.fail_on_data_loss,
-                                 max_bytes=opts.max_bytes_per_partition)
+                                 max_bytes=opts.max_bytes_per_partition,
+                                 offset_reset=opts.offset_reset)
         log.info("metaq batch read of %s: %d ranges, %d bytes", ",".join(opts.topics),
                  len(ranges), sum(r.size for r in ranges))
         return [RangePartition(r) for r in ranges]
@@ -163,7 +164,8 @@ class MetaqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
                 parts = cluster.partitions(topic)
                 bounds = log_bounds(cluster, topic, parts, skip_unreachable=False)
                 out[topic] = resolve(cluster, topic, parts, start, end=False,
-                                     fail_on_data_loss=opts.fail_on_data_loss, bounds=bounds)
+                                     fail_on_data_loss=opts.fail_on_data_loss, bounds=bounds,
+                                     offset_reset=opts.offset_reset)
         return _sorted(out)
 
     def _latest(self, cluster: Cluster, start: PartitionOffsets) -> PartitionOffsets:

@@ -5,9 +5,11 @@ group and a producer of sequence-numbered messages.  For ``window`` seconds
 a seeded plan kills -9 and restarts members and brokers, stops and restarts
 ZooKeeper nodes (the leader at least once), expires members' sessions on
 the server (their ZooKeeper traffic blackholed through a proxy beyond the
-session timeout) and SIGSTOPs members beyond the session timeout.  Then the
-group must settle with lag 0, and the audit (``_chaos_check``) must find:
-every acknowledged message consumed; duplicates only from offsets not yet
+session timeout), SIGSTOPs members beyond the session timeout, writes garbage
+into offset nodes and flips bytes of a message on a killed broker's disk.  Then
+the group must settle with lag 0, and the audit (``_chaos_check``) must find:
+every acknowledged message consumed or, damaged on disk, reported with its
+offset; no offset acknowledged twice; duplicates only from offsets not yet
 committed; no two member processes delivering one partition except a zombie's
 in-flight batch; owner nodes only in their member's session; no member
 idle while partitions sat unowned; no thread or process left behind.

@@ -100,3 +100,22 @@ def test_bad_reads_fail_with_a_clear_message(spark, make_topic) -> None:  # type
         _read(spark, topic.options(endingOffsets='{"strict": {"0-0": 999999}}')).count()
     with pytest.raises(Exception, match="topic 'nowhere' has no partitions"):
         _read(spark, {"zk.connect": topic.zk_connect, "topic": "nowhere"}).count()
+
+
+def test_offset_reset_for_a_damaged_or_out_of_range_group_offset(spark, make_topic,
+                                                                  zk_client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13: offsetReset = earliest | latest | fail for the source, as the consumer's
+    offset_reset: garbage in the group's offset node, an offset past the log end."""
+    from zk_layout import Layout
+
+    topic = make_topic("reset", parts=2)
+    topic.produce([b"r%03d" % i for i in range(40)])
+    layout = Layout()
+    zk_client.ensure_path(layout.offsets_dir("resetter", "reset"))
+    zk_client.create(layout.offset("resetter", "reset", "0-0"), b"garbage")
+    zk_client.create(layout.offset("resetter", "reset", "0-1"), b"1-99999999999")
+    group = dict(group="resetter", startingOffsets="group")
+    assert _read(spark, topic.options(offsetReset="earliest", **group)).count() == 40
+    assert _read(spark, topic.options(offsetReset="latest", **group)).count() == 0
+    with pytest.raises(Exception, match="damaged committed offset|past the log end"):
+        _read(spark, topic.options(offsetReset="fail", **group)).count()
