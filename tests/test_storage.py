@@ -160,6 +160,22 @@ def test_recovery_keeps_the_intact_messages_after_a_damaged_one(tmp_path, caplog
         assert plog.end == end + 120
 
 
+def test_recovery_never_resyncs_on_an_empty_message_inside_a_torn_one(tmp_path):
+    """A flag of 0 followed by a body starting with 4 zero bytes reads, 16 bytes into
+    the message, as an empty message (length 0, checksum 0 = CRC32 of nothing): a torn
+    write of such a message must still be cut, not kept as damage and a fake message."""
+    body = b"\0\0\0\0" + b"A" * 12 + b"\x7f\xff\xff\xff" + b"B" * 200
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        plog.append(encode_message(1, 0, body), 1)
+        path = plog.dir / seg_files(plog)[-1]
+    with open(path, "r+b") as f:
+        f.truncate(120)  # torn: the fake "message" at 16..36 is whole, what follows is not
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert (plog.end, plog.damaged) == (0, [])
+
+
 def _valid_messages(plog) -> list:
     """Every valid message, stepping over damaged ranges with nearest_valid_offset."""
     out, off = [], plog.min_offset

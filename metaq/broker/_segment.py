@@ -195,7 +195,12 @@ class Segment:
 
     def _chain_start(self, pos: int) -> int | None:
         """The first position >= ``pos`` from which valid messages run to the end of
-        the file (or to a torn tail); None when there is none."""
+        the file (or to a torn tail); None when there is none.
+
+        The first message of the chain must have a payload: an empty one's checksum is
+        0, so any 8 zero bytes in damaged data (a flag of 0 before a body starting
+        with zeros, say) would read as one, where a payload's CRC32 matches by chance
+        once in 2**31."""
         fd = self.rfile.fileno()
         size = self.size
         while pos + HEADER_SIZE <= size:
@@ -204,8 +209,7 @@ class Segment:
             last = len(chunk) - HEADER_SIZE
             for b in range(0, last + 1):
                 length = HEADER.unpack_from(view, b)[0]
-                if length < 0 or pos + b + HEADER_SIZE + length > size or \
-                        _zero_header(view, b):
+                if length <= 0 or pos + b + HEADER_SIZE + length > size:
                     continue
                 rec = (view[b:b + HEADER_SIZE + length] if b + HEADER_SIZE + length <= len(chunk)
                        else os.pread(fd, HEADER_SIZE + length, pos + b))
