@@ -176,6 +176,22 @@ def test_recovery_never_resyncs_on_an_empty_message_inside_a_torn_one(tmp_path):
         assert (plog.end, plog.damaged) == (0, [])
 
 
+def test_a_reader_never_resyncs_on_an_empty_message_inside_damage(tmp_path):
+    """The same rule for damage met by a reader in a sealed segment."""
+    body = b"\0\0\0\0" + b"A" * 100
+    with Storage(tmp_path, max_segment_size=1024) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(20):
+            plog.append(encode_message(i + 1, 0, body), 1)
+        first = plog.segments[0].path
+    data = bytearray(first.read_bytes())
+    data[124 + 60] ^= 0x55  # message 1's payload; 16 bytes in, a fake empty "message"
+    first.write_bytes(bytes(data))
+    with Storage(tmp_path, max_segment_size=1024) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.nearest_valid_offset(124) == 248  # the next real message
+
+
 def _valid_messages(plog) -> list:
     """Every valid message, stepping over damaged ranges with nearest_valid_offset."""
     out, off = [], plog.min_offset

@@ -342,7 +342,8 @@ class Segment:
         return good
 
     def _resync(self, pos: int) -> int:
-        """First offset >= pos where a valid message starts (byte-by-byte search)."""
+        """First offset >= pos where a valid message with a payload starts (byte-by-byte
+        search; an empty message is never an anchor: see :meth:`_chain_start`)."""
         end = self.end
         fd = self.rfile.fileno()
         while pos + HEADER_SIZE <= end:
@@ -350,7 +351,7 @@ class Segment:
             view = memoryview(chunk)
             for b in range(0, len(chunk) - HEADER_SIZE + 1):
                 length = HEADER.unpack_from(view, b)[0]
-                if length >= 0 and pos + b + HEADER_SIZE + length <= end:
+                if length > 0 and pos + b + HEADER_SIZE + length <= end:
                     if b + HEADER_SIZE + length <= len(chunk):
                         rec = view[b:b + HEADER_SIZE + length]
                     else:
