@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 #: Unexpected coordinator failures in a row (no settled rebalance between them) after
 #: which the member closes with the error instead of rejoining.
 MAX_FAILURES = 5
+#: Every this many commit periods, every owned offset is written even if unchanged.
+REWRITE_EVERY = 10
 
 
 class State(enum.Enum):
@@ -118,6 +120,7 @@ class Coordinator:
         self._next_heartbeat = 0.0
         self._next_zk_retry = 0.0
         self._zk_failures = 0
+        self._commit_ticks = 0
         self._failures = 0  # unexpected failures in a row
         self._rejoin_at = 0.0  # after one: no rebalance before this time
         #: the error that made this member give up for good (then CLOSED)
@@ -253,7 +256,8 @@ class Coordinator:
         if time.monotonic() >= self._next_commit:
             self._next_commit = time.monotonic() + self._cfg.commit_period
             if self._client.connected:
-                self._guarded(self.commit_all, retry=False)
+                self._commit_ticks += 1
+                self._guarded(self._commit_tick, retry=False)
         if self.state is State.STABLE:
             self._failures = 0
         return False
@@ -557,14 +561,20 @@ class Coordinator:
 
     # -- commits ----------------------------------------------------------------
 
-    def commit_all(self) -> None:
-        for key, owned in list(self._owned.items()):
-            self._commit_one(key, owned)
+    def _commit_tick(self) -> None:
+        """The commit timer: changed offsets, and every REWRITE_EVERY-th tick all of
+        them, so an offset node damaged under an owner (garbage written while the
+        partition sat idle) is repaired within that many periods."""
+        self.commit_all(force=self._commit_ticks % REWRITE_EVERY == 0)
 
-    def _commit_one(self, key: tuple[str, str], owned: _Owned) -> None:
+    def commit_all(self, force: bool = False) -> None:
+        for key, owned in list(self._owned.items()):
+            self._commit_one(key, owned, force)
+
+    def _commit_one(self, key: tuple[str, str], owned: _Owned, force: bool = False) -> None:
         pf = owned.pf
         now = pf.commit_position()
-        if now == owned.committed or now[1] < 0:
+        if (now == owned.committed and not force) or now[1] < 0:
             return
         try:
             self.store.commit(key[0], key[1], now[0], now[1], owned.ownership)
