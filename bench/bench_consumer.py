@@ -69,10 +69,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _procs import start_broker  # noqa: E402
 
 from metaq import MessageConsumer  # noqa: E402
-from metaq._native import SPEEDUPS_STATUS  # noqa: E402
-from metaq._protocol import encode_put  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402
 from metaq.consumer._processor import CRC32_IMPL  # noqa: E402
+from metaq.protocol import (
+    SPEEDUPS_STATUS,  # noqa: E402
+    encode_put,  # noqa: E402
+)
 
 TOPICS = {"small": (1_000_000, 100), "large": (200_000, 1024)}
 _header = struct.Struct(">iiqi").unpack_from
@@ -335,9 +337,8 @@ def consumer_run(zk: str, topic: str, total: int, mode: str, runners: int, max_s
 def in_memory(size: int, mode: str, max_size: int, reps: int = 30) -> tuple[float, float]:
     """process_batch alone over ``max_size`` bytes of ``size``-byte messages already in
     memory (no network, no threads): (best M msg/s wall, best CPU ns per message)."""
-    from metaq._codec import get_codec
-    from metaq._message import encode_message
     from metaq.consumer._processor import PartitionFetch, process_batch
+    from metaq.protocol import encode_message, get_codec
 
     per = max_size // (size + 20)
     data = b"".join(encode_message(i, 0, bytes([i % 251]) * size) for i in range(per))

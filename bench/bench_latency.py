@@ -52,8 +52,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _procs import start_broker  # noqa: E402
 
 from metaq import ConsumerConfig, MessageConsumer, Producer  # noqa: E402
-from metaq._native import SPEEDUPS_STATUS  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402
+from metaq.protocol import SPEEDUPS_STATUS  # noqa: E402
 from metaq.testing import free_port, wait_until  # noqa: E402
 
 HERE = Path(__file__).resolve()

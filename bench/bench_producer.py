@@ -73,10 +73,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from _procs import BrokerProc, start_broker  # noqa: E402
 
 from metaq import Producer  # noqa: E402
-from metaq._codec import get_codec  # noqa: E402
-from metaq._message import crc32 as _crc32  # noqa: E402
-from metaq._protocol import encode_put  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402
+from metaq.protocol import crc32 as _crc32  # noqa: E402
+from metaq.protocol import (
+    encode_put,  # noqa: E402
+    get_codec,  # noqa: E402
+)
 
 TOPIC = "bench"
 SIZES = (100, 1024)

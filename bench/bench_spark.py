@@ -209,7 +209,7 @@ def main() -> None:
         try:
             wait_registered(zk.hosts)
             took = produce(zk.hosts, args.messages, args.vary)
-            from metaq._native import SPEEDUPS_STATUS
+            from metaq.protocol import SPEEDUPS_STATUS
             from metaq.spark._arrow import CRC32_IMPL
 
             print(f"produced {args.messages} messages of {'50..150' if args.vary else SIZE} B "

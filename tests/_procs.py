@@ -32,9 +32,9 @@ from pathlib import Path
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from metaq._connection import BrokerConnection
 from metaq._errors import BrokerError
-from metaq._message import RawMessage, iter_messages
+from metaq.net import BrokerConnection
+from metaq.protocol import RawMessage, iter_messages
 from metaq.testing import free_port, wait_until
 from zk_layout import Layout, decode_broker_uri, decode_topic_broker
 

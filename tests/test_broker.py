@@ -13,20 +13,24 @@ from pathlib import Path
 import pytest
 
 import metaq
-from metaq._message import build_payload, checksum, iter_messages, scan_messages, split_payload
-from metaq._protocol import (
+from metaq.broker import Broker, BrokerConfig
+from metaq.protocol import (
     QUIT,
     ReplyParser,
     Result,
     Value,
+    build_payload,
+    checksum,
     encode_get,
     encode_offset,
     encode_put,
     encode_stats,
     encode_version,
+    iter_messages,
     parse_put_result,
+    scan_messages,
+    split_payload,
 )
-from metaq.broker import Broker, BrokerConfig
 from metaq.testing import wait_until
 
 

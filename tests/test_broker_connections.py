@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from metaq._protocol import encode_get, encode_stats, encode_version
+from metaq.protocol import encode_get, encode_stats, encode_version
 from metaq.testing import wait_until
 
 

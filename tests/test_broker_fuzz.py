@@ -9,17 +9,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_broker import Client, assert_logs_clean, make_config
 
-from metaq._message import checksum, iter_messages
-from metaq._protocol import (
+from metaq.broker import Broker
+from metaq.protocol import (
     QUIT,
     ReplyParser,
+    checksum,
     encode_get,
     encode_offset,
     encode_put,
     encode_stats,
     encode_version,
+    iter_messages,
 )
-from metaq.broker import Broker
 
 topics = st.sampled_from(["t", "other", "nope"])
 ints = st.one_of(st.integers(-3, 3), st.integers(-(2 ** 31), 2 ** 31 - 1))

@@ -13,8 +13,8 @@ from test_broker import Client
 
 import metaq
 import zk_layout
-from metaq._protocol import encode_version
 from metaq.broker import Broker, BrokerConfig
+from metaq.protocol import encode_version
 from metaq.testing import expire_session, wait_until
 
 LAYOUT = zk_layout.Layout()

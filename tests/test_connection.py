@@ -6,8 +6,8 @@ import pytest
 from _inproc import inproc_broker, produce
 
 from metaq import BrokerError
-from metaq._connection import BrokerConnection
-from metaq._message import iter_messages
+from metaq.net import BrokerConnection
+from metaq.protocol import iter_messages
 
 TOPIC = "conn"
 

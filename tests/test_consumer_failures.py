@@ -8,8 +8,8 @@ import pytest
 from _inproc import inproc_broker, produce
 
 from metaq import MessageConsumer
-from metaq._connection import BrokerConnection
-from metaq._message import iter_messages, split_payload
+from metaq.net import BrokerConnection
+from metaq.protocol import iter_messages, split_payload
 from metaq.testing import wait_until
 
 TOPIC = "work"

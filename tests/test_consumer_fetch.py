@@ -13,11 +13,9 @@ import pytest
 from _procs import start_broker
 
 import metaq.consumer._fetcher as fetcher_mod
-from metaq._codec import get_codec
-from metaq._message import build_payload
-from metaq._protocol import encode_put
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._processor import PartitionFetch
+from metaq.protocol import build_payload, encode_put, get_codec
 from metaq.testing import wait_until
 
 TOPIC = "t"

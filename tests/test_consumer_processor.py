@@ -7,16 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metaq import ChecksumError, ConfigError
-from metaq._codec import get_codec
-from metaq._message import build_payload, checksum, encode_message
-from metaq._native import speedups
 from metaq.consumer import ConsumerConfig, _processor
 from metaq.consumer._processor import PartitionFetch, process_batch
+from metaq.protocol import build_payload, checksum, encode_message, get_codec
+from metaq.protocol._fast import speedups
 
 
 @pytest.fixture(autouse=True, params=["c", "c-scan-first", "python"])
 def loops(request, monkeypatch):
-    """Every test here runs on the C loops (metaq/_speedups.c), also with the checksums
+    """Every test here runs on the C loops (metaq/protocol/_speedups.c), also with the checksums
     checked in a first pass (as for big replies), and on the pure-Python loops."""
     if request.param.startswith("c"):
         if speedups is None:  # test_speedups.py fails if a compiler was there
@@ -333,8 +332,8 @@ def test_crc32_in_use_agrees_with_zlib():
        st.integers(1, 5), st.integers(1, 3000), st.booleans())
 def test_both_loops_deliver_what_the_reference_parser_reads(items, max_batch, step, batch):
     """Fed in arbitrary cuts (the fetcher's contiguous reads), both loops deliver exactly
-    the messages metaq._message.iter_messages finds, with the same offsets and ids."""
-    from metaq._message import iter_messages
+    the messages metaq.protocol._message.iter_messages finds, with the same offsets and ids."""
+    from metaq.protocol import iter_messages
 
     data = _log([b for b, _ in items], attrs=[a for _, a in items])
     want = [(r.offset, r.next_offset, r.msg_id, r.flag, r.payload)

@@ -13,21 +13,21 @@ from collections import defaultdict
 import pytest
 
 from metaq import MessageConsumer, Producer
-from metaq._codec import get_codec
-from metaq._message import build_payload
-from metaq._protocol import (
+from metaq.broker import Broker, BrokerConfig
+from metaq.consumer._fetcher import FetchManager
+from metaq.consumer._processor import PartitionFetch
+from metaq.protocol import (
     HOLD_CAPABILITY,
     ReplyParser,
     Result,
     Value,
+    build_payload,
     encode_get,
     encode_put,
     encode_stats,
     encode_version,
+    get_codec,
 )
-from metaq.broker import Broker, BrokerConfig
-from metaq.consumer._fetcher import FetchManager
-from metaq.consumer._processor import PartitionFetch
 from metaq.testing import wait_until
 
 TOPIC = "t"

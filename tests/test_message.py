@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import metaq
-from metaq._message import (
+from metaq.protocol import (
     HEADER,
     HEADER_SIZE,
     MSG_ID_EPOCH_MS,

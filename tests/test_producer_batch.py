@@ -24,10 +24,9 @@ from metaq import (
     ProducerError,
     SendResult,
 )
-from metaq._codec import get_codec
-from metaq._message import build_payload
 from metaq.producer import BatchResults
 from metaq.producer._batch import BatchFuture, _Chunk, chunk_bounds
+from metaq.protocol import build_payload, get_codec
 from metaq.testing import wait_until
 
 StartBroker = Callable[..., BrokerProc]

@@ -1,7 +1,7 @@
 """The bulk paths at both ends of a put, checked against their one-at-a-time twins.
 
-- Producer side: :func:`metaq._acks.scan_acks` (whole-buffer parsing of put
-  acks) must accept only what :func:`metaq._acks.scan_results` parses, with
+- Producer side: :func:`metaq.net._acks.scan_acks` (whole-buffer parsing of put
+  acks) must accept only what :func:`metaq.net._acks.scan_results` parses, with
   the same meaning, and must be the path taken for plain runs of acks.
 - Broker side: the columnar put groups of ``BrokerServer._fast_puts`` (one
   partition, runs of partitions, interleaved partitions, bad checksums,
@@ -20,12 +20,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaq import ProtocolError
-from metaq._acks import scan_acks, scan_results
-from metaq._message import MsgIdGenerator, iter_messages
-from metaq._protocol import ReplyParser, RequestParser, encode_put, encode_result
 from metaq.broker._config import BrokerConfig
 from metaq.broker._server import BrokerServer
 from metaq.broker._storage import Storage
+from metaq.net import scan_acks, scan_results
+from metaq.protocol import (
+    MsgIdGenerator,
+    ReplyParser,
+    RequestParser,
+    encode_put,
+    encode_result,
+    iter_messages,
+)
 
 # --------------------------------------------------------------------------- replies
 

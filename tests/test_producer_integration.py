@@ -28,8 +28,7 @@ from metaq import (
     SendTimeoutError,
     ZkSecurity,
 )
-from metaq._codec import get_codec
-from metaq._message import build_payload, scan_messages
+from metaq.protocol import build_payload, get_codec, scan_messages
 from metaq.testing import expire_session, free_port, wait_until
 
 StartBroker = Callable[..., BrokerProc]

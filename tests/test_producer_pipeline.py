@@ -12,11 +12,9 @@ import pytest
 from _procs import read_partition
 
 from metaq import BrokerError, ConnectionClosedError, SendTimeoutError
-from metaq._connection import BrokerConnection
-from metaq._message import checksum
-from metaq._pipeline import PipelinedConnection, PutAck
-from metaq._protocol import RequestParser, encode_result
 from metaq.broker import Broker, BrokerConfig
+from metaq.net import BrokerConnection, PipelinedConnection, PutAck
+from metaq.protocol import RequestParser, checksum, encode_result
 from metaq.testing import free_port, wait_until
 
 

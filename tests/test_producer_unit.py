@@ -13,9 +13,7 @@ from hypothesis import strategies as st
 
 from metaq import ConfigError, MessageError, ProducerConfig, ProducerError, ProtocolError
 from metaq._cli.produce import generated, lines
-from metaq._future import LightFuture
-from metaq._pipeline import PutAck, parse_put_ack, scan_results
-from metaq._protocol import encode_result
+from metaq.net import LightFuture, PutAck, parse_put_ack, scan_results
 from metaq.producer._partitioner import (
     KeyHash,
     RoundRobin,
@@ -24,6 +22,7 @@ from metaq.producer._partitioner import (
     key_bytes,
     make_partitioner,
 )
+from metaq.protocol import encode_result
 from zk_layout import Partition
 
 PARTS = tuple(Partition(b, i) for b, i in [(0, 0), (0, 1), (0, 10), (0, 2), (1, 0), (1, 1)])
@@ -361,8 +360,8 @@ def test_scan_results_garbage_never_crashes(data: bytes) -> None:
 @given(st.binary(max_size=5000))
 def test_producer_checksum_is_metaqs(payload: bytes) -> None:
     """The producer may use ISA-L's CRC32; it must equal Metaq's checksum."""
-    from metaq._message import checksum
     from metaq.producer._producer import _crc32
+    from metaq.protocol import checksum
 
     assert _crc32(payload) & 0x7FFFFFFF == checksum(payload)
 

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import metaq
-from metaq._message import checksum
-from metaq._protocol import (
+from metaq.protocol import (
     QUIT,
     BadRequest,
     GetRequest,
@@ -22,6 +21,7 @@ from metaq._protocol import (
     Value,
     VersionRequest,
     check_topic,
+    checksum,
     encode_get,
     encode_offset,
     encode_put,
@@ -277,8 +277,9 @@ fast_puts = st.builds(
 
 @pytest.fixture(params=["c", "python"])
 def put_loop(request, monkeypatch):
-    """The broker's fast put loop in C (metaq/_speedups.c) and in Python (regexes)."""
-    from metaq import _native, _protocol
+    """The broker's fast put loop in C (metaq/protocol/_speedups.c) and in Python (regexes)."""
+    from metaq.protocol import _fast as _native
+    from metaq.protocol import _parsers as _protocol
 
     if request.param == "c":
         if _native.speedups is None:  # tests/test_speedups.py fails if a compiler was there
@@ -356,7 +357,8 @@ def _edge_put(item) -> bytes:
 @given(st.lists(_put_line, max_size=12), st.lists(st.integers(0, 800), max_size=4),
        st.integers(0, 100))
 def test_the_c_put_loop_parses_exactly_as_the_python_loop(items, cuts, max_payload):
-    from metaq import _native, _protocol
+    from metaq.protocol import _fast as _native
+    from metaq.protocol import _parsers as _protocol
 
     if _native.speedups is None:
         pytest.skip("the C speedups are not built")

@@ -1,4 +1,4 @@
-"""The optional C speedups (metaq/_speedups.c) against the pure-Python code they replace.
+"""The optional C speedups (metaq/protocol/_speedups.c) against the pure-Python code they replace.
 
 Every function of the C module is fuzzed here against its Python twin, on valid
 logs, logs cut anywhere, and logs with any byte flipped (lengths, checksums,
@@ -19,11 +19,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metaq
-import metaq._message as message_module
-from metaq import MessageError, _native
-from metaq._codec import get_codec
-from metaq._message import build_payload, encode_message, iter_messages
+import metaq.protocol
+import metaq.protocol._message as message_module
+from metaq import MessageError
 from metaq.consumer._message import message_classes
+from metaq.protocol import _fast as _native
+from metaq.protocol import build_payload, encode_message, get_codec, iter_messages
 
 s = _native.speedups
 needs_c = pytest.mark.skipif(s is None, reason=f"C speedups: {_native.SPEEDUPS_STATUS}")
@@ -39,7 +40,7 @@ def _compiler() -> str | None:
 
 
 def test_speedups_are_built_wherever_a_compiler_is():
-    """pip install builds metaq._speedups when it can; a silent fallback would hide a
+    """pip install builds metaq.protocol._speedups when it can; a silent fallback would hide a
     broken build (and halve the consumer's speed)."""
     if os.environ.get("METAQ_NO_SPEEDUPS"):
         pytest.skip("METAQ_NO_SPEEDUPS is set")
@@ -51,8 +52,8 @@ def test_speedups_are_built_wherever_a_compiler_is():
 
 
 def test_the_switch_turns_them_off_and_pure_python_still_consumes():
-    code = ("from metaq import _native; from metaq.consumer import _processor;"
-            "import metaq._message as m;"
+    code = ("from metaq.protocol import _fast as _native; from metaq.consumer import _processor;"
+            "import metaq.protocol._message as m;"
             "assert _native.speedups is None and _processor._NATIVE is None;"
             "assert m._native is None; print(_native.SPEEDUPS_STATUS)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ,
@@ -72,10 +73,10 @@ def test_metaq_version_says_whether_they_are_in_use(capsys):
 
 
 def test_a_stale_build_is_ignored(monkeypatch):
-    fake = type(sys)("metaq._speedups")
+    fake = type(sys)("metaq.protocol._speedups")
     fake.VERSION = _native.EXPECTED_VERSION + 1
-    monkeypatch.setitem(sys.modules, "metaq._speedups", fake)
-    monkeypatch.setattr(metaq, "_speedups", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "metaq.protocol._speedups", fake)
+    monkeypatch.setattr(metaq.protocol, "_speedups", fake, raising=False)
     monkeypatch.delenv("METAQ_NO_SPEEDUPS", raising=False)
     module, status = _native._load()
     assert module is None and "stale build" in status
@@ -104,7 +105,7 @@ def test_crc32_at_every_length_around_the_simd_blocks():
 def test_crc32_agrees_on_every_code_path(switch, want):
     """CPUs without VPCLMULQDQ fold 128 bits at a time, others (and non-x86) use
     slicing-by-8 tables; the switches force those paths here."""
-    code = ("import os, zlib; from metaq import _speedups as s;"
+    code = ("import os, zlib; from metaq.protocol import _speedups as s;"
             "print('avx512' if s.VCLMUL else 'sse' if s.CLMUL else 'tables');"
             "b = os.urandom(70000);"
             "bad = [n for n in list(range(300)) + [1023, 1024, 4097, 70000]"
@@ -343,7 +344,7 @@ def test_bad_arguments_are_named():
                           st.integers(0, 2**31 - 1)), max_size=20),
        st.integers(-(2**31), 2**31 - 1), st.sampled_from([b"put t 0 ", "put ü%d 12 ".encode()]))
 def test_encode_puts_equals_the_python_formatting(items, flag, head):
-    from metaq import _pipeline
+    from metaq.net import _pipeline
 
     payloads = [p for p, _, _ in items]
     checks = [c for _, c, _ in items]
@@ -359,7 +360,7 @@ def test_encode_puts_equals_the_python_formatting(items, flag, head):
 
 @needs_c
 def test_encode_puts_refuses_what_it_cannot_encode_and_the_caller_falls_back():
-    from metaq import _pipeline
+    from metaq.net import _pipeline
 
     with pytest.raises(TypeError, match="payload 1 is not bytes"):
         s.encode_puts(b"put t 0 ", 0, [b"a", bytearray(b"b")], [1, 2], [3, 4])

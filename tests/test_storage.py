@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metaq
-from metaq._message import encode_message, iter_messages, scan_messages
 from metaq.broker import Storage
+from metaq.protocol import encode_message, iter_messages, scan_messages
 
 
 def rec(i: int, size: int = 100) -> bytes:

@@ -43,7 +43,7 @@ _COMMAND_MODULES = [
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
-    from metaq._native import SPEEDUPS_STATUS
+    from metaq.protocol import SPEEDUPS_STATUS
 
     try:
         number = version("metaq-py")

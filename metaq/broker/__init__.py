@@ -24,12 +24,11 @@ from collections.abc import Callable
 from typing import Any
 
 from metaq._errors import ConfigError, MetaqError, ProtocolError, StorageError
-from metaq._message import MsgIdGenerator
-from metaq._protocol import check_topic
 from metaq.broker._config import BrokerConfig, load_config, parse_topic_spec
 from metaq.broker._registry import BrokerRegistry
 from metaq.broker._server import VERSION, BrokerServer
 from metaq.broker._storage import LogSlice, PartitionLog, Storage
+from metaq.protocol import MsgIdGenerator, check_topic
 
 __all__ = [
     "Broker",

@@ -18,8 +18,8 @@ from typing import Any
 
 import zk_layout
 from metaq._errors import ConfigError, ProtocolError
-from metaq._protocol import DEFAULT_MAX_PAYLOAD, MAX_LINE, check_topic
 from metaq._zkclient import ZkSecurity
+from metaq.protocol import DEFAULT_MAX_PAYLOAD, MAX_LINE, check_topic
 
 __all__ = ["BrokerConfig", "load_config", "parse_topic_spec"]
 

@@ -16,8 +16,8 @@ import time
 from typing import TYPE_CHECKING
 
 from metaq._errors import ProtocolError
-from metaq._protocol import RequestParser, encode_result
 from metaq.broker._storage import LogSlice, PartitionLog
+from metaq.protocol import RequestParser, encode_result
 
 if TYPE_CHECKING:
     from metaq.broker._server import BrokerServer

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from metaq._protocol import HOLD_CAPABILITY, GetRequest
+from metaq.protocol import HOLD_CAPABILITY, GetRequest
 
 if TYPE_CHECKING:
     from metaq.broker._connection import Connection

@@ -17,10 +17,10 @@ import logging
 import operator
 
 from metaq._errors import StorageError
-from metaq._message import HEADER
-from metaq._message import crc32 as _crc32  # ISA-L when installed (one selection point)
 from metaq.broker._connection import result
 from metaq.broker._storage import PartitionLog
+from metaq.protocol import HEADER
+from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 
 __all__ = ["put_group", "runs"]
 

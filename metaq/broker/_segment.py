@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from metaq._errors import StorageError
-from metaq._message import HEADER, HEADER_SIZE, scan_messages
+from metaq.protocol import HEADER, HEADER_SIZE, scan_messages
 
 __all__ = ["Segment", "segment_name", "parse_segment_name", "INDEX_STEP"]
 

@@ -22,19 +22,6 @@ from collections.abc import Callable
 
 from metaq import __version__
 from metaq._errors import ProtocolError, StorageError
-from metaq._message import MsgIdGenerator
-from metaq._protocol import (
-    BadRequest,
-    GetRequest,
-    OffsetRequest,
-    PutRequest,
-    QuitRequest,
-    StatsRequest,
-    VersionRequest,
-    check_topic,
-    encode_result,
-    encode_value_header,
-)
 from metaq.broker._config import BrokerConfig
 from metaq.broker._connection import Connection, FileReply, Gate, result
 from metaq.broker._hold import HOLD_CAPABILITY, HeldGets
@@ -48,6 +35,19 @@ from metaq.broker._putpath import (  # the put fast path and what the slow path 
 )
 from metaq.broker._putpath import runs as group_runs
 from metaq.broker._storage import PartitionLog, Storage
+from metaq.protocol import (
+    BadRequest,
+    GetRequest,
+    MsgIdGenerator,
+    OffsetRequest,
+    PutRequest,
+    QuitRequest,
+    StatsRequest,
+    VersionRequest,
+    check_topic,
+    encode_result,
+    encode_value_header,
+)
 
 __all__ = ["BrokerServer", "VERSION", "SMALL_CLIENT"]
 

@@ -171,8 +171,8 @@ class ConsumerConfig:
         if self.start_position not in START_POSITIONS:
             raise ConfigError(
                 f"start_position must be one of {START_POSITIONS}, got {self.start_position!r}")
-        from metaq._codec import get_codec
         from metaq.consumer._assignors import get_strategy
+        from metaq.protocol import get_codec
 
         get_codec(self.codec)
         get_strategy(self.strategy)

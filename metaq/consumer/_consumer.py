@@ -13,8 +13,6 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from metaq._codec import get_codec
-from metaq._connection import BrokerConnection
 from metaq._errors import (
     ConfigError,
     ConsumerClosedError,
@@ -34,6 +32,8 @@ from metaq.consumer._offsets import LocalFileOffsetStore
 from metaq.consumer._processor import PartitionFetch
 from metaq.consumer._recover import RecoverStore
 from metaq.consumer._reject import RejectHandler, default_recover_dir
+from metaq.net import BrokerConnection
+from metaq.protocol import get_codec
 from zk_layout import (
     Layout,
     NodeDataError,

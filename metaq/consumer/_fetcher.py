@@ -43,7 +43,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from metaq._connection import BrokerConnection
 from metaq._errors import (
     BrokerError,
     ChecksumError,
@@ -52,10 +51,11 @@ from metaq._errors import (
     MetaqError,
     OffsetOutOfRangeError,
 )
-from metaq._protocol import HOLD_CAPABILITY
 from metaq.consumer._lease import Lease
 from metaq.consumer._longpoll import LongPoller, Parked
 from metaq.consumer._processor import PartitionFetch, process_batch
+from metaq.net import BrokerConnection
+from metaq.protocol import HOLD_CAPABILITY
 
 __all__ = ["FetchManager"]
 

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from metaq._errors import MetaqError
-from metaq._protocol import ReplyParser, Value, encode_get
+from metaq.protocol import ReplyParser, Value, encode_get
 
 __all__ = ["LongPoller", "Parked"]
 

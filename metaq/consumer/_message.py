@@ -27,8 +27,7 @@ from __future__ import annotations
 from operator import itemgetter
 from typing import Any
 
-from metaq._codec import CODECS, Codec
-from metaq._message import FLAG_HAS_ATTRIBUTE, split_payload
+from metaq.protocol import CODECS, FLAG_HAS_ATTRIBUTE, Codec, split_payload
 
 __all__ = ["Message", "message_classes"]
 
@@ -59,7 +58,7 @@ class Message(tuple):
     raw_body = property(itemgetter(6), doc="The body bytes.")
     body = property(itemgetter(6), doc="The body decoded by the consumer's codec.")
     payload = property(itemgetter(6), doc="The bytes after the header, attribute section "
-                       "included (what a producer sent; see metaq._message.split_payload).")
+                       "included (what a producer sent; see metaq.protocol.split_payload).")
     #: The Metaq attribute string, or None (a property on messages that have one).
     attribute: str | None = None
 

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from itertools import count, repeat
 from typing import Any
 
-from metaq._codec import Codec
 from metaq._errors import ChecksumError
-from metaq._message import CRC32_IMPL
-from metaq._message import crc32 as _crc32  # ISA-L's when installed (a dependency)
-from metaq._native import speedups as _NATIVE
 from metaq.consumer._concurrent import RECONSUME_LATER, ReconsumeLater
 from metaq.consumer._message import Message, message_classes
+from metaq.protocol import CRC32_IMPL, Codec
+from metaq.protocol import crc32 as _crc32  # ISA-L's when installed (a dependency)
+from metaq.protocol._fast import speedups as _NATIVE
 
 __all__ = ["PartitionFetch", "BatchResult", "process_batch", "Rewind", "CRC32_IMPL"]
 
@@ -276,7 +275,7 @@ def _deliver_c(pf: PartitionFetch, view: _Data, verify: bool,
     return _deliver_each_c(pf, view, verify, data)
 
 
-# With the C speedups (metaq/_native.py) the walk, the checksums, the messages and,
+# With the C speedups (metaq/protocol/_fast.py) the walk, the checksums, the messages and,
 # for per-message delivery, the listener calls happen in C; Python only handles
 # a listener's failure (``_fail``) and writes the progress.  Same results as the
 # pure-Python loops further down (tests/test_speedups.py runs both).

@@ -23,10 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from metaq._codec import Codec
 from metaq._errors import ConfigError, MetaqError
 from metaq.consumer._message import Message
 from metaq.consumer._recover import RecoveredMessage, RecoverStore
+from metaq.protocol import Codec
 
 __all__ = ["RejectHandler", "POLICIES", "default_recover_dir", "dlq_topic"]
 

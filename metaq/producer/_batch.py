@@ -4,7 +4,7 @@
 sent when one is bad), picks **one** partition for the whole batch (the
 partitioner is asked once, with the first body and the key; round-robin
 moves on per batch) and hands the puts to that broker's connection in chunks
-(:meth:`~metaq._pipeline.PipelinedConnection.put_many`: one write per chunk,
+(:meth:`~metaq.net._pipeline.PipelinedConnection.put_many`: one write per chunk,
 replies completed in bulk).  The broker stores the batch's messages in order.
 
 The batch's future resolves to a :class:`BatchResults`: the broker's
@@ -37,9 +37,7 @@ from metaq._errors import (
     ProtocolError,
     SendTimeoutError,
 )
-from metaq._future import LightFuture
-from metaq._message import FLAG_HAS_ATTRIBUTE
-from metaq._message import crc32 as _crc32  # ISA-L when installed (one selection point)
+from metaq.net import LightFuture
 from metaq.producer._send import (
     NO_RETRY,
     SendResult,
@@ -48,6 +46,8 @@ from metaq.producer._send import (
     _Send,
     partition_names,
 )
+from metaq.protocol import FLAG_HAS_ATTRIBUTE
+from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 from zk_layout import Partition
 
 if TYPE_CHECKING:

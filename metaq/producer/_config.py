@@ -10,10 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from metaq._codec import Codec, get_codec
 from metaq._errors import ConfigError
-from metaq._message import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE
 from metaq._zkclient import ZkSecurity
+from metaq.protocol import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE, Codec, get_codec
 from zk_layout import InvalidNameError, Layout, Partition
 
 __all__ = ["ProducerConfig", "PartitionerFn", "PARTITIONERS", "MIB"]
@@ -75,7 +74,7 @@ class ProducerConfig:
     #: processes; no key falls back to round-robin) or a :data:`PartitionerFn`.
     partitioner: str | PartitionerFn = "roundrobin"
     #: Body codec: ``"auto"`` (bytes as is, str as UTF-8, anything else msgpack),
-    #: ``"bytes"``, ``"str"``, ``"msgpack"`` or a :class:`metaq._codec.Codec`.
+    #: ``"bytes"``, ``"str"``, ``"msgpack"`` or a :class:`metaq.protocol._codec.Codec`.
     codec: str | Codec = "auto"
     #: Most requests in flight on one broker connection; ``send_async`` blocks beyond.
     max_in_flight: int = 16384

@@ -1,6 +1,6 @@
 """Producer: sends messages to the master brokers that publish a topic.
 
-One pipelined connection per broker (:mod:`metaq._pipeline`) carries every
+One pipelined connection per broker (:mod:`metaq.net._pipeline`) carries every
 message for that broker, many in flight at once.  A failed attempt (broker
 gone, connection reset, no reply within ``request_timeout``, a result code
 other than 400/401) is retried on another partition, preferring another
@@ -23,7 +23,6 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from metaq._codec import get_codec
 from metaq._errors import (
     BrokerError,
     ConfigError,
@@ -37,16 +36,15 @@ from metaq._errors import (
     ProtocolError,
     SendTimeoutError,
 )
-from metaq._message import FLAG_HAS_ATTRIBUTE
-from metaq._message import crc32 as _crc32  # ISA-L when installed (one selection point)
-from metaq._pipeline import READER_PREFIX, PipelinedConnection
-from metaq._protocol import check_topic
 from metaq._zkclient import make_client
+from metaq.net import READER_PREFIX, PipelinedConnection
 from metaq.producer._batch import BatchFuture, BatchResults, submit_batch
 from metaq.producer._config import ProducerConfig
 from metaq.producer._partitioner import make_partitioner
 from metaq.producer._router import Router, TopicRoute
 from metaq.producer._send import SendResult, _Send
+from metaq.protocol import FLAG_HAS_ATTRIBUTE, check_topic, get_codec
+from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 from zk_layout import Layout, Partition
 
 __all__ = ["BatchFuture", "BatchResults", "Producer", "SendResult"]

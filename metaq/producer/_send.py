@@ -8,7 +8,7 @@ from concurrent.futures._base import FINISHED, RUNNING
 from typing import TYPE_CHECKING, NamedTuple
 
 from metaq._errors import BrokerError, ProtocolError
-from metaq._future import _LAZY_OK, LightFuture
+from metaq.net import LAZY_OK, LightFuture
 from zk_layout import Partition
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class _Send(LightFuture):
 
     def __init__(self, producer: Producer, topic: str, payload: bytes, flag: int,
                  checksum: int, deadline: float) -> None:
-        if _LAZY_OK:  # LightFuture.__init__, inlined: this runs once per message
+        if LAZY_OK:  # LightFuture.__init__, inlined: this runs once per message
             self._state = RUNNING
             self._result = None
             self._exception = None

@@ -30,7 +30,7 @@ Columns: ``topic``, ``partition`` (Metaq's ``"<brokerId>-<index>"``),
 One Spark partition per topic partition (split at ``maxBytesPerPartition``);
 executors fetch straight from the brokers and build Arrow record batches;
 the driver only plans.  Every message's CRC32 is checked unless
-``verifyChecksums=false``; with the C speedups (metaq._native) the walk and
+``verifyChecksums=false``; with the C speedups (metaq.protocol._fast) the walk and
 the check are one call per fetched reply, without them the check is most of
 the read's Python cost (see bench/RESULTS.md).  All options:
 :class:`SourceOptions`.
@@ -117,7 +117,7 @@ def msg_id_timestamp(column: Any = "msg_id") -> Any:
     as a timestamp (``(msgId >> 22) + 1303895660503`` ms since the epoch)."""
     from pyspark.sql import functions as F
 
-    from metaq._message import MSG_ID_EPOCH_MS
+    from metaq.protocol import MSG_ID_EPOCH_MS
 
     col = F.col(column) if isinstance(column, str) else column
     return F.timestamp_millis(F.shiftright(col, 22) + F.lit(MSG_ID_EPOCH_MS))

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from metaq._errors import MessageError
-from metaq._message import CRC32_IMPL, FLAG_HAS_ATTRIBUTE, HEADER_SIZE, MAX_PAYLOAD_SIZE, crc32
-from metaq._native import speedups as _native
+from metaq.protocol import CRC32_IMPL, FLAG_HAS_ATTRIBUTE, HEADER_SIZE, MAX_PAYLOAD_SIZE, crc32
+from metaq.protocol._fast import speedups as _native
 
 __all__ = ["CRC32_IMPL", "Walk", "WalkHint", "walk", "arrow_schema", "chunk_to_batch", "CODECS",
            "DECODED_COLUMN"]
@@ -41,7 +41,7 @@ CODECS = ("str", "msgpack")
 _INT32_MAX = 0x7FFFFFFF
 _BIG = 2**31 - 1
 _len_of = struct.Struct(">i").unpack_from
-_crc32 = crc32  # ISA-L's when installed (see metaq._message)
+_crc32 = crc32  # ISA-L's when installed (see metaq.protocol._message)
 
 
 # Scalars are always typed: letting pyarrow infer a Python value's type costs a
@@ -126,7 +126,7 @@ def walk(buf: memoryview, *, verify: bool = True, max_payload: int = MAX_PAYLOAD
          hint: WalkHint | None = None) -> Walk:
     """Find the complete messages at the start of ``buf`` (a chunk of a log).
 
-    With the C speedups (metaq/_native.py) this is one call that walks and
+    With the C speedups (metaq/protocol/_fast.py) this is one call that walks and
     verifies every message.  Without them, stretches of messages of one size
     are confirmed with vectorised leaps (:func:`_leap`); elsewhere a plain
     Python loop steps from header to header.  ``hint`` carries what worked from
@@ -329,7 +329,7 @@ def _decode(value: pa.Array, codec: str, where: Where, offsets: pa.Array) -> pa.
                         f"{where.topic} {where.partition} is not UTF-8 ({e.reason} at byte "
                         f"{e.start})") from None
             raise
-    from metaq._codec import get_codec
+    from metaq.protocol import get_codec
 
     decode = get_codec("msgpack").decode
     out = []

@@ -20,10 +20,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from metaq._connection import BrokerConnection
 from metaq._errors import BrokerError, ConnectionClosedError, CoordinationError, ProtocolError
-from metaq._message import HEADER_SIZE
 from metaq.consumer._topology import broker_address, read_partitions
+from metaq.net import BrokerConnection
+from metaq.protocol import HEADER_SIZE
 from metaq.spark._arrow import walk
 from zk_layout import (
     Layout,

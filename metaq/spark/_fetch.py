@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from metaq._connection import BrokerConnection
 from metaq._errors import (
     BrokerError,
     ConfigError,
@@ -32,7 +31,8 @@ from metaq._errors import (
     MessageError,
     ProtocolError,
 )
-from metaq._message import HEADER, HEADER_SIZE, split_payload
+from metaq.net import BrokerConnection
+from metaq.protocol import HEADER, HEADER_SIZE, split_payload
 from metaq.spark._arrow import Walk, WalkHint, walk
 from metaq.spark._cluster import LOG_END, open_zk
 from metaq.spark._options import DEFAULT_GROUP, MIB

@@ -32,8 +32,8 @@ from kazoo.exceptions import KazooException
 
 from metaq import MetaqError
 from metaq._admin import describe_group
-from metaq._message import iter_messages, scan_messages
 from metaq._zk import ZooKeeperEnsemble
+from metaq.protocol import iter_messages, scan_messages
 from metaq.testing import WaitTimeout, wait_until
 from zk_layout import Layout
 

@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaq import ConfigError, MessageError
-from metaq._message import build_payload, encode_message, iter_messages
-from metaq._message import scan_messages as _scan_messages
-from metaq._native import speedups
+from metaq.protocol import build_payload, encode_message, iter_messages
+from metaq.protocol import scan_messages as _scan_messages
+from metaq.protocol._fast import speedups
 from metaq.spark import SourceOptions, _arrow
 from metaq.spark._arrow import WalkHint, Where, arrow_schema, chunk_to_batch, walk
 
@@ -26,7 +26,7 @@ def walker(request, monkeypatch):
 
 
 def scan_messages(buf):  # the reference: always the pure-Python scan
-    import metaq._message as m
+    import metaq.protocol._message as m
 
     saved, m._native = m._native, None
     try:

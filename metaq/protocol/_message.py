@@ -22,7 +22,15 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from metaq._errors import ChecksumError, ConfigError, MessageError
-from metaq._native import speedups as _native
+from metaq.protocol._constants import (
+    CHECKSUM_MASK,
+    FLAG_HAS_ATTRIBUTE,
+    HEADER_SIZE,
+    MAX_MESSAGE_SIZE,
+    MAX_PAYLOAD_SIZE,
+    MSG_ID_EPOCH_MS,
+)
+from metaq.protocol._fast import speedups as _native
 
 __all__ = [
     "HEADER",
@@ -41,23 +49,14 @@ __all__ = [
     "scan_messages",
     "scan_problem",
     "msg_id_parts",
+    "crc32",
+    "CRC32_IMPL",
 ]
 
 #: length, checksum, msgId, flag
 HEADER = struct.Struct(">iiqi")
-HEADER_SIZE = HEADER.size  # 20
-assert HEADER_SIZE == 20
+assert HEADER.size == HEADER_SIZE
 
-#: Largest message body a producer may send by default (4 MiB, as RocketMQ/Metaq clients).
-MAX_MESSAGE_SIZE = 4 * 1024 * 1024
-#: Default upper bound on a payload length read from bytes (body + attribute section);
-#: anything larger is treated as corruption, not as a big message.
-MAX_PAYLOAD_SIZE = 64 * 1024 * 1024
-#: ms timestamp Metaq subtracts before shifting it into a msgId.
-MSG_ID_EPOCH_MS = 1303895660503
-FLAG_HAS_ATTRIBUTE = 1
-
-_INT32_MAX = 0x7FFFFFFF
 _ATTR_LEN = struct.Struct(">i")
 _unpack_header = HEADER.unpack_from
 _pack_header = HEADER.pack
@@ -89,7 +88,7 @@ class RawMessage(NamedTuple):
 
 def checksum(payload: bytes) -> int:
     """Metaq's checksum: CRC32 of the payload masked to a non-negative int32."""
-    return _crc32(payload) & _INT32_MAX
+    return _crc32(payload) & CHECKSUM_MASK
 
 
 def build_payload(body: bytes, attribute: str | None) -> tuple[bytes, int]:
@@ -129,7 +128,7 @@ def split_payload(payload: bytes, flag: int) -> tuple[str | None, bytes]:
 
 def encode_message(msg_id: int, flag: int, payload: bytes) -> bytes:
     """The full record (20-byte header + payload) as stored in the log."""
-    return _pack_header(len(payload), _crc32(payload) & _INT32_MAX, msg_id, flag) + payload
+    return _pack_header(len(payload), _crc32(payload) & CHECKSUM_MASK, msg_id, flag) + payload
 
 
 def iter_messages(buf: bytes | bytearray | memoryview, start_offset: int = 0, *,
@@ -160,10 +159,10 @@ def iter_messages(buf: bytes | bytearray | memoryview, start_offset: int = 0, *,
         if nxt > end:
             return
         payload = mv[pos + HEADER_SIZE:nxt]
-        if verify and crc(payload) & _INT32_MAX != check:
+        if verify and crc(payload) & CHECKSUM_MASK != check:
             raise ChecksumError(
                 f"checksum mismatch at offset {start_offset + pos}: header says {check}, "
-                f"payload of {length} bytes has {crc(payload) & _INT32_MAX}")
+                f"payload of {length} bytes has {crc(payload) & CHECKSUM_MASK}")
         yield RawMessage(start_offset + pos, msg_id, flag, payload.tobytes(),
                          start_offset + nxt)
         pos = nxt
@@ -194,7 +193,7 @@ def scan_messages(buf: bytes | bytearray | memoryview, *,
         nxt = pos + HEADER_SIZE + length
         if nxt > end:
             return pos, count, None
-        got = crc(mv[pos + HEADER_SIZE:nxt]) & _INT32_MAX
+        got = crc(mv[pos + HEADER_SIZE:nxt]) & CHECKSUM_MASK
         if got != check:
             return pos, count, f"checksum mismatch (header {check}, payload {got})"
         count += 1

@@ -20,15 +20,14 @@ import re
 from typing import NamedTuple, Protocol
 
 from metaq._errors import BrokerError, ProtocolError
-from metaq._future import LightFuture
-from metaq._protocol import MAX_LINE
+from metaq.net._future import LightFuture
+from metaq.protocol import MAX_LINE, OPAQUE_MASK
 
 __all__ = ["MultiPending", "Pending", "PutAck", "PutFuture", "check_partial", "parse_put_ack",
            "scan_acks", "scan_results"]
 
 #: Largest ``result`` body accepted on a put connection (bodies are short texts).
 MAX_RESULT_BODY = 1024 * 1024
-OPAQUE_MASK = 0x7FFFFFFF
 _HEAD = re.compile(rb"result ([0-9]{1,3}) ([0-9]{1,9}) (-?[0-9]{1,10})\r\n")
 _OK = b"result 200 "
 #: What is left of one ok reply once its marker became R, its CRLF N, and digits went.

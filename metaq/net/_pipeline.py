@@ -24,11 +24,11 @@ without one returns a :class:`PutFuture` resolving to a :class:`PutAck`.
 :meth:`PipelinedConnection.put_many` queues many puts to one partition as
 one write, completed by index through one :class:`MultiPending`.
 
-Replies are parsed in bulk (:func:`metaq._acks.scan_acks`) when a read holds
+Replies are parsed in bulk (:func:`metaq.net._acks.scan_acks`) when a read holds
 only successful put replies, and a run of them is handed to a request class's
 ``on_acks`` / a batch's ``on_acks`` at once.
 
-Futures are :class:`metaq._future.LightFuture`: completing one nobody waits
+Futures are :class:`metaq.net._future.LightFuture`: completing one nobody waits
 for yet costs a fraction of a plain ``Future``'s set-up and notify.
 """
 
@@ -42,22 +42,13 @@ import threading
 import time
 from typing import Any
 
-from metaq._acks import (
-    OPAQUE_MASK,
-    MultiPending,
-    Pending,
-    PutAck,
-    PutFuture,
-    parse_put_ack,
-    scan_results,
-)
 from metaq._errors import ConnectionClosedError, SendTimeoutError
-from metaq._native import speedups as _NATIVE
-from metaq._pipereader import _closed, _ReplyReader, _Run
-from metaq._protocol import encode_put
+from metaq.net._acks import MultiPending, Pending, PutFuture
+from metaq.net._reader import ReplyReader, Run, closed_error
+from metaq.protocol import OPAQUE_MASK, encode_put
+from metaq.protocol._fast import speedups as _NATIVE
 
-__all__ = ["READER_PREFIX", "MultiPending", "Pending", "PipelinedConnection", "PutAck",
-           "PutFuture", "parse_put_ack", "scan_results"]
+__all__ = ["READER_PREFIX", "PipelinedConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +75,7 @@ def _encode_puts(head: bytes, flag: int, payloads: list[bytes], checksums: list[
     return b"".join(data), list(map(len, data))
 
 
-class PipelinedConnection(_ReplyReader):
+class PipelinedConnection(ReplyReader):
     """Many ``put`` requests in flight on one TCP connection to a broker.
 
     ``request_timeout``: when requests wait and nothing at all was answered
@@ -212,7 +203,7 @@ class PipelinedConnection(_ReplyReader):
         data, sizes = _encode_puts(b"%b%d " % (prefix, partition), flag, payloads, checksums,
                                    opaques)
         size = sum(sizes)
-        run = _Run(request, opaques, sizes)
+        run = Run(request, opaques, sizes)
         pending = self._pending
         if (len(pending) + n > self.max_in_flight
                 or self._inflight_bytes + size > self.max_in_flight_bytes):
@@ -235,7 +226,7 @@ class PipelinedConnection(_ReplyReader):
             try:
                 self._drain()
             except OSError as e:
-                self._fail(_closed(f"writing to broker {self.name} failed: {e}", e))
+                self._fail(closed_error(f"writing to broker {self.name} failed: {e}", e))
             finally:
                 self._send_lock.release()
         elif not self._wake.is_set():
@@ -396,7 +387,7 @@ class PipelinedConnection(_ReplyReader):
                 with send_lock:  # requests leave in queue order, whoever writes them
                     self._drain()
         except OSError as e:
-            self._fail(_closed(f"writing to broker {self.name} failed: {e}", e))
+            self._fail(closed_error(f"writing to broker {self.name} failed: {e}", e))
         except BaseException as e:  # pragma: no cover - a bug; never leave callers hanging
             log.exception("writer of %s crashed", self.name)
-            self._fail(_closed(f"writer of {self.name} crashed: {e!r}", e))
+            self._fail(closed_error(f"writer of {self.name} crashed: {e!r}", e))

@@ -16,12 +16,12 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from typing import Any
 
-__all__ = ["LightFuture"]
+__all__ = ["LightFuture", "LAZY_OK"]
 
 _FUTURE_FIELDS = frozenset(("_condition", "_state", "_result", "_exception", "_waiters",
                             "_done_callbacks"))
 # The lazy trick needs Future's private layout to be what this module knows.
-_LAZY_OK = set(Future().__dict__) == _FUTURE_FIELDS
+LAZY_OK = set(Future().__dict__) == _FUTURE_FIELDS
 _DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 _LAZY_LOCK = threading.Lock()
 
@@ -47,7 +47,7 @@ class LightFuture(Future):
     _waited = False
 
     def __init__(self) -> None:
-        if not _LAZY_OK:  # pragma: no cover - a Python whose Future changed
+        if not LAZY_OK:  # pragma: no cover - a Python whose Future changed
             Future.__init__(self)
             self._state = RUNNING
             self._waited = True

@@ -1,6 +1,6 @@
 """The optional C speedups, or why they are not in use.
 
-``metaq/_speedups.c`` does the consumer's per-message work (walk the headers,
+``metaq/protocol/_speedups.c`` does the consumer's per-message work (walk the headers,
 verify CRC32s, build messages, call the listener) in C.  It is built by
 ``pip install`` when a C compiler and the Python headers are there; without
 them the install goes on with a warning and every caller uses its pure-Python
@@ -30,7 +30,7 @@ def _load() -> tuple[ModuleType | None, str]:
     if os.environ.get("METAQ_NO_SPEEDUPS", "").strip() not in ("", "0"):
         return None, "off (METAQ_NO_SPEEDUPS is set)"
     try:
-        _speedups = importlib.import_module("metaq._speedups")
+        _speedups = importlib.import_module("metaq.protocol._speedups")
     except ImportError as e:
         return None, f"not built ({e}); pure Python in use"
     if getattr(_speedups, "VERSION", None) != EXPECTED_VERSION:

@@ -18,7 +18,7 @@ import itertools
 import socket
 
 from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError
-from metaq._protocol import encode_get, encode_offset, encode_stats, encode_version
+from metaq.protocol import encode_get, encode_offset, encode_stats, encode_version
 
 __all__ = ["BrokerConnection", "parse_meta_uri"]
 

@@ -27,18 +27,12 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from metaq._errors import ProtocolError
-from metaq._native import speedups as _NATIVE
-from metaq._wire import (  # the protocol's types and encoders, re-exported
+from metaq.protocol._commands import (
     _INT32_MAX,
     _INT32_MIN,
     _INT64_MAX,
     _INT64_MIN,
     _NUMERIC,
-    DEFAULT_MAX_BODY,
-    DEFAULT_MAX_PAYLOAD,
-    HOLD_CAPABILITY,
-    MAX_LINE,
-    QUIT,
     BadRequest,
     GetRequest,
     OffsetRequest,
@@ -56,45 +50,11 @@ from metaq._wire import (  # the protocol's types and encoders, re-exported
     _token_text,
     _topic_cache,
     check_group,
-    check_topic,
-    encode_get,
-    encode_offset,
-    encode_put,
-    encode_result,
-    encode_stats,
-    encode_value_header,
-    encode_version,
-    parse_put_result,
 )
+from metaq.protocol._constants import DEFAULT_MAX_BODY, DEFAULT_MAX_PAYLOAD, MAX_LINE
+from metaq.protocol._fast import speedups as _NATIVE
 
-__all__ = [
-    "MAX_LINE",
-    "DEFAULT_MAX_PAYLOAD",
-    "DEFAULT_MAX_BODY",
-    "QUIT",
-    "HOLD_CAPABILITY",
-    "PutRequest",
-    "GetRequest",
-    "OffsetRequest",
-    "StatsRequest",
-    "VersionRequest",
-    "QuitRequest",
-    "BadRequest",
-    "Result",
-    "Value",
-    "encode_put",
-    "encode_get",
-    "encode_offset",
-    "encode_stats",
-    "encode_version",
-    "encode_result",
-    "encode_value_header",
-    "parse_put_result",
-    "check_topic",
-    "check_group",
-    "RequestParser",
-    "ReplyParser",
-]
+__all__ = ["RequestParser", "ReplyParser"]
 
 # put <topic> <partition> <len> <flag> <checksum> <opaque>\r\n, the broker's hot path
 _FAST_PUT_NUMBERS = rb" ([0-9]{1,10}) (-?[0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10})\r\n"
@@ -234,7 +194,7 @@ class RequestParser(_Buffered):
         fast = self.fast_puts
         fast_match = _FAST_PUT.match
         fast_get = None if fast is None else fast.get
-        # the same loop in C (metaq/_speedups.c) when built: same tuples, same stops
+        # the same loop in C (metaq/protocol/_speedups.c) when built: same tuples, same stops
         fast_c = _NATIVE.fast_puts if _NATIVE is not None and type(fast) is dict else None
         last_key = None
         try:

@@ -1,6 +1,6 @@
-"""The text protocol's vocabulary (reference section 6): request and reply
-types, name checks and encoders.  Import it through :mod:`metaq._protocol`,
-which adds the incremental parsers.
+"""The text protocol's commands (reference section 6): request and reply
+types, name checks and encoders.  The incremental parsers that produce these
+types are in :mod:`metaq.protocol._parsers`.
 """
 
 from __future__ import annotations
@@ -9,14 +9,8 @@ from typing import NamedTuple
 
 import zk_layout
 from metaq._errors import ProtocolError
-from metaq._message import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE
 
 __all__ = [
-    "MAX_LINE",
-    "DEFAULT_MAX_PAYLOAD",
-    "DEFAULT_MAX_BODY",
-    "QUIT",
-    "HOLD_CAPABILITY",
     "PutRequest",
     "GetRequest",
     "OffsetRequest",
@@ -37,17 +31,6 @@ __all__ = [
     "check_topic",
     "check_group",
 ]
-
-#: Longest command line accepted (CRLF excluded).
-MAX_LINE = 8192
-#: Default largest put payload the request parser accepts (4 MiB body + room for an attribute).
-DEFAULT_MAX_PAYLOAD = MAX_MESSAGE_SIZE + 64 * 1024
-#: Default largest reply body the reply parser accepts.
-DEFAULT_MAX_BODY = MAX_PAYLOAD_SIZE
-QUIT = b"quit\r\n"
-#: Token in a broker's ``version`` answer saying it honours ``get ... hold=<ms>``
-#: (metaq-py's long-polling extension of Metaq 1.4; README, "Protocol").
-HOLD_CAPABILITY = "+hold"
 
 _INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1

@@ -1,11 +1,11 @@
-"""The reading half of :class:`metaq._pipeline.PipelinedConnection`.
+"""The reading half of :class:`metaq.net._pipeline.PipelinedConnection`.
 
 A named thread reads the socket, parses replies in bulk
-(:func:`metaq._acks.scan_acks`, falling back to
-:func:`metaq._acks.scan_results`) and completes the requests: a run of
-successful replies to one ``put_many`` (:class:`_Run`) or to requests of one
+(:func:`metaq.net._acks.scan_acks`, falling back to
+:func:`metaq.net._acks.scan_results`) and completes the requests: a run of
+successful replies to one ``put_many`` (:class:`Run`) or to requests of one
 class with ``on_acks`` in one call, anything else one reply at a time.  It
-also times out what the broker does not answer (:meth:`_ReplyReader._sweep`).
+also times out what the broker does not answer (:meth:`ReplyReader._sweep`).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import time
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from metaq._acks import MultiPending, scan_acks, scan_results
 from metaq._errors import ConnectionClosedError, ProtocolError, SendTimeoutError
+from metaq.net._acks import MultiPending, scan_acks, scan_results
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__: list[str] = []
+__all__ = ["ReplyReader", "Run", "closed_error"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ _islice = itertools.islice
 _size_of = attrgetter("_pipe_size")
 
 
-class _Run:
+class Run:
     """The puts of one ``put_many`` call in the pending map (one entry per opaque,
     all pointing here): which index an opaque is, and the bytes each one holds."""
 
@@ -59,8 +59,8 @@ class _Run:
         return opaque - self.first if index is None else index[opaque]
 
 
-class _ReplyReader:
-    """Mixin of :class:`~metaq._pipeline.PipelinedConnection`: its reader thread."""
+class ReplyReader:
+    """Mixin of :class:`~metaq.net._pipeline.PipelinedConnection`: its reader thread."""
 
     # Provided by the connection.
     name: str
@@ -77,7 +77,7 @@ class _ReplyReader:
     def _error_to(self, opaque: int, request: Any, err: BaseException) -> None:
         """Give one popped request (or one put of a run) its error; never raises."""
         try:
-            if type(request) is _Run:
+            if type(request) is Run:
                 request.request.on_error_at(request.index_of(opaque), err)
             else:
                 request.on_error(err)
@@ -105,7 +105,7 @@ class _ReplyReader:
                         next_sweep = time.monotonic() + tick
                     continue
                 if not data:
-                    raise _closed(f"broker {self.name} closed the connection", None)
+                    raise closed_error(f"broker {self.name} closed the connection", None)
                 buf = self._handle(buf + data if buf else data)
                 if time.monotonic() >= next_sweep:
                     self._sweep()
@@ -113,12 +113,12 @@ class _ReplyReader:
         except ConnectionClosedError as e:
             self._fail(e)
         except ProtocolError as e:
-            self._fail(_closed(f"malformed reply from broker {self.name}: {e}", e))
+            self._fail(closed_error(f"malformed reply from broker {self.name}: {e}", e))
         except OSError as e:
-            self._fail(_closed(f"reading from broker {self.name} failed: {e}", e))
+            self._fail(closed_error(f"reading from broker {self.name} failed: {e}", e))
         except BaseException as e:  # pragma: no cover - a bug; never leave callers hanging
             log.exception("reader of %s crashed", self.name)
-            self._fail(_closed(f"reader of {self.name} crashed: {e!r}", e))
+            self._fail(closed_error(f"reader of {self.name} crashed: {e!r}", e))
         finally:
             if self._writer.ident is not None and self._writer is not threading.current_thread():
                 self._writer.join(5.0)
@@ -173,7 +173,7 @@ class _ReplyReader:
               partitions: list[bytes], offsets: list[bytes]) -> int:
         """Complete successful replies to ``requests`` (all of type ``kind``, already
         out of the pending map); return the bytes they held."""
-        if kind is _Run:
+        if kind is Run:
             return self._run_acks(requests, opaques, msg_ids, partitions, offsets)
         freed = sum(map(_size_of, requests))
         bulk = getattr(kind, "on_acks", None)
@@ -229,7 +229,7 @@ class _ReplyReader:
                     log.debug("reply for unknown opaque %d from %s", opaque, self.name)
                     continue
                 try:
-                    if type(request) is _Run:
+                    if type(request) is Run:
                         index = request.index_of(opaque)
                         freed += request.sizes[index]
                         request.request.on_reply_at(index, code, body)
@@ -260,7 +260,7 @@ class _ReplyReader:
         now = time.monotonic()
         idle = now - max(oldest._pipe_sent, self._last_reply)
         if idle > self.request_timeout:
-            raise _closed(f"no reply from broker {self.name} for {idle:.1f}s "
+            raise closed_error(f"no reply from broker {self.name} for {idle:.1f}s "
                           f"(request_timeout {self.request_timeout:g}s, "
                           f"{len(pending)} requests in flight)", None)
         if now - oldest._pipe_sent <= self.stale_timeout:
@@ -273,7 +273,7 @@ class _ReplyReader:
                 expired.append((opaque, request))
         if not expired:
             return
-        self._freed(sum(r.sizes[r.index_of(op)] if type(r) is _Run else r._pipe_size
+        self._freed(sum(r.sizes[r.index_of(op)] if type(r) is Run else r._pipe_size
                         for op, r in expired))
         log.warning("%d request(s) to broker %s unanswered for over %gs while later ones "
                     "were answered", len(expired), self.name, self.stale_timeout)
@@ -283,7 +283,7 @@ class _ReplyReader:
                 f"{now - request._pipe_sent:.1f}s (stale_timeout {self.stale_timeout:g}s)"))
 
 
-def _closed(msg: str, cause: BaseException | None) -> ConnectionClosedError:
+def closed_error(msg: str, cause: BaseException | None) -> ConnectionClosedError:
     err = ConnectionClosedError(msg)
     err.__cause__ = cause
     return err

@@ -1,10 +1,10 @@
-/* metaq._speedups: the consumer's per-message work in C.
+/* metaq.protocol._speedups: the consumer's per-message work in C.
  *
- * Optional: metaq/_native.py falls back to the pure-Python code paths when this
+ * Optional: metaq/protocol/_fast.py falls back to the pure-Python code paths when this
  * module is not built (no compiler) or METAQ_NO_SPEEDUPS=1.  Both give the same
  * results; tests/test_speedups.py checks them against each other.
  *
- * Message bytes (metaq/_message.py, reference section 5), big-endian:
+ * Message bytes (metaq/protocol/_message.py, reference section 5), big-endian:
  *     int32 length | int32 checksum | int64 msgId | int32 flag | payload[length]
  * checksum = CRC32(payload) & 0x7FFFFFFF, zlib's CRC-32.
  *
@@ -610,7 +610,7 @@ literal(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, const char *lit, Py
     return 1;
 }
 
-/* The broker's hot loop (metaq/_protocol.py, RequestParser._run): from ``pos``,
+/* The broker's hot loop (metaq/protocol/_parsers.py, RequestParser._run): from ``pos``,
  * every whole ``put <topic> <part> <len> <flag> <checksum> <opaque>\r\n<payload>``
  * whose ``b"<topic> <part>"`` is a key of ``fast`` becomes the tuple
  * ``(target, length, flag, checksum, opaque_token, payload)`` appended to ``out``;
@@ -730,7 +730,7 @@ put_digits(char *out, long long v)
 
 /* encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes): one
  * ``<head><len> <flag> <checksum> <opaque>\r\n<payload>`` per payload, where
- * ``head`` is ``b"put <topic> <partition> "`` (metaq/_pipeline.py put_many). */
+ * ``head`` is ``b"put <topic> <partition> "`` (metaq/net/_pipeline.py put_many). */
 static PyObject *
 py_encode_puts(PyObject *self, PyObject *args)
 {
@@ -828,8 +828,8 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "metaq._speedups",
-    "The consumer's per-message work in C (see metaq/_native.py).", -1, methods,
+    PyModuleDef_HEAD_INIT, "metaq.protocol._speedups",
+    "The consumer's per-message work in C (see metaq/protocol/_fast.py).", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -1,0 +1,42 @@
+"""Client connections to Metaq brokers: sockets, requests in flight, replies matched.
+
+One concept per module:
+
+====================  =======================================================
+``_connection``       :class:`BrokerConnection`: blocking, one request at a
+                      time, one ``get`` pipelined ahead (fetchers, tools)
+``_pipeline``         :class:`PipelinedConnection`: many ``put`` requests in
+                      flight on one socket, its writer thread
+``_reader``           the pipelined connection's reader thread: replies
+                      parsed in bulk and matched to requests by opaque
+``_acks``             who waits for a put's reply (:class:`Pending`,
+                      :class:`MultiPending`, :class:`PutFuture`) and the
+                      put-reply parsers
+``_future``           :class:`LightFuture`, a ``Future`` cheap to complete
+====================  =======================================================
+
+Built on :mod:`metaq.protocol` (the bytes); used by the producer, the consumer's
+fetchers, the Spark source and the admin tools, which import from here only.
+"""
+
+from metaq.net._acks import (
+    MultiPending,
+    Pending,
+    PutAck,
+    PutFuture,
+    check_partial,
+    parse_put_ack,
+    scan_acks,
+    scan_results,
+)
+from metaq.net._connection import BrokerConnection, parse_meta_uri
+from metaq.net._future import LAZY_OK, LightFuture
+from metaq.net._pipeline import READER_PREFIX, PipelinedConnection
+
+__all__ = [
+    "BrokerConnection", "parse_meta_uri",
+    "PipelinedConnection", "READER_PREFIX",
+    "Pending", "MultiPending", "PutAck", "PutFuture", "check_partial", "parse_put_ack",
+    "scan_acks", "scan_results",
+    "LightFuture", "LAZY_OK",
+]

@@ -1,0 +1,97 @@
+"""Metaq 1.4's bytes and text protocol: everything both ends agree on, and no I/O.
+
+One concept per module:
+
+========================  =====================================================
+``_constants``            the numbers: header size, masks, limits, flags
+``_message``              message bytes: encode, decode, walk, checksums, msgIds
+``_commands``             request and reply types, name checks, encoders
+``_parsers``              incremental parsers: requests (broker), replies (clients)
+``_codec``                body codecs (a library convention over opaque bytes)
+``_fast``                 the per-message work, C (``_speedups.c``) or Python,
+                          chosen once
+========================  =====================================================
+
+The broker, the client connections (:mod:`metaq.net`), the producer, the
+consumer and the Spark source import these names from here, never from the
+modules.  The stable, user-facing API is :data:`metaq.__all__`; this layer is for
+tools that speak Metaq's protocol themselves.
+"""
+
+from metaq.protocol._codec import CODECS, Codec, get_codec
+from metaq.protocol._commands import (
+    BadRequest,
+    GetRequest,
+    OffsetRequest,
+    PutRequest,
+    QuitRequest,
+    Result,
+    StatsRequest,
+    Value,
+    VersionRequest,
+    check_group,
+    check_topic,
+    encode_get,
+    encode_offset,
+    encode_put,
+    encode_result,
+    encode_stats,
+    encode_value_header,
+    encode_version,
+    parse_put_result,
+)
+from metaq.protocol._constants import (
+    CHECKSUM_MASK,
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_PAYLOAD,
+    FLAG_HAS_ATTRIBUTE,
+    HEADER_SIZE,
+    HOLD_CAPABILITY,
+    INT32_MAX,
+    MAX_LINE,
+    MAX_MESSAGE_SIZE,
+    MAX_PAYLOAD,
+    MAX_PAYLOAD_SIZE,
+    MSG_ID_EPOCH_MS,
+    OPAQUE_MASK,
+    QUIT,
+)
+from metaq.protocol._fast import SPEEDUPS_STATUS
+from metaq.protocol._message import (
+    CRC32_IMPL,
+    HEADER,
+    MsgIdGenerator,
+    RawMessage,
+    build_payload,
+    checksum,
+    crc32,
+    encode_message,
+    iter_messages,
+    msg_id_parts,
+    scan_messages,
+    scan_problem,
+    split_payload,
+)
+from metaq.protocol._parsers import ReplyParser, RequestParser
+
+__all__ = [
+    # constants
+    "INT32_MAX", "CHECKSUM_MASK", "OPAQUE_MASK", "HEADER_SIZE", "MAX_PAYLOAD",
+    "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "MSG_ID_EPOCH_MS", "FLAG_HAS_ATTRIBUTE",
+    "MAX_LINE", "DEFAULT_MAX_PAYLOAD", "DEFAULT_MAX_BODY", "QUIT", "HOLD_CAPABILITY",
+    # message bytes
+    "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "crc32", "CRC32_IMPL",
+    "build_payload", "split_payload", "encode_message", "iter_messages", "scan_messages",
+    "scan_problem", "msg_id_parts",
+    # commands
+    "PutRequest", "GetRequest", "OffsetRequest", "StatsRequest", "VersionRequest",
+    "QuitRequest", "BadRequest", "Result", "Value", "encode_put", "encode_get",
+    "encode_offset", "encode_stats", "encode_version", "encode_result",
+    "encode_value_header", "parse_put_result", "check_topic", "check_group",
+    # parsers
+    "RequestParser", "ReplyParser",
+    # codecs
+    "Codec", "get_codec", "CODECS",
+    # C or Python
+    "SPEEDUPS_STATUS",
+]

@@ -1,0 +1,57 @@
+"""Metaq 1.4's numbers (reference sections 5 and 6), defined once.
+
+Every limit, mask and flag of the message bytes and the text protocol lives
+here; the rest of the package and its callers import them by name.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "INT32_MAX",
+    "CHECKSUM_MASK",
+    "OPAQUE_MASK",
+    "HEADER_SIZE",
+    "MAX_PAYLOAD",
+    "MAX_MESSAGE_SIZE",
+    "MAX_PAYLOAD_SIZE",
+    "MSG_ID_EPOCH_MS",
+    "FLAG_HAS_ATTRIBUTE",
+    "MAX_LINE",
+    "DEFAULT_MAX_PAYLOAD",
+    "DEFAULT_MAX_BODY",
+    "QUIT",
+    "HOLD_CAPABILITY",
+]
+
+#: Java's ``Integer.MAX_VALUE``: Metaq's lengths, opaques and offsets within a reply are int32.
+INT32_MAX = 0x7FFFFFFF
+#: A message's stored checksum is ``CRC32(payload) & CHECKSUM_MASK`` (Java's
+#: ``CheckSum.crc32`` drops the sign bit).
+CHECKSUM_MASK = INT32_MAX
+#: Opaques are non-negative int32s; a client's counter wraps through this mask.
+OPAQUE_MASK = INT32_MAX
+#: int32 length, int32 checksum, int64 msgId, int32 flag.
+HEADER_SIZE = 20
+#: Largest payload length a header can describe (an int32 length plus the header);
+#: anything above it can only be corruption.
+MAX_PAYLOAD = INT32_MAX - HEADER_SIZE
+#: Largest message body a producer may send by default (4 MiB, as RocketMQ/Metaq clients).
+MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+#: Default upper bound on a payload length read from bytes (body + attribute section);
+#: anything larger is treated as corruption, not as a big message.
+MAX_PAYLOAD_SIZE = 64 * 1024 * 1024
+#: ms timestamp Metaq subtracts before shifting it into a msgId.
+MSG_ID_EPOCH_MS = 1303895660503
+#: Flag bit 0: the payload starts with an attribute (int32 length, UTF-8 text).
+FLAG_HAS_ATTRIBUTE = 1
+
+#: Longest command line accepted (CRLF excluded).
+MAX_LINE = 8192
+#: Default largest put payload the request parser accepts (4 MiB body + room for an attribute).
+DEFAULT_MAX_PAYLOAD = MAX_MESSAGE_SIZE + 64 * 1024
+#: Default largest reply body the reply parser accepts.
+DEFAULT_MAX_BODY = MAX_PAYLOAD_SIZE
+QUIT = b"quit\r\n"
+#: Token in a broker's ``version`` answer saying it honours ``get ... hold=<ms>``
+#: (metaq-py's long-polling extension of Metaq 1.4; README, "Protocol").
+HOLD_CAPABILITY = "+hold"
