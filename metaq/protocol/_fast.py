@@ -1,4 +1,9 @@
-"""The optional C speedups, or why they are not in use.
+"""The per-message work, C or Python, chosen once: the only place that knows.
+
+Each function below is bound at import to its C implementation (the optional
+extension ``_speedups``) when that is built and switched on, else to its pure-Python
+twin written next to it; callers import the name from :mod:`metaq.protocol` and
+never ask which one they got.  :data:`SPEEDUPS_STATUS` says which, and why.
 
 ``metaq/protocol/_speedups.c`` does the consumer's per-message work (walk the headers,
 verify CRC32s, build messages, call the listener) in C.  It is built by
@@ -42,3 +47,22 @@ def _load() -> tuple[ModuleType | None, str]:
 
 
 speedups, SPEEDUPS_STATUS = _load()
+
+
+# ----------------------------------------------------------------------------------
+# Reading side (consumer, Spark, tools): crc32, scan, take, deliver.
+# ----------------------------------------------------------------------------------
+
+
+
+
+# ----------------------------------------------------------------------------------
+# Producer side: encode_puts.
+# ----------------------------------------------------------------------------------
+
+
+
+
+# ----------------------------------------------------------------------------------
+# Broker side: fast_puts.
+# ----------------------------------------------------------------------------------
