@@ -17,8 +17,7 @@ from typing import TypeVar
 from kazoo.client import KazooClient
 from kazoo.protocol.states import KazooState
 
-from metaq._zk._process import free_port
-from metaq._zk._proxy import ZkProxy
+from metaq._zk import ZkProxy, free_port
 
 __all__ = ["WaitTimeout", "ZkProxy", "expire_session", "free_port", "wait_until"]
 

@@ -31,8 +31,8 @@ from zk_layout._codecs import (
     encode_owner,
     encode_topic_broker,
     encode_topic_list,
+    local_ip,
 )
-from zk_layout._codecs import _local_ip as local_ip
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import (
     BrokerChild,

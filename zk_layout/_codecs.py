@@ -57,6 +57,8 @@ __all__ = [
     "encode_owner",
     "encode_topic_broker",
     "encode_topic_list",
+    "local_ip",
+    "node_text",
 ]
 
 INT64_MIN = -(2**63)
@@ -72,7 +74,7 @@ _LONG = re.compile(r"-?[0-9]{1,19}")
 _ULONG = re.compile(r"[0-9]{1,19}")
 
 
-def _text(data: bytes | str | None, path: str, *, allow_empty: bool = False) -> str:
+def node_text(data: bytes | str | None, path: str, *, allow_empty: bool = False) -> str:
     """The node data as text, or NodeDataError for None, non-UTF-8 or (usually) empty."""
     if data is None:
         raise NodeDataError(path, data, "node has no data")
@@ -151,7 +153,7 @@ def encode_broker_uri(uri: BrokerUri) -> bytes:
 
 def decode_broker_uri(data: bytes | str | None, path: str = "") -> BrokerUri:
     """Parse ``meta://host:port`` with an optional ``?slaveId=N`` suffix."""
-    text = _text(data, path)
+    text = node_text(data, path)
     m = _URI.fullmatch(text)
     if m is None:
         raise NodeDataError(path, data, "expected a broker URI 'meta://host:port'")
@@ -225,7 +227,7 @@ def decode_topic_broker(data: bytes | str | None, path: str = "") -> TopicBroker
     """Parse the topic JSON; any whitespace and key order, unknown keys ignored,
     but ``numParts`` must be a JSON integer >= 0 and ``broker`` a ``"<id>-m"`` /
     ``"<id>-s<N>"`` string."""
-    text = _text(data, path)
+    text = node_text(data, path)
     try:
         obj = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
     except (ValueError, RecursionError) as e:
@@ -259,7 +261,7 @@ def encode_num_parts(num_parts: int) -> bytes:
 
 def decode_num_parts(data: bytes | str | None, path: str = "") -> int:
     """Parse the legacy numParts text (``"4"``)."""
-    text = _text(data, path)
+    text = node_text(data, path)
     if not _UINT.fullmatch(text) or len(text) > 10 or int(text) > INT32_MAX:
         raise NodeDataError(path, data, f"numParts must be a decimal integer 0..{INT32_MAX}")
     return int(text)
@@ -278,7 +280,7 @@ def encode_topic_list(topics: Iterable[str]) -> bytes:
 
 def decode_topic_list(data: bytes | str | None, path: str = "") -> tuple[str, ...]:
     """Parse ``"t1,t2"`` into ``("t1", "t2")`` (order kept)."""
-    text = _text(data, path)
+    text = node_text(data, path)
     topics = text.split(",")
     for topic in topics:
         try:
@@ -301,14 +303,14 @@ def build_consumer_id(
     address, this process and a fresh random UUID)."""
     check_group(group)
     if consumer_id is None:
-        ip = _local_ip() if ip is None else ip
+        ip = local_ip() if ip is None else ip
         pid = os.getpid() if pid is None else pid
         uuid = str(_uuid.uuid4()) if uuid is None else uuid
         consumer_id = f"{ip}-{pid}-{uuid}"
     return check_consumer_id(f"{group}_{consumer_id}")
 
 
-def _local_ip() -> str:
+def local_ip() -> str:
     """This host's outward IPv4 address without sending anything (UDP connect), or loopback."""
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -325,7 +327,7 @@ def encode_owner(consumer_id: str) -> bytes:
 
 def decode_owner(data: bytes | str | None, path: str = "") -> str:
     """The consumer id held by an owner node."""
-    text = _text(data, path)
+    text = node_text(data, path)
     try:
         return check_consumer_id(text)
     except InvalidNameError as e:
@@ -367,7 +369,7 @@ def encode_offset(value: StoredOffset) -> bytes:
 def decode_offset(data: bytes | str | None, path: str = "") -> StoredOffset:
     """Parse ``<msgId>-<offset>`` at the LAST ``-`` (msgId may be ``-1``), or a
     legacy bare ``<offset>`` (msg_id ``None``)."""
-    text = _text(data, path)
+    text = node_text(data, path)
     index = text.rfind("-")
     if index > 0:
         head, tail = text[:index], text[index + 1:]

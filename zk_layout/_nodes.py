@@ -9,13 +9,13 @@ from zk_layout._codecs import (
     BrokerUri,
     StoredOffset,
     TopicBroker,
-    _text,
     decode_broker_uri,
     decode_num_parts,
     decode_offset,
     decode_owner,
     decode_topic_broker,
     decode_topic_list,
+    node_text,
 )
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import BrokerChild, Partition, parse_broker_child, sort_partitions
@@ -59,7 +59,7 @@ def decode_node(ref: NodeRef, data: bytes | str | None) -> NodeValue:
     if kind is NodeKind.BROKER_SLAVE:
         return _broker_uri(path, data, ref.slave_no)
     if kind is NodeKind.BROKER_CONFIG_CHECKSUM:
-        return _text(data, path, allow_empty=True)
+        return node_text(data, path, allow_empty=True)
     if kind is NodeKind.TOPIC_LEGACY:
         return decode_num_parts(data, path)
     if kind in (NodeKind.TOPIC_PUB, NodeKind.TOPIC_SUB):

@@ -16,6 +16,7 @@ from metaq._zk._classpath import (
 from metaq._zk._ensemble import ZooKeeperEnsemble
 from metaq._zk._launcher import ZooKeeperServer
 from metaq._zk._process import four_letter_word, free_port, server_mode
+from metaq._zk._proxy import ZkProxy
 from metaq._zk._state import ZooKeeperConfig, ZooKeeperStatus, status, stop
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "ZooKeeperEnsemble",
     "ZooKeeperServer",
     "ZooKeeperStatus",
+    "ZkProxy",
     "find_java",
     "find_zookeeper_classpath",
     "four_letter_word",
