@@ -30,6 +30,8 @@ from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._processor import PartitionFetch
 from metaq.testing import wait_until
 
+pytestmark = pytest.mark.broker
+
 TOPIC = "t"
 
 

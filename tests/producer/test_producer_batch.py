@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from _procs import BrokerProc, read_partition
+from helpers.procs import BrokerProc, read_partition
 
 from metaq import (
     BatchSendError,
@@ -29,6 +29,8 @@ from metaq._message import build_payload
 from metaq.producer import BatchResults
 from metaq.producer._batch import BatchFuture, _Chunk, chunk_bounds
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 StartBroker = Callable[..., BrokerProc]
 

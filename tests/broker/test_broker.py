@@ -29,6 +29,8 @@ from metaq._protocol import (
 from metaq.broker import Broker, BrokerConfig
 from metaq.testing import wait_until
 
+pytestmark = pytest.mark.broker
+
 
 class Client:
     """A raw protocol client: send bytes, read parsed replies."""

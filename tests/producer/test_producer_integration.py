@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _procs import BrokerProc, read_partition
+from helpers.procs import BrokerProc, read_partition
 
 from metaq import (
     MessageError,
@@ -31,6 +31,8 @@ from metaq import (
 from metaq._codec import get_codec
 from metaq._message import build_payload, scan_messages
 from metaq.testing import expire_session, free_port, wait_until
+
+pytestmark = pytest.mark.broker
 
 StartBroker = Callable[..., BrokerProc]
 

@@ -10,7 +10,7 @@ import zlib
 from collections import defaultdict
 
 import pytest
-from _procs import start_broker
+from helpers.procs import start_broker
 
 import metaq.consumer._fetcher as fetcher_mod
 from metaq._codec import get_codec
@@ -19,6 +19,8 @@ from metaq._protocol import encode_put
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._processor import PartitionFetch
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "t"
 PARTS = 3

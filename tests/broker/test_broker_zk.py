@@ -17,6 +17,8 @@ from metaq._protocol import encode_version
 from metaq.broker import Broker, BrokerConfig
 from metaq.testing import expire_session, wait_until
 
+pytestmark = pytest.mark.broker
+
 LAYOUT = zk_layout.Layout()
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from _inproc import inproc_broker, produce
+from helpers.inproc import inproc_broker, produce
 
 from metaq import BrokerError
 from metaq._connection import BrokerConnection
 from metaq._message import iter_messages
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "conn"
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _procs import read_partition
+from helpers.procs import read_partition
 
 from metaq import BrokerError, ConnectionClosedError, SendTimeoutError
 from metaq._connection import BrokerConnection
@@ -18,6 +18,8 @@ from metaq._pipeline import PipelinedConnection, PutAck
 from metaq._protocol import RequestParser, encode_result
 from metaq.broker import Broker, BrokerConfig
 from metaq.testing import free_port, wait_until
+
+pytestmark = pytest.mark.broker
 
 
 @pytest.fixture
