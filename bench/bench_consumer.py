@@ -66,7 +66,7 @@ from kazoo.client import KazooClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _procs import start_broker  # noqa: E402
+from helpers.procs import start_broker  # noqa: E402
 
 from metaq import MessageConsumer  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402

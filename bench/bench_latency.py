@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _procs import start_broker  # noqa: E402
+from helpers.procs import start_broker  # noqa: E402
 
 from metaq import ConsumerConfig, MessageConsumer, Producer  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402

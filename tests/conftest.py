@@ -171,9 +171,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 @pytest.fixture
 def brokers(zk_connect: str, tmp_path) -> Iterator[object]:
-    """``brokers(id, {topic: n}, **kw)`` starts a broker process (tests/_procs.py); all of
+    """``brokers(id, {topic: n}, **kw)`` starts a broker process (tests/helpers/procs.py); all of
     them stop after the test."""
-    from _procs import start_broker, stop_all
+    from helpers.procs import start_broker, stop_all
 
     started: list = []
 
@@ -185,3 +185,22 @@ def brokers(zk_connect: str, tmp_path) -> Iterator[object]:
 
     yield start
     stop_all(started)
+
+
+# Fixtures whose use means a test needs a real ZooKeeper server / starts broker servers.
+_ZK_FIXTURES = frozenset({"zk_server", "zk_ensemble"})
+_BROKER_FIXTURES = frozenset({"brokers", "make_topic"})  # make_topic: tests/spark/conftest.py
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``zk`` / ``broker`` from each test's fixture closure (see tests/README.md).
+
+    Modules that start ZooKeeper or brokers without these fixtures (through
+    ``helpers.procs``, ``helpers.inproc`` or directly) carry a ``pytestmark``.
+    """
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & _ZK_FIXTURES and item.get_closest_marker("zk") is None:
+            item.add_marker(pytest.mark.zk)
+        if fixtures & _BROKER_FIXTURES and item.get_closest_marker("broker") is None:
+            item.add_marker(pytest.mark.broker)

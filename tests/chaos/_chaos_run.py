@@ -26,7 +26,7 @@ from _chaos_check import Verdict, check
 from _chaos_faults import KINDS, MEMBER_KINDS, Fault, FaultRunner, make_plan
 from _chaos_procs import Event, Member, ProducerLoop, child_pids
 from _chaos_zk import ZkAudit
-from _procs import BrokerProc, stop_all
+from helpers.procs import BrokerProc, stop_all
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 

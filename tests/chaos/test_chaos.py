@@ -31,6 +31,8 @@ import pytest
 from _chaos_report import add_report
 from _chaos_run import ChaosRun, ChaosSettings
 
+pytestmark = pytest.mark.broker
+
 SOAK = os.environ.get("METAQ_SOAK", "") not in ("", "0")
 
 

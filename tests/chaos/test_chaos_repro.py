@@ -11,13 +11,16 @@ import logging
 import threading
 import time
 
+import pytest
 from _chaos_procs import Event, Member
-from _procs import start_broker
+from helpers.procs import start_broker
 from kazoo.client import KazooClient
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import wait_until
 from zk_layout import Layout, decode_offset
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "frozen"
 GROUP = "g"

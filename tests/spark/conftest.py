@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _procs import BrokerProc, start_broker, stop_all
+from helpers.procs import BrokerProc, start_broker, stop_all
 
 from metaq import Producer
 

@@ -30,6 +30,8 @@ from metaq.protocol import (
 )
 from metaq.testing import wait_until
 
+pytestmark = pytest.mark.broker
+
 TOPIC = "t"
 
 

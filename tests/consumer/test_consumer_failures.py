@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 
 import pytest
-from _inproc import inproc_broker, produce
+from helpers.inproc import inproc_broker, produce
 
 from metaq import MessageConsumer
 from metaq.net import BrokerConnection
 from metaq.protocol import iter_messages, split_payload
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "work"
 DLQ = "%DLQ%fail"

@@ -8,9 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from _procs import start_broker
+from helpers.procs import start_broker
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+pytestmark = pytest.mark.broker
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOPIC = "orders"
 
 

@@ -38,7 +38,7 @@ from metaq.consumer._assignors import (
     ketama_hash,
 )
 
-GOLDEN_SRC = Path(__file__).parent / "golden" / "AssignGolden.java"
+GOLDEN_SRC = Path(__file__).parents[1] / "golden" / "AssignGolden.java"
 ALL_NAMES = ("default", "consist", "roundrobin", "sticky")
 
 

@@ -7,6 +7,10 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = [pytest.mark.zk, pytest.mark.broker]
+
 
 def _alive(pid: int) -> bool:
     try:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from _procs import BrokerProc, read_partition
+from helpers.procs import BrokerProc, read_partition
 
 from metaq import (
     MessageError,
@@ -30,6 +30,8 @@ from metaq import (
 )
 from metaq.protocol import build_payload, get_codec, scan_messages
 from metaq.testing import expire_session, free_port, wait_until
+
+pytestmark = pytest.mark.broker
 
 StartBroker = Callable[..., BrokerProc]
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from _procs import BrokerProc, read_partition
+from helpers.procs import BrokerProc, read_partition
 
 from metaq import (
     BatchSendError,
@@ -28,6 +28,8 @@ from metaq.producer import BatchResults
 from metaq.producer._batch import BatchFuture, _Chunk, chunk_bounds
 from metaq.protocol import build_payload, get_codec
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 StartBroker = Callable[..., BrokerProc]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_broker import Client, assert_logs_clean, make_config
@@ -21,6 +22,8 @@ from metaq.protocol import (
     encode_version,
     iter_messages,
 )
+
+pytestmark = pytest.mark.broker
 
 topics = st.sampled_from(["t", "other", "nope"])
 ints = st.one_of(st.integers(-3, 3), st.integers(-(2 ** 31), 2 ** 31 - 1))

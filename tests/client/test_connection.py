@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from _inproc import inproc_broker, produce
+from helpers.inproc import inproc_broker, produce
 
 from metaq import BrokerError
 from metaq.net import BrokerConnection
 from metaq.protocol import iter_messages
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "conn"
 

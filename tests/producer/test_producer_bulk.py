@@ -35,6 +35,8 @@ from metaq.protocol import (
 
 # --------------------------------------------------------------------------- replies
 
+pytestmark = pytest.mark.broker
+
 _ok = st.builds(lambda op, mid, part, off: ("ok", op, b"%d %d %d" % (mid, part, off)),
                 st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1), st.integers(0, 9999),
                 st.integers(0, 2**45))

@@ -10,15 +10,17 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from _procs import start_broker
+from helpers.procs import start_broker
 
 from metaq import Producer
 from metaq.testing import wait_until
 from zk_layout import Layout, decode_offset
 
+pytestmark = pytest.mark.broker
+
 L = Layout()
 TOPIC = "crash"
-SCRIPT = str(Path(__file__).with_name("_consumer_script.py"))
+SCRIPT = str(Path(__file__).parents[1] / "helpers" / "consumer_script.py")
 
 
 class Proc:

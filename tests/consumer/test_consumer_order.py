@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from _procs import start_broker
+import pytest
+from helpers.procs import start_broker
 from test_consumer_e2e import ConsumerProc  # the `metaq consume --print` process wrapper
 
 from metaq import Producer
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "events"  # ConsumerProc consumes this topic in group "g"
 N = 100_000

@@ -8,11 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from _procs import start_broker, stop_all
+from helpers.procs import start_broker, stop_all
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import free_port, wait_until
 from zk_layout import Layout, decode_offset
+
+pytestmark = pytest.mark.broker
 
 L = Layout()
 TOPIC, GROUP = "audit", "ops"

@@ -1,6 +1,6 @@
 """A consumer process for kill -9 tests: prints a line per message AFTER processing it.
 
-    python tests/_consumer_script.py --zk Z --group G --topic T [--mode concurrent]
+    python tests/helpers/consumer_script.py --zk Z --group G --topic T [--mode concurrent]
         [--threads N] [--sleep-ms-max MS] [--fail-on BODY,...] [--hang-on-redelivery]
         [--recover-dir D] [--recover-interval S] [--commit-period S] [--seed N]
 

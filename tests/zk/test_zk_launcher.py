@@ -24,6 +24,8 @@ from metaq._zk import (
 from metaq._zk._process import pid_alive
 from metaq.testing import free_port, wait_until
 
+pytestmark = pytest.mark.zk
+
 
 def _metaq_cmd() -> list[str]:
     script = Path(sys.executable).parent / "metaq"

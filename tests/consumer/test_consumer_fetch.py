@@ -10,13 +10,15 @@ import zlib
 from collections import defaultdict
 
 import pytest
-from _procs import start_broker
+from helpers.procs import start_broker
 
 import metaq.consumer._fetcher as fetcher_mod
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._processor import PartitionFetch
 from metaq.protocol import build_payload, encode_put, get_codec
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "t"
 PARTS = 3

@@ -7,12 +7,14 @@ import time
 from collections import Counter
 
 import pytest
-from _inproc import inproc_broker
-from _inproc import produce as send
+from helpers.inproc import inproc_broker
+from helpers.inproc import produce as send
 
 from metaq import ConfigError, MessageConsumer
 from metaq.consumer import RECONSUME_LATER
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "modes"
 

@@ -2,7 +2,7 @@
 
 ::
 
-    from _procs import start_broker   # tests/ is on sys.path under pytest
+    from helpers.procs import start_broker   # tests/ is on sys.path (pyproject pythonpath)
 
     with start_broker(zk_connect, 0, tmp_path / "b0", {"orders": 4}) as broker:
         ...                     # `metaq broker start` runs, registered in ZooKeeper

@@ -11,6 +11,8 @@ from metaq import ConfigError
 from metaq.broker import Broker, BrokerConfig
 from metaq.testing import wait_until
 
+pytestmark = pytest.mark.broker
+
 
 def test_idle_connection_closed_talking_one_kept(tmp_path):
     cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=0, topics={"t": 1},

@@ -9,13 +9,15 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from _procs import read_partition
+from helpers.procs import read_partition
 
 from metaq import BrokerError, ConnectionClosedError, SendTimeoutError
 from metaq.broker import Broker, BrokerConfig
 from metaq.net import BrokerConnection, PipelinedConnection, PutAck
 from metaq.protocol import RequestParser, checksum, encode_result
 from metaq.testing import free_port, wait_until
+
+pytestmark = pytest.mark.broker
 
 
 @pytest.fixture

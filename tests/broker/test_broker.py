@@ -33,6 +33,8 @@ from metaq.protocol import (
 )
 from metaq.testing import wait_until
 
+pytestmark = pytest.mark.broker
+
 
 class Client:
     """A raw protocol client: send bytes, read parsed replies."""

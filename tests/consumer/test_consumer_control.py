@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from _inproc import inproc_broker, produce
+from helpers.inproc import inproc_broker, produce
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import wait_until
+
+pytestmark = pytest.mark.broker
 
 TOPIC = "ctl"
 

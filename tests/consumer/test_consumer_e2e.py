@@ -17,12 +17,14 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
-from _procs import start_broker, stop_all
+from helpers.procs import start_broker, stop_all
 from kazoo.client import KazooClient
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import ZkProxy, wait_until
 from zk_layout import Layout, decode_offset
+
+pytestmark = pytest.mark.broker
 
 L = Layout()
 TOPIC = "events"

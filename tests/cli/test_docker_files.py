@@ -9,7 +9,7 @@ import yaml
 
 from metaq._cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_compose_services_have_healthchecks_and_valid_metaq_commands():

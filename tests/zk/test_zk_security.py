@@ -11,6 +11,8 @@ from metaq.consumer import State
 from metaq.testing import wait_until
 from zk_layout import Layout, TopicBroker, encode_topic_broker
 
+pytestmark = pytest.mark.broker
+
 L = Layout()
 
 

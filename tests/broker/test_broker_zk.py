@@ -17,6 +17,8 @@ from metaq.broker import Broker, BrokerConfig
 from metaq.protocol import encode_version
 from metaq.testing import expire_session, wait_until
 
+pytestmark = pytest.mark.broker
+
 LAYOUT = zk_layout.Layout()
 
 

@@ -1,0 +1,11 @@
+"""Shared test helpers, importable from any test room as ``helpers.*``.
+
+``tests/`` is on ``sys.path`` under pytest (``pythonpath`` in pyproject.toml), so
+``from helpers.procs import start_broker`` works from every directory.
+
+- :mod:`helpers.procs`: broker subprocesses (``metaq broker start``) and reading a
+  partition back;
+- :mod:`helpers.inproc`: an in-process broker and a pipelined ``produce``;
+- :mod:`helpers.consumer_script`: a consumer process for kill -9 tests, run as a
+  script (``python tests/helpers/consumer_script.py ...``).
+"""
