@@ -23,7 +23,7 @@ __all__ = ["WaitTimeout", "ZkProxy", "expire_session", "free_port", "wait_until"
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
+_T = TypeVar("_T")
 
 
 class WaitTimeout(AssertionError, TimeoutError):
@@ -31,11 +31,11 @@ class WaitTimeout(AssertionError, TimeoutError):
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], _T],
     timeout: float = 10.0,
     interval: float = 0.02,
     what: str = "condition",
-) -> T:
+) -> _T:
     """Call ``predicate`` every ``interval`` seconds until it returns something truthy.
 
     Returns that value.  Raises :class:`WaitTimeout` naming ``what`` (and the last value

@@ -34,8 +34,6 @@ FACES = [
 KNOWN_UNLISTED = {
     "metaq.broker": "metaq.broker.BrokerRegistry is public (imported from _registry for "
                     "Broker's use) but not in metaq.broker.__all__",
-    "metaq.testing": "metaq.testing.T (a TypeVar) is public but not in "
-                     "metaq.testing.__all__: it would be _T",
 }
 
 
