@@ -38,6 +38,7 @@ def _fn(impl, name):
     """The C function ``name``, or its Python twin."""
     return getattr(s, name) if impl == "c" else getattr(_fast, f"py_{name}")
 
+
 _MAX = 0x7FFFFFFF - 20
 _CODEC = get_codec("bytes")
 _PLAIN, _ATTR = message_classes(_CODEC)
