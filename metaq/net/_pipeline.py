@@ -45,8 +45,7 @@ from typing import Any
 from metaq._errors import ConnectionClosedError, SendTimeoutError
 from metaq.net._acks import MultiPending, Pending, PutFuture
 from metaq.net._reader import ReplyReader, Run, closed_error
-from metaq.protocol import OPAQUE_MASK, encode_put
-from metaq.protocol._fast import speedups as _NATIVE
+from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts
 
 __all__ = ["READER_PREFIX", "PipelinedConnection"]
 
@@ -59,21 +58,6 @@ _islice = itertools.islice
 
 
 # --------------------------------------------------------------------------- connection
-
-def _encode_puts(head: bytes, flag: int, payloads: list[bytes], checksums: list[int],
-                 opaques: list[int]) -> tuple[bytes, list[int]]:
-    """The put requests of one partition as one bytes, and the size of each; ``head``
-    is ``b"put <topic> <partition> "``.  In C when the speedups are built."""
-    if _NATIVE is not None and type(payloads) is list and type(checksums) is list:
-        try:
-            return _NATIVE.encode_puts(head, flag, payloads, checksums, opaques)
-        except TypeError:  # a payload that is not bytes: the general code below
-            pass
-    fmt = head.replace(b"%", b"%%") + b"%d " + (b"%d" % flag) + b" %d %d\r\n%b"
-    data = list(map(fmt.__mod__, zip(map(len, payloads), checksums, opaques, payloads,
-                                     strict=True)))
-    return b"".join(data), list(map(len, data))
-
 
 class PipelinedConnection(ReplyReader):
     """Many ``put`` requests in flight on one TCP connection to a broker.
@@ -200,8 +184,8 @@ class PipelinedConnection(ReplyReader):
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefix(topic)
-        data, sizes = _encode_puts(b"%b%d " % (prefix, partition), flag, payloads, checksums,
-                                   opaques)
+        data, sizes = encode_puts(b"%b%d " % (prefix, partition), flag, payloads, checksums,
+                                  opaques)
         size = sum(sizes)
         run = Run(request, opaques, sizes)
         pending = self._pending

@@ -9,7 +9,8 @@ One concept per module:
 ``_parsers``              incremental parsers: requests (broker), replies (clients)
 ``_codec``                body codecs (a library convention over opaque bytes)
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
-                          chosen once
+                          chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
+                          (read by a ``PartitionReader``), ``encode_puts``
 ========================  =====================================================
 
 The broker, the client connections (:mod:`metaq.net`), the producer, the
@@ -56,15 +57,29 @@ from metaq.protocol._constants import (
     OPAQUE_MASK,
     QUIT,
 )
-from metaq.protocol._fast import SPEEDUPS_STATUS
-from metaq.protocol._message import (
+from metaq.protocol._fast import (
     CRC32_IMPL,
+    SPEEDUPS_IN_USE,
+    SPEEDUPS_STATUS,
+    ST_BAD,
+    ST_END,
+    ST_ERROR,
+    ST_LATER,
+    ST_LIMIT,
+    PartitionReader,
+    crc32,
+    deliver,
+    encode_puts,
+    prepare,
+    scan,
+    take,
+)
+from metaq.protocol._message import (
     HEADER,
     MsgIdGenerator,
     RawMessage,
     build_payload,
     checksum,
-    crc32,
     encode_message,
     iter_messages,
     msg_id_parts,
@@ -80,9 +95,8 @@ __all__ = [
     "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "MSG_ID_EPOCH_MS", "FLAG_HAS_ATTRIBUTE",
     "MAX_LINE", "DEFAULT_MAX_PAYLOAD", "DEFAULT_MAX_BODY", "QUIT", "HOLD_CAPABILITY",
     # message bytes
-    "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "crc32", "CRC32_IMPL",
-    "build_payload", "split_payload", "encode_message", "iter_messages", "scan_messages",
-    "scan_problem", "msg_id_parts",
+    "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "build_payload", "split_payload",
+    "encode_message", "iter_messages", "scan_messages", "scan_problem", "msg_id_parts",
     # commands
     "PutRequest", "GetRequest", "OffsetRequest", "StatsRequest", "VersionRequest",
     "QuitRequest", "BadRequest", "Result", "Value", "encode_put", "encode_get",
@@ -92,6 +106,8 @@ __all__ = [
     "RequestParser", "ReplyParser",
     # codecs
     "Codec", "get_codec", "CODECS",
-    # C or Python
-    "SPEEDUPS_STATUS",
+    # C or Python, chosen once
+    "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
+    "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
+    "encode_puts",
 ]

@@ -8,23 +8,41 @@ never ask which one they got.  :data:`SPEEDUPS_STATUS` says which, and why.
 ``metaq/protocol/_speedups.c`` does the consumer's per-message work (walk the headers,
 verify CRC32s, build messages, call the listener) in C.  It is built by
 ``pip install`` when a C compiler and the Python headers are there; without
-them the install goes on with a warning and every caller uses its pure-Python
-code path, which gives the same results (``tests/test_speedups.py`` checks
-both against each other).
+them the install goes on with a warning and every name here is bound to its
+twin (``py_<name>``), which takes the same arguments and gives the same results
+and exceptions (``tests/test_speedups.py`` fuzzes each pair against each other).
 
-``METAQ_NO_SPEEDUPS=1`` in the environment turns the C paths off, for
-comparisons (``METAQ_NO_AVX512=1`` keeps the C code but folds CRC32s 128 bits at
-a time, ``METAQ_NO_CLMUL=1`` uses its lookup tables).  ``metaq --version``
-prints :data:`SPEEDUPS_STATUS`.
+``METAQ_NO_SPEEDUPS=1`` in the environment binds the twins, for comparisons
+(``METAQ_NO_AVX512=1`` keeps the C code but folds CRC32s 128 bits at a time,
+``METAQ_NO_CLMUL=1`` uses its lookup tables).  ``metaq --version`` prints
+:data:`SPEEDUPS_STATUS`.
+
+This module imports nothing of metaq but the constants (``_message`` imports it,
+not the other way round).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import struct
+from array import array
+from collections.abc import Callable
+from itertools import count, repeat
 from types import ModuleType
+from typing import Any
 
-__all__ = ["speedups", "SPEEDUPS_STATUS", "EXPECTED_VERSION"]
+from metaq.protocol._constants import CHECKSUM_MASK, HEADER_SIZE, INT32_MAX, MAX_PAYLOAD
+
+__all__ = [
+    "speedups", "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "EXPECTED_VERSION",
+    # reading side
+    "crc32", "CRC32_IMPL", "scan", "take", "deliver", "prepare", "PartitionReader",
+    "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
+    "py_crc32", "py_scan", "py_take", "py_deliver", "py_prepare", "c_prepare",
+    # producer side
+    "encode_puts", "py_encode_puts", "c_encode_puts",
+]
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
 #: ``.so`` left next to newer sources) is ignored rather than misused.
@@ -47,20 +65,323 @@ def _load() -> tuple[ModuleType | None, str]:
 
 
 speedups, SPEEDUPS_STATUS = _load()
+#: The C implementations are bound (for the rare caller whose Python path is a
+#: different algorithm, not a twin: the Spark source's vectorised Arrow walk).
+SPEEDUPS_IN_USE = speedups is not None
 
 
 # ----------------------------------------------------------------------------------
 # Reading side (consumer, Spark, tools): crc32, scan, take, deliver.
 # ----------------------------------------------------------------------------------
 
+#: Why ``take``/``deliver`` stopped (the C module's ``END``, ``LIMIT``, ...):
+#: no further whole message (the data is used up or the next message is cut
+#: short); ``limit`` messages or ``max_bytes`` taken; an impossible length or a
+#: checksum mismatch at ``pos``; the listener returned ``later`` for the message at
+#: ``pos``; the listener raised.
+ST_END, ST_LIMIT, ST_BAD, ST_LATER, ST_ERROR = 0, 1, 2, 3, 4
 
+#: length (read unsigned: a negative one is just too long), checksum, msgId, flag
+_HEADER = struct.Struct(">Iiqi")
+_unpack_header = _HEADER.unpack_from
+_unpack_length = struct.Struct(">I").unpack_from
+_struct_error = struct.error
+
+# crc32(data, value=0) -> int: zlib's CRC-32 of any bytes-like ``data``.
+#
+# ISA-L's (a dependency) is preferred even to the extension's: both are C, but
+# ISA-L's call is cheaper (57 against 108 ns on 100 bytes, the same from 10 KB);
+# the extension's beats zlib's from about 20 bytes.  (The extension's walks below
+# check CRC32s inside C, with its own.)
+try:
+    from isal.isal_zlib import crc32 as py_crc32
+
+    _PY_CRC32 = "isal"
+except ImportError:  # pragma: no cover - isal is a dependency; kept for odd platforms
+    from zlib import crc32 as py_crc32
+
+    _PY_CRC32 = "zlib"
+
+crc32: Callable[..., int]
+if speedups is not None and _PY_CRC32 == "zlib":  # pragma: no cover - see above
+    crc32, CRC32_IMPL = speedups.crc32, "speedups"
+else:
+    crc32, CRC32_IMPL = py_crc32, _PY_CRC32
+
+
+def py_scan(data: Any, verify: bool = True, max_payload: int = INT32_MAX,
+            bounds: bool = True) -> tuple[bytes | None, int, int, int, int, int]:
+    """scan(data, verify=True, max_payload=2**31-1, bounds=True)
+    -> (bounds, count, stop, kind, a, b).
+
+    Walk the whole messages at the start of ``data``.  ``bounds``: native int32
+    start of each, then ``stop`` (the end of the last); None when not asked for.
+    ``kind`` 0: what follows ``stop`` is empty or cut short; 1: impossible length
+    ``a``; 2: checksum mismatch (``a`` stored, ``b`` actual).  (The C one releases
+    the GIL.)
+    """
+    mv = memoryview(data)
+    if mv.itemsize != 1 or mv.ndim != 1:
+        mv = mv.cast("B")
+    n = len(mv)
+    if n > INT32_MAX:
+        raise ValueError("scan: data longer than 2 GiB")
+    cap = min(max_payload, INT32_MAX)
+    unpack, crc = _unpack_header, crc32
+    starts: list[int] = []
+    add = starts.append
+    pos = kind = a = b = 0
+    while n - pos >= HEADER_SIZE:
+        length, check, _msg_id, _flag = unpack(mv, pos)
+        if length > cap:
+            kind, a = 1, length - (length >> 31 << 32)  # as the signed int32 it is
+            break
+        end = pos + HEADER_SIZE + length
+        if end > n:
+            break
+        if verify:
+            actual = crc(mv[pos + HEADER_SIZE:end]) & CHECKSUM_MASK
+            if actual != check:
+                kind, a, b = 2, check, actual
+                break
+        add(pos)
+        pos = end
+    found = len(starts)
+    if not bounds:
+        return None, found, pos, kind, a, b
+    add(pos)
+    return array("i", starts).tobytes(), found, pos, kind, a, b
+
+
+#: message classes take/deliver were given and found fit (see _check_classes)
+_FIT: set[type] = set()
+
+
+def _check_classes(plain: Any, attr: Any) -> None:
+    """What the C functions check of the message classes: they build a message by
+    filling a tuple of 8 items, so each must be a tuple subclass without fields."""
+    for cls, name in ((plain, "plain"), (attr, "attr")):
+        if cls not in _FIT:
+            if not (isinstance(cls, type) and issubclass(cls, tuple)
+                    and cls.__basicsize__ == tuple.__basicsize__
+                    and cls.__itemsize__ == tuple.__itemsize__):
+                raise TypeError(f"{name} must be a tuple subclass without instance fields")
+            _FIT.add(cls)
+
+
+def _as_bytes(data: Any) -> bytes:
+    """Slicing bytes is the cheapest way to the bodies: one copy of any other buffer."""
+    return data if type(data) is bytes else memoryview(data).tobytes()
+
+
+def py_take(data: Any, pos: int, base: int, limit: int, max_bytes: int, verify: bool,
+            max_payload: int, topic: str, partition: str, codec: Any, plain: type,
+            attr: type) -> tuple[list[Any], int, int]:
+    """take(data, pos, base, limit, max_bytes, verify, max_payload, topic, partition,
+    codec, plain, attr) -> (messages, pos, status).
+
+    Up to ``limit`` messages from ``pos``, and no more once they span ``max_bytes``
+    (at least one); ``status`` is ST_LIMIT, or ST_END already when nothing whole
+    follows, or ST_END / ST_BAD when the walk stopped there.  A message is
+    ``cls((topic, partition, base + pos, base + end, msg_id, flag, payload, codec))``,
+    ``cls`` being ``attr`` when flag bit 0 is set, else ``plain``.
+    """
+    data = _as_bytes(data)
+    _check_classes(plain, attr)
+    n = len(data)
+    if pos < 0 or pos > n:
+        raise ValueError("take: pos outside the data")
+    cap = min(max_payload, INT32_MAX)
+    unpack, crc, struct_error = _unpack_header, crc32, _struct_error
+    messages: list[Any] = []
+    add = messages.append
+    stop_at = pos + max_bytes
+    status = ST_LIMIT
+    # the hot loop of a batch listener without C: everything a local, one call a message
+    for _ in repeat(None, limit if max_bytes > 0 else 0):
+        try:
+            length, check, msg_id, flag = unpack(data, pos)
+        except struct_error:  # less than a header left
+            status = ST_END
+            break
+        if length > cap:
+            status = ST_BAD
+            break
+        end = pos + HEADER_SIZE + length
+        if end > n:
+            status = ST_END
+            break
+        payload = data[pos + HEADER_SIZE:end]
+        if verify and crc(payload) & CHECKSUM_MASK != check:
+            status = ST_BAD
+            break
+        add((plain if not flag else attr if flag & 1 else plain)(
+            (topic, partition, base + pos, base + end, msg_id, flag, payload, codec)))
+        pos = end
+        if pos >= stop_at:
+            break
+    if status == ST_LIMIT:  # say END now rather than on the next call
+        if n - pos < HEADER_SIZE:
+            status = ST_END
+        else:
+            length = _unpack_length(data, pos)[0]
+            if length <= cap and pos + HEADER_SIZE + length > n:
+                status = ST_END
+    return messages, pos, status
+
+
+def py_deliver(data: Any, pos: int, base: int, verify: bool, max_payload: int, topic: str,
+               partition: str, codec: Any, plain: type, attr: type,
+               listener: Callable[[Any], Any], later: Any
+               ) -> tuple[int, int, int, Any, Any, BaseException | None]:
+    """deliver(data, pos, base, verify, max_payload, topic, partition, codec, plain, attr,
+    listener, later) -> (status, pos, count, last, failed, exc).
+
+    Call ``listener(m)`` for each message from ``pos`` (built as by :func:`py_take`)
+    until the data ends (ST_END), a bad message (ST_BAD), a ``later`` (ST_LATER) or
+    an Exception (ST_ERROR, ``exc``; a BaseException propagates).  ``pos`` is where
+    the walk stopped (the failed message's start), ``count`` how many messages the
+    listener took, ``last`` the last of them, ``failed`` the message it refused.
+    """
+    data = _as_bytes(data)
+    _check_classes(plain, attr)
+    n = len(data)
+    if pos < 0 or pos > n:
+        raise ValueError("deliver: pos outside the data")
+    cap = min(max_payload, INT32_MAX)
+    unpack, crc, struct_error = _unpack_header, crc32, _struct_error
+    last = None
+    # the consumer's hot loop without C: everything a local, a message built in one
+    # call; ``i``, the number of messages taken, is counted by itertools.count
+    for i in count():
+        try:
+            length, check, msg_id, flag = unpack(data, pos)
+        except struct_error:  # less than a header left
+            return ST_END, pos, i, last, None, None
+        if length > cap:
+            return ST_BAD, pos, i, last, None, None
+        end = pos + HEADER_SIZE + length
+        if end > n:
+            return ST_END, pos, i, last, None, None
+        payload = data[pos + HEADER_SIZE:end]
+        if verify and crc(payload) & CHECKSUM_MASK != check:
+            return ST_BAD, pos, i, last, None, None
+        m = (plain if not flag else attr if flag & 1 else plain)(
+            (topic, partition, base + pos, base + end, msg_id, flag, payload, codec))
+        try:
+            if listener(m) is later:
+                return ST_LATER, pos, i, last, m, None
+        except Exception as exc:  # noqa: BLE001 - handed back, as by the C one
+            return ST_ERROR, pos, i, last, m, exc
+        last = m
+        pos = end
+    raise AssertionError("unreachable: count() has no end")
+
+
+def c_prepare(data: Any, verify: bool, max_payload: int, scan_first: int) -> tuple[Any, bool]:
+    """prepare with C: a reply longer than ``scan_first`` bytes has its checksums
+    checked first, in one C pass without the GIL (other threads run meanwhile), and
+    the messages are then built from its verified prefix, unverified."""
+    if verify and len(data) > scan_first:
+        stop = scan(data, True, max_payload, False)[2]
+        if stop:
+            return memoryview(data)[:stop], False
+    return data, verify
+
+
+def py_prepare(data: Any, verify: bool, max_payload: int, scan_first: int
+               ) -> tuple[Any, bool]:
+    """prepare(data, verify, max_payload, scan_first) -> (data, verify): what
+    :func:`take`/:func:`deliver` read a batch from, and whether they still must
+    verify it.  In Python: the batch as bytes (a view is copied once, since slicing
+    bytes is the cheapest way to the bodies); there is no GIL to release."""
+    return _as_bytes(data), verify
+
+
+scan: Callable[..., tuple[bytes | None, int, int, int, int, int]]
+take: Callable[..., tuple[list[Any], int, int]]
+deliver: Callable[..., tuple[int, int, int, Any, Any, BaseException | None]]
+prepare: Callable[[Any, bool, int, int], tuple[Any, bool]]
+if speedups is not None:
+    scan, take, deliver, prepare = speedups.scan, speedups.take, speedups.deliver, c_prepare
+else:
+    scan, take, deliver, prepare = py_scan, py_take, py_deliver, py_prepare
+
+
+class PartitionReader:
+    """One partition's messages read by the bound :func:`take` and :func:`deliver`:
+    what they are built with (topic, partition, codec, its two message classes), and
+    the largest payload length believed, set once; a call a batch or a slice, never
+    a message.
+
+    The bound functions are looked up when called (a test may rebind them here).
+    """
+
+    __slots__ = ("topic", "partition", "codec", "plain", "attr", "max_payload")
+
+    def __init__(self, topic: str, partition: str, codec: Any, plain: type, attr: type,
+                 max_payload: int = MAX_PAYLOAD) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.codec = codec
+        self.plain = plain
+        self.attr = attr
+        self.max_payload = max_payload
+
+    def prepare(self, data: Any, verify: bool, scan_first: int) -> tuple[Any, bool]:
+        """``(data, verify)`` to read a batch with (see :func:`py_prepare`)."""
+        return prepare(data, verify, self.max_payload, scan_first)
+
+    def take(self, data: Any, pos: int, base: int, limit: int, max_bytes: int,
+             verify: bool) -> tuple[list[Any], int, int]:
+        """``(messages, pos, status)``: see :func:`py_take`."""
+        return take(data, pos, base, limit, max_bytes, verify, self.max_payload, self.topic,
+                    self.partition, self.codec, self.plain, self.attr)
+
+    def deliver(self, data: Any, pos: int, base: int, verify: bool,
+                listener: Callable[[Any], Any], later: Any
+                ) -> tuple[int, int, int, Any, Any, BaseException | None]:
+        """``(status, pos, count, last, failed, exc)``: see :func:`py_deliver`."""
+        return deliver(data, pos, base, verify, self.max_payload, self.topic,
+                       self.partition, self.codec, self.plain, self.attr, listener, later)
 
 
 # ----------------------------------------------------------------------------------
 # Producer side: encode_puts.
 # ----------------------------------------------------------------------------------
 
+def py_encode_puts(head: bytes, flag: int, payloads: list[Any], checksums: list[int],
+                   opaques: list[int]) -> tuple[bytes, list[int]]:
+    """encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes).
 
+    The put requests of one partition as one bytes, and the size of each: one
+    ``<head><len> <flag> <checksum> <opaque>\\r\\n<payload>`` per payload, ``head``
+    being ``b"put <topic> <partition> "``.  Any bytes-like payloads, any sequences.
+    """
+    if not len(payloads) == len(checksums) == len(opaques):
+        raise ValueError("encode_puts: lists of different lengths")
+    fmt = head.replace(b"%", b"%%") + b"%d " + (b"%d" % flag) + b" %d %d\r\n%b"
+    data = list(map(fmt.__mod__, zip(map(len, payloads), checksums, opaques, payloads,
+                                     strict=True)))
+    return b"".join(data), list(map(len, data))
+
+
+def c_encode_puts(head: bytes, flag: int, payloads: list[Any], checksums: list[int],
+                  opaques: list[int]) -> tuple[bytes, list[int]]:
+    """encode_puts with C, which takes lists of bytes only: anything else (a
+    ``bytearray`` payload, a tuple) goes to the Python formatting."""
+    try:
+        return _c_encode_puts(head, flag, payloads, checksums, opaques)
+    except TypeError:
+        return py_encode_puts(head, flag, payloads, checksums, opaques)
+
+
+encode_puts: Callable[[bytes, int, list[Any], list[int], list[int]], tuple[bytes, list[int]]]
+if speedups is not None:
+    _c_encode_puts = speedups.encode_puts
+    encode_puts = c_encode_puts
+else:
+    encode_puts = py_encode_puts
 
 
 # ----------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ A message on disk and inside the body of a ``value`` reply is::
 
 all big-endian.  This module encodes and decodes those bytes, iterates over a
 buffer of concatenated messages without copying more than needed, and
-generates broker message ids.
+generates broker message ids.  The walk over a buffer is :func:`metaq.protocol._fast.scan`
+(C or its Python twin): :func:`scan_messages` and :func:`iter_messages` are that walk
+with errors worded for people.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from metaq.protocol._constants import (
     MAX_PAYLOAD_SIZE,
     MSG_ID_EPOCH_MS,
 )
-from metaq.protocol._fast import speedups as _native
+from metaq.protocol._fast import crc32, scan
 
 __all__ = [
     "HEADER",
@@ -49,8 +51,6 @@ __all__ = [
     "scan_messages",
     "scan_problem",
     "msg_id_parts",
-    "crc32",
-    "CRC32_IMPL",
 ]
 
 #: length, checksum, msgId, flag
@@ -60,15 +60,7 @@ assert HEADER.size == HEADER_SIZE
 _ATTR_LEN = struct.Struct(">i")
 _unpack_header = HEADER.unpack_from
 _pack_header = HEADER.pack
-try:  # ISA-L's CRC32 (zlib's polynomial) is 4-8x faster on message-sized buffers
-    from isal.isal_zlib import crc32
-
-    CRC32_IMPL = "isal"
-except ImportError:  # pragma: no cover - isal is a dependency; kept for odd platforms
-    from zlib import crc32
-
-    CRC32_IMPL = "zlib"
-_crc32 = crc32
+_crc32 = crc32  # ISA-L's when installed (chosen in metaq.protocol._fast)
 
 
 class RawMessage(NamedTuple):
@@ -140,32 +132,26 @@ def iter_messages(buf: bytes | bytearray | memoryview, start_offset: int = 0, *,
     message (header or payload cut short) ends the iteration silently.  A
     negative or larger-than-``max_payload`` length raises
     :class:`metaq.MessageError`, a checksum mismatch (when ``verify``)
-    :class:`metaq.ChecksumError`; both name the offset.
+    :class:`metaq.ChecksumError`; both name the offset, and come after the
+    messages before it.  (``buf`` is walked first, in one ``scan``.)
     """
     mv = buf if isinstance(buf, memoryview) else memoryview(buf)
     if mv.itemsize != 1 or mv.ndim != 1:
         mv = mv.cast("B")
-    end = len(mv)
-    pos = 0
+    bounds, _count, stop, kind, a, b = scan(mv, verify, max_payload)
+    starts = memoryview(bounds).cast("i").tolist()
     unpack = _unpack_header
-    crc = _crc32
-    while end - pos >= HEADER_SIZE:
-        length, check, msg_id, flag = unpack(mv, pos)
-        if length < 0 or length > max_payload:
-            raise MessageError(
-                f"impossible message length {length} at offset {start_offset + pos} "
-                f"(limit {max_payload})")
-        nxt = pos + HEADER_SIZE + length
-        if nxt > end:
-            return
-        payload = mv[pos + HEADER_SIZE:nxt]
-        if verify and crc(payload) & CHECKSUM_MASK != check:
-            raise ChecksumError(
-                f"checksum mismatch at offset {start_offset + pos}: header says {check}, "
-                f"payload of {length} bytes has {crc(payload) & CHECKSUM_MASK}")
-        yield RawMessage(start_offset + pos, msg_id, flag, payload.tobytes(),
+    for pos, nxt in zip(starts, starts[1:], strict=False):
+        _length, _check, msg_id, flag = unpack(mv, pos)
+        yield RawMessage(start_offset + pos, msg_id, flag, mv[pos + HEADER_SIZE:nxt].tobytes(),
                          start_offset + nxt)
-        pos = nxt
+    if kind == 1:
+        raise MessageError(f"impossible message length {a} at offset {start_offset + stop} "
+                           f"(limit {max_payload})")
+    if kind == 2:
+        raise ChecksumError(
+            f"checksum mismatch at offset {start_offset + stop}: header says {a}, "
+            f"payload of {unpack(mv, stop)[0]} bytes has {b}")
 
 
 def scan_messages(buf: bytes | bytearray | memoryview, *,
@@ -177,32 +163,13 @@ def scan_messages(buf: bytes | bytearray | memoryview, *,
     and ``None`` when the rest is empty or a truncated message, else a text
     saying what is wrong at ``valid_bytes`` (bad length or checksum).
     """
-    if _native is not None:
-        _bounds, count, valid, kind, a, b = _native.scan(buf, True, max_payload, False)
-        return valid, count, scan_problem(kind, a, b)
-    mv = buf if isinstance(buf, memoryview) else memoryview(buf)
-    end = len(mv)
-    pos = 0
-    count = 0
-    unpack = _unpack_header
-    crc = _crc32
-    while end - pos >= HEADER_SIZE:
-        length, check, _msg_id, _flag = unpack(mv, pos)
-        if length < 0 or length > max_payload:
-            return pos, count, f"impossible message length {length}"
-        nxt = pos + HEADER_SIZE + length
-        if nxt > end:
-            return pos, count, None
-        got = crc(mv[pos + HEADER_SIZE:nxt]) & CHECKSUM_MASK
-        if got != check:
-            return pos, count, f"checksum mismatch (header {check}, payload {got})"
-        count += 1
-        pos = nxt
-    return pos, count, None
+    _bounds, count, valid, kind, a, b = scan(buf, True, max_payload, False)
+    return valid, count, scan_problem(kind, a, b)
 
 
 def scan_problem(kind: int, a: int, b: int) -> str | None:
-    """The text :func:`scan_messages` gives for a problem found by the C ``scan``."""
+    """The text :func:`scan_messages` gives for a problem ``scan`` found (its ``kind``,
+    ``a``, ``b``)."""
     if kind == 1:
         return f"impossible message length {a}"
     if kind == 2:

@@ -286,6 +286,8 @@ def fetch_range(rng: OffsetRange, settings: FetchSettings | None = None,
     unpack = HEADER.unpack_from
     topic, partition = rng.topic, rng.partition
     for data, base, found in iter_chunks(rng, settings):
+        # not a walk: each message is read where ``walk`` found it (checked then), for
+        # its msgId and flag; iter_messages would walk the chunk again
         starts = found.bounds.to_pylist()
         for a, b in zip(starts, starts[1:], strict=False):
             _length, _check, msg_id, flag = unpack(data, a)

@@ -9,22 +9,27 @@ from hypothesis import strategies as st
 from metaq import ChecksumError, ConfigError
 from metaq.consumer import ConsumerConfig, _processor
 from metaq.consumer._processor import PartitionFetch, process_batch
-from metaq.protocol import build_payload, checksum, encode_message, get_codec
+from metaq.protocol import _fast, build_payload, checksum, encode_message, get_codec
 from metaq.protocol._fast import speedups
 
 
 @pytest.fixture(autouse=True, params=["c", "c-scan-first", "python"])
 def loops(request, monkeypatch):
-    """Every test here runs on the C loops (metaq/protocol/_speedups.c), also with the checksums
-    checked in a first pass (as for big replies), and on the pure-Python loops."""
+    """Every test here runs on the C take/deliver (metaq/protocol/_speedups.c), also with the
+    checksums checked in a first pass (as for big replies), and on their Python twins: the
+    names bound in metaq.protocol._fast, which a partition's reader calls, are rebound."""
     if request.param.startswith("c"):
         if speedups is None:  # test_speedups.py fails if a compiler was there
             pytest.skip("the C speedups are not built")
-        monkeypatch.setattr(_processor, "_NATIVE", speedups)
+        bound = {"scan": speedups.scan, "take": speedups.take, "deliver": speedups.deliver,
+                 "prepare": _fast.c_prepare}
         if request.param == "c-scan-first":
             monkeypatch.setattr(_processor, "_SCAN_FIRST", 0)
     else:
-        monkeypatch.setattr(_processor, "_NATIVE", None)
+        bound = {"scan": _fast.py_scan, "take": _fast.py_take, "deliver": _fast.py_deliver,
+                 "prepare": _fast.py_prepare}
+    for name, function in bound.items():
+        monkeypatch.setattr(_fast, name, function)
     return request.param
 
 
@@ -351,3 +356,14 @@ def test_both_loops_deliver_what_the_reference_parser_reads(items, max_batch, st
         if res.needed_size:
             end = pf.offset + res.needed_size
     assert [(m.offset, m.next_offset, m.msg_id, m.flag, m.payload) for m in got] == want
+
+
+def test_the_loops_run_are_the_ones_bound(loops, monkeypatch):
+    """The fixture's rebinding reaches the hot loop: both implementations really run."""
+    calls = []
+    bound = _fast.deliver
+    monkeypatch.setattr(_fast, "deliver", lambda *args: calls.append(bound) or bound(*args))
+    got = []
+    process_batch(_pf(listener=got.append), _log([b"a", b"b"]))
+    assert [m.raw_body for m in got] == [b"a", b"b"]
+    assert calls == [_fast.py_deliver if loops == "python" else speedups.deliver]

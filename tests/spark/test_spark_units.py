@@ -7,32 +7,36 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metaq import ConfigError, MessageError
-from metaq.protocol import build_payload, encode_message, iter_messages
+from metaq.protocol import _fast, build_payload, encode_message, iter_messages
 from metaq.protocol import scan_messages as _scan_messages
 from metaq.protocol._fast import speedups
 from metaq.spark import SourceOptions, _arrow
 from metaq.spark._arrow import WalkHint, Where, arrow_schema, chunk_to_batch, walk
 
-_WALKERS = {"python": None, "c": speedups}
 
-
-@pytest.fixture(autouse=True, params=["c", "python"])
+@pytest.fixture(autouse=True, params=["c", "python", "python-scan"])
 def walker(request, monkeypatch):
-    """The byte walker is tested in C (one scan call) and in Python (leaps and steps)."""
+    """The byte walker is tested in C (one scan call), in Python (leaps and steps), and as
+    the C walk's shape over scan's Python twin."""
     if request.param == "c" and speedups is None:  # test_speedups.py fails if a
         pytest.skip("the C speedups are not built")    # compiler was there
-    monkeypatch.setattr(_arrow, "_native", _WALKERS[request.param])
+    if request.param == "python":
+        monkeypatch.setattr(_arrow, "_walk", _arrow._walk_leaping)
+    else:
+        monkeypatch.setattr(_arrow, "_walk", _arrow._walk_scan)
+        monkeypatch.setattr(_arrow, "scan", speedups.scan if request.param == "c"
+                            else _fast.py_scan)
     return request.param
 
 
 def scan_messages(buf):  # the reference: always the pure-Python scan
     import metaq.protocol._message as m
 
-    saved, m._native = m._native, None
+    saved, m.scan = m.scan, _fast.py_scan
     try:
         return _scan_messages(buf)
     finally:
-        m._native = saved
+        m.scan = saved
 
 pytestmark = [
     pytest.mark.spark,

@@ -123,6 +123,32 @@ def test_iter_messages_impossible_length(length):
     assert scan_messages(buf, max_payload=64)[:2] == (21, 1)
 
 
+@pytest.mark.parametrize("walk", ["bound", "python"])
+def test_iter_messages_and_scan_messages_word_problems_exactly(walk, monkeypatch):
+    """Both are the bound ``scan`` with errors worded for people: the same words on C
+    and on its Python twin."""
+    import metaq.protocol._message as message_module
+    from metaq.protocol import _fast
+
+    if walk == "python":
+        monkeypatch.setattr(message_module, "scan", _fast.py_scan)
+    good = encode_message(1, 0, b"hello")
+    bad = bytearray(encode_message(2, 0, b"world"))
+    bad[-1] ^= 0x01
+    stored, actual = checksum(b"world"), zlib.crc32(bytes(bad[HEADER_SIZE:])) & 0x7FFFFFFF
+    with pytest.raises(metaq.ChecksumError) as e:
+        list(iter_messages(good + bad, 1000))
+    assert str(e.value) == (f"checksum mismatch at offset {1000 + len(good)}: header says "
+                            f"{stored}, payload of 5 bytes has {actual}")
+    assert scan_messages(good + bad) == (
+        len(good), 1, f"checksum mismatch (header {stored}, payload {actual})")
+    cut = good + HEADER.pack(-1, 0, 2, 0)
+    with pytest.raises(metaq.MessageError) as e:
+        list(iter_messages(cut, 7, max_payload=64))
+    assert str(e.value) == "impossible message length -1 at offset 32 (limit 64)"
+    assert scan_messages(cut) == (len(good), 1, "impossible message length -1")
+
+
 def test_msg_id_layout():
     gen = MsgIdGenerator(1023)
     mid = gen.next_id()

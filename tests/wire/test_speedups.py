@@ -1,12 +1,15 @@
-"""The optional C speedups (metaq/protocol/_speedups.c) against the pure-Python code they replace.
+"""The optional C speedups (metaq/protocol/_speedups.c) against their Python twins.
 
-Every function of the C module is fuzzed here against its Python twin, on valid
-logs, logs cut anywhere, and logs with any byte flipped (lengths, checksums,
-ids, flags, bodies), and checked for reference leaks and for argument errors.
+Every function of the C module is fuzzed here against its Python twin in
+metaq/protocol/_fast.py (``py_<name>``), on valid logs, logs cut anywhere, and
+logs with any byte flipped (lengths, checksums, ids, flags, bodies), and checked
+for reference leaks and for argument errors (the twins raise the same).  Which
+of the two each name of metaq.protocol is bound to is checked too.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import subprocess
@@ -23,11 +26,18 @@ import metaq.protocol
 import metaq.protocol._message as message_module
 from metaq import MessageError
 from metaq.consumer._message import message_classes
-from metaq.protocol import _fast as _native
-from metaq.protocol import build_payload, encode_message, get_codec, iter_messages
+from metaq.protocol import _fast, build_payload, encode_message, get_codec, iter_messages
 
-s = _native.speedups
-needs_c = pytest.mark.skipif(s is None, reason=f"C speedups: {_native.SPEEDUPS_STATUS}")
+s = _fast.speedups
+needs_c = pytest.mark.skipif(s is None, reason=f"C speedups: {_fast.SPEEDUPS_STATUS}")
+#: each test that takes ``impl`` runs on the C functions (when built) and on the twins
+both = pytest.mark.parametrize("impl", [pytest.param("c", marks=needs_c), "python"])
+
+
+def _fn(impl, name):
+    """The C function ``name``, or its Python twin."""
+    return getattr(s, name) if impl == "c" else getattr(_fast, f"py_{name}")
+
 
 _MAX = 0x7FFFFFFF - 20
 _CODEC = get_codec("bytes")
@@ -47,19 +57,52 @@ def test_speedups_are_built_wherever_a_compiler_is():
     if _compiler() is None:
         assert s is None  # nothing to check: the pure-Python paths are in use
         return
-    assert s is not None, _native.SPEEDUPS_STATUS
-    assert s.VERSION == _native.EXPECTED_VERSION
+    assert s is not None, _fast.SPEEDUPS_STATUS
+    assert s.VERSION == _fast.EXPECTED_VERSION
 
 
-def test_the_switch_turns_them_off_and_pure_python_still_consumes():
-    code = ("from metaq.protocol import _fast as _native; from metaq.consumer import _processor;"
-            "import metaq.protocol._message as m;"
-            "assert _native.speedups is None and _processor._NATIVE is None;"
-            "assert m._native is None; print(_native.SPEEDUPS_STATUS)")
+_BOUND_TO_TWINS = (
+    "import metaq.protocol as p; from metaq.protocol import _fast as f;"
+    "twins = {n: getattr(f, 'py_' + n) for n in"
+    "         ('crc32', 'scan', 'take', 'deliver', 'prepare', 'encode_puts')};"
+    "wrong = [n for n, t in twins.items() if getattr(f, n) is not t or getattr(p, n) is not t];"
+    "assert f.speedups is None and not f.SPEEDUPS_IN_USE and not wrong, wrong;")
+
+
+def test_the_switch_binds_the_twins_and_pure_python_still_consumes():
+    code = (_BOUND_TO_TWINS
+            + "from metaq.consumer._processor import PartitionFetch, process_batch;"
+            "from metaq.spark import _arrow;"
+            "assert _arrow._walk is _arrow._walk_leaping;"
+            "log = b''.join(p.encode_message(i, 0, b'x' * i) for i in range(5));"
+            "got = [];"
+            "pf = PartitionFetch(topic='t', partition='0-0', broker_id=0, index=0,"
+            "    broker_address=None, offset=0, msg_id=-1, max_size=1024, listener=got.append,"
+            "    batch_listener=None, codec=p.get_codec('bytes'), verify=True, max_retries=0);"
+            "assert process_batch(pf, memoryview(log)).consumed == 5;"
+            "assert [m.body for m in got] == [b'x' * i for i in range(5)];"
+            "print(f.SPEEDUPS_STATUS)")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ,
                          "METAQ_NO_SPEEDUPS": "1"}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "METAQ_NO_SPEEDUPS" in out.stdout
+
+
+@needs_c
+def test_with_them_the_names_are_bound_to_c():
+    bound = {"scan": s.scan, "take": s.take, "deliver": s.deliver, "prepare": _fast.c_prepare,
+             "encode_puts": _fast.c_encode_puts}
+    assert {n: getattr(metaq.protocol, n) for n in bound} == bound
+    assert all(getattr(_fast, n) is f for n, f in bound.items())
+    assert _fast.SPEEDUPS_IN_USE
+    # ISA-L's crc32 is cheaper to call than the extension's; else the extension's
+    assert _fast.crc32 is (_fast.py_crc32 if _fast.CRC32_IMPL == "isal" else s.crc32)
+
+
+@needs_c
+def test_the_statuses_are_the_c_ones():
+    assert (s.END, s.LIMIT, s.BAD, s.LATER, s.ERROR) == (
+        _fast.ST_END, _fast.ST_LIMIT, _fast.ST_BAD, _fast.ST_LATER, _fast.ST_ERROR)
 
 
 def test_metaq_version_says_whether_they_are_in_use(capsys):
@@ -69,26 +112,27 @@ def test_metaq_version_says_whether_they_are_in_use(capsys):
         main(["--version"])
     assert stop.value.code == 0
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps long lines
-    assert out.startswith("metaq-py ") and f"C speedups: {_native.SPEEDUPS_STATUS}" in out
+    assert out.startswith("metaq-py ") and f"C speedups: {_fast.SPEEDUPS_STATUS}" in out
 
 
 def test_a_stale_build_is_ignored(monkeypatch):
     fake = type(sys)("metaq.protocol._speedups")
-    fake.VERSION = _native.EXPECTED_VERSION + 1
+    fake.VERSION = _fast.EXPECTED_VERSION + 1
     monkeypatch.setitem(sys.modules, "metaq.protocol._speedups", fake)
     monkeypatch.setattr(metaq.protocol, "_speedups", fake, raising=False)
     monkeypatch.delenv("METAQ_NO_SPEEDUPS", raising=False)
-    module, status = _native._load()
+    module, status = _fast._load()
     assert module is None and "stale build" in status
 
 
 # -- crc32 ------------------------------------------------------------------------------------
 
-@needs_c
-@given(st.binary(max_size=3000), st.integers(0, 2**32 - 1))
-def test_crc32_equals_zlib(data, value):
-    assert s.crc32(data, value) == zlib.crc32(data, value)
-    assert s.crc32(data) == zlib.crc32(data)
+@both
+@given(data=st.binary(max_size=3000), value=st.integers(0, 2**32 - 1))
+def test_crc32_equals_zlib(impl, data, value):
+    crc32 = _fn(impl, "crc32")
+    assert crc32(data, value) == zlib.crc32(data, value)
+    assert crc32(data) == zlib.crc32(data) == _fast.crc32(data)
 
 
 @needs_c
@@ -118,12 +162,12 @@ def test_crc32_agrees_on_every_code_path(switch, want):
     assert out.stdout.strip() in ((want,) if want == "tables" else ("sse", "tables"))
 
 
-@needs_c
-def test_crc32_refuses_what_is_not_bytes():
+@both
+def test_crc32_refuses_what_is_not_bytes(impl):
     with pytest.raises(TypeError):
-        s.crc32("text")
+        _fn(impl, "crc32")("text")
     with pytest.raises(TypeError):
-        s.crc32(None)
+        _fn(impl, "crc32")(None)
 
 
 # -- logs for the walkers ---------------------------------------------------------------------
@@ -152,20 +196,29 @@ def logs(draw):
 
 
 def _python_scan(buf, max_payload=_MAX):
-    saved, message_module._native = message_module._native, None
+    saved, message_module.scan = message_module.scan, _fast.py_scan
     try:
         return message_module.scan_messages(buf, max_payload=max_payload)
     finally:
-        message_module._native = saved
+        message_module.scan = saved
 
 
 # -- scan -------------------------------------------------------------------------------------
 
 @needs_c
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.sampled_from([_MAX, 100, 0]))
-def test_scan_equals_the_python_scan(buf, max_payload):
-    bounds, count, stop, kind, a, b = s.scan(buf, True, max_payload)
+@given(logs(), st.sampled_from([_MAX, 100, 0, -1, 2**40]), st.booleans(), st.booleans())
+def test_scan_equals_its_twin(buf, max_payload, verify, bounds):
+    got = s.scan(buf, verify, max_payload, bounds)
+    assert got == _fast.py_scan(buf, verify, max_payload, bounds)
+    assert got == _fast.py_scan(memoryview(bytearray(buf)), verify, max_payload, bounds)
+
+
+@both
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(buf=logs(), max_payload=st.sampled_from([_MAX, 100, 0]))
+def test_scan_finds_what_the_reference_finds(impl, buf, max_payload):
+    bounds, count, stop, kind, a, b = _fn(impl, "scan")(buf, True, max_payload)
     assert (stop, count, message_module.scan_problem(kind, a, b)) == _python_scan(
         buf, max_payload)
     starts = memoryview(bounds).cast("i").tolist()
@@ -177,22 +230,31 @@ def test_scan_equals_the_python_scan(buf, max_payload):
     except Exception:  # noqa: BLE001 - the reference stops at the bad message too
         pass
     assert starts[:-1] == ref[:count]
-    assert s.scan(buf, True, max_payload, False)[0] is None
+    assert _fn(impl, "scan")(buf, True, max_payload, False)[0] is None
 
 
-@needs_c
-def test_scan_without_verify_passes_a_bad_checksum_but_not_a_bad_length():
+@both
+def test_scan_without_verify_passes_a_bad_checksum_but_not_a_bad_length(impl):
+    scan = _fn(impl, "scan")
     good = _log([(b"abc", None)] * 3)
     flipped = good[:-1] + bytes([good[-1] ^ 1])
-    assert s.scan(flipped, True)[1:4] == (2, len(_log([(b"abc", None)] * 2)), 2)
-    assert s.scan(flipped, False)[1:4] == (3, len(good), 0)
+    assert scan(flipped, True)[1:4] == (2, len(_log([(b"abc", None)] * 2)), 2)
+    assert scan(flipped, False)[1:4] == (3, len(good), 0)
     bad = good + (-1).to_bytes(4, "big", signed=True) + bytes(30)
-    assert s.scan(bad, False)[1:5] == (3, len(good), 1, -1)
+    assert scan(bad, False)[1:5] == (3, len(good), 1, -1)
+
+
+@both
+def test_scan_refuses_what_is_not_bytes(impl):
+    with pytest.raises(TypeError):
+        _fn(impl, "scan")("text")
 
 
 # -- take and deliver -------------------------------------------------------------------------
 
 def _fields(m):
+    if m is None:
+        return None
     try:
         split = (m.attribute, m.raw_body)
     except MessageError as e:  # a corrupt attribute section (only unverified)
@@ -204,6 +266,7 @@ def _reference(buf, base, verify=True):
     """What the processor must deliver: the whole, valid messages before the first bad
     or cut one, as the pure-Python parser reads them; and where they end."""
     out = []
+    saved, message_module.scan = message_module.scan, _fast.py_scan
     try:
         for raw in iter_messages(buf, base, verify=verify, max_payload=_MAX):
             cls = _ATTR if raw.flag & 1 else _PLAIN
@@ -211,45 +274,56 @@ def _reference(buf, base, verify=True):
                             raw.payload, _CODEC)))
     except MessageError:  # a bad length or checksum ends the walk
         pass
+    finally:
+        message_module.scan = saved
     return out, (out[-1].next_offset - base if out else 0)
 
 
-def _take_all(buf, base, limit, verify=True, max_bytes=1 << 40):
+def _take_all(take, buf, base, limit, verify=True, max_bytes=1 << 40):
     got, pos, statuses = [], 0, []
     while True:
         start = pos
-        batch, pos, status = s.take(buf, pos, base, limit, max_bytes, verify, _MAX, "t", "0-1",
-                                    _CODEC, _PLAIN, _ATTR)
+        batch, pos, status = take(buf, pos, base, limit, max_bytes, verify, _MAX, "t", "0-1",
+                                  _CODEC, _PLAIN, _ATTR)
         assert len(batch) <= limit
         if len(batch) > 1:  # a slice stops at the first message that reaches max_bytes
             assert batch[-2].next_offset - base - start < max_bytes
         got += batch
         statuses.append(status)
-        if status != s.LIMIT:
+        if status != _fast.ST_LIMIT:
             return got, pos, statuses
 
 
 @needs_c
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.integers(0, 2**40), st.integers(-1, 7), st.booleans(),
+       st.sampled_from([0, 1, 50, 300, 1 << 40]), st.sampled_from([_MAX, 100, 0, 2**40]),
+       st.integers(0, 500))
+def test_take_equals_its_twin(buf, base, limit, verify, max_bytes, max_payload, pos):
+    """From any position (a message's start or not), any limits."""
+    args = (min(pos, len(buf)), base, limit, max_bytes, verify, max_payload, "t", "0-1",
+            _CODEC, _PLAIN, _ATTR)
+    for data in (buf, memoryview(bytearray(buf))):
+        got, want = s.take(data, *args), _fast.py_take(data, *args)
+        assert [_fields(m) for m in got[0]] == [_fields(m) for m in want[0]]
+        assert got[1:] == want[1:]
+
+
+@both
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.integers(0, 2**40), st.integers(1, 7), st.booleans(),
-       st.sampled_from([1, 50, 300, 1 << 40]))
-def test_take_builds_exactly_the_reference_messages(buf, base, limit, verify, max_bytes):
+@given(buf=logs(), base=st.integers(0, 2**40), limit=st.integers(1, 7), verify=st.booleans(),
+       max_bytes=st.sampled_from([1, 50, 300, 1 << 40]))
+def test_take_builds_exactly_the_reference_messages(impl, buf, base, limit, verify, max_bytes):
     want, end = _reference(buf, base, verify)
-    got, pos, statuses = _take_all(buf, base, limit, verify, max_bytes)
+    got, pos, statuses = _take_all(_fn(impl, "take"), buf, base, limit, verify, max_bytes)
     assert [_fields(m) for m in got] == [_fields(m) for m in want]
     assert pos == end
-    assert all(x == s.LIMIT for x in statuses[:-1])
-    assert statuses[-1] in (s.END, s.BAD)
+    assert all(x == _fast.ST_LIMIT for x in statuses[:-1])
+    assert statuses[-1] in (_fast.ST_END, _fast.ST_BAD)
 
 
-@needs_c
-@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(logs(), st.integers(0, 2**40), st.data())
-def test_deliver_calls_the_listener_on_the_reference_messages(buf, base, data):
-    want, end = _reference(buf, base)
-    stop_at = data.draw(st.integers(1, len(want) + 1))  # past the end: never stops
-    how = data.draw(st.sampled_from(["raise", "later"]))
-    later = object()
+def _stopping_listener(stop_at, how, later):
+    """A listener that takes messages until the ``stop_at``-th, which it refuses."""
     seen = []
 
     def listener(m):
@@ -260,24 +334,55 @@ def test_deliver_calls_the_listener_on_the_reference_messages(buf, base, data):
             return later
         return None
 
-    status, pos, count, last, failed, exc = s.deliver(
+    return listener, seen
+
+
+@needs_c
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(logs(), st.integers(0, 2**40), st.booleans(), st.sampled_from([_MAX, 100, 0]),
+       st.integers(0, 500), st.integers(1, 45), st.sampled_from(["raise", "later"]))
+def test_deliver_equals_its_twin(buf, base, verify, max_payload, pos, stop_at, how):
+    later = object()
+    results = []
+    for deliver in (s.deliver, _fast.py_deliver):
+        listener, seen = _stopping_listener(stop_at, how, later)
+        status, end, count, last, failed, exc = deliver(
+            buf, min(pos, len(buf)), base, verify, max_payload, "t", "0-1", _CODEC, _PLAIN,
+            _ATTR, listener, later)
+        results.append(([_fields(m) for m in seen], status, end, count, _fields(last),
+                        _fields(failed), type(exc), str(exc)))
+        assert exc is None or exc.__traceback__ is not None
+    assert results[0] == results[1]
+
+
+@both
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(buf=logs(), base=st.integers(0, 2**40), data=st.data())
+def test_deliver_calls_the_listener_on_the_reference_messages(impl, buf, base, data):
+    want, end = _reference(buf, base)
+    stop_at = data.draw(st.integers(1, len(want) + 1))  # past the end: never stops
+    how = data.draw(st.sampled_from(["raise", "later"]))
+    later = object()
+    listener, seen = _stopping_listener(stop_at, how, later)
+    status, pos, count, last, failed, exc = _fn(impl, "deliver")(
         buf, 0, base, True, _MAX, "t", "0-1", _CODEC, _PLAIN, _ATTR, listener, later)
     assert [_fields(m) for m in seen] == [_fields(m) for m in want[:len(seen)]]
     if stop_at <= len(want):
         if how == "raise":
-            assert status == s.ERROR and isinstance(exc, ValueError)
+            assert status == _fast.ST_ERROR and isinstance(exc, ValueError)
             assert exc.__traceback__ is not None
         else:
-            assert status == s.LATER and exc is None
+            assert status == _fast.ST_LATER and exc is None
         assert count == stop_at - 1 and failed is seen[-1] and pos == failed.offset - base
     else:
-        assert status in (s.END, s.BAD) and exc is None and failed is None
+        assert status in (_fast.ST_END, _fast.ST_BAD) and exc is None and failed is None
         assert count == len(want) and pos == end
     assert last is (seen[count - 1] if count else None)
 
 
-@needs_c
-def test_deliver_stops_at_later_and_lets_base_exceptions_through():
+@both
+def test_deliver_stops_at_later_and_lets_base_exceptions_through(impl):
+    deliver = _fn(impl, "deliver")
     buf = _log([(b"a", None), (b"b", None), (b"c", None)])
     later = object()
     args = ("t", "0-1", _CODEC, _PLAIN, _ATTR)
@@ -287,10 +392,10 @@ def test_deliver_stops_at_later_and_lets_base_exceptions_through():
         calls.append(m)
         return later if m.raw_body == b"b" else None
 
-    status, pos, count, last, failed, exc = s.deliver(buf, 0, 0, True, _MAX, *args,
-                                                      wants_later, later)
-    assert (status, count, last.raw_body, failed.raw_body, exc) == (s.LATER, 1, b"a", b"b",
-                                                                     None)
+    status, pos, count, last, failed, exc = deliver(buf, 0, 0, True, _MAX, *args,
+                                                    wants_later, later)
+    assert (status, count, last.raw_body, failed.raw_body, exc) == (_fast.ST_LATER, 1, b"a",
+                                                                     b"b", None)
     assert pos == failed.offset
 
     class Stop(BaseException):
@@ -300,13 +405,14 @@ def test_deliver_stops_at_later_and_lets_base_exceptions_through():
         raise Stop()
 
     with pytest.raises(Stop):
-        s.deliver(buf, 0, 0, True, _MAX, *args, stops, later)
+        deliver(buf, 0, 0, True, _MAX, *args, stops, later)
 
 
 @needs_c
 def test_no_reference_is_leaked_per_message():
     buf = _log([(b"x" * 10, None), (b"y", "attr")] * 50)
     topic, partition, ret = "leak-check-topic", "9-9", object()
+    gc.collect()  # messages held by earlier tests' garbage (tracebacks of frames) go first
     before = [sys.getrefcount(o) for o in (topic, partition, _CODEC, ret)]
     for _ in range(20):
         s.take(buf, 0, 0, 1000, 1 << 40, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR)
@@ -317,24 +423,63 @@ def test_no_reference_is_leaked_per_message():
     assert [sys.getrefcount(o) for o in (topic, partition, _CODEC, ret)] == before
 
 
-@needs_c
-def test_bad_arguments_are_named():
+@both
+def test_bad_arguments_are_named(impl):
+    take, deliver = _fn(impl, "take"), _fn(impl, "deliver")
     buf = _log([(b"a", None)])
     args = (True, _MAX, "t", "0-1", _CODEC)
     with pytest.raises(TypeError, match="plain must be a tuple subclass"):
-        s.take(buf, 0, 0, 10, 99, *args, dict, _ATTR)
+        take(buf, 0, 0, 10, 99, *args, dict, _ATTR)
 
     class WithDict(tuple):
         pass
 
     with pytest.raises(TypeError, match="attr must be a tuple subclass"):
-        s.take(buf, 0, 0, 10, 99, *args, _PLAIN, WithDict)
-    with pytest.raises(ValueError, match="pos outside the data"):
-        s.take(buf, len(buf) + 1, 0, 10, 99, *args, _PLAIN, _ATTR)
-    with pytest.raises(ValueError, match="pos outside the data"):
-        s.deliver(buf, -1, 0, *args, _PLAIN, _ATTR, print, None)
+        take(buf, 0, 0, 10, 99, *args, _PLAIN, WithDict)
+    with pytest.raises(TypeError, match="plain must be a tuple subclass"):
+        deliver(buf, 0, 0, *args, 5, _ATTR, print, None)
+    with pytest.raises(ValueError, match="take: pos outside the data"):
+        take(buf, len(buf) + 1, 0, 10, 99, *args, _PLAIN, _ATTR)
+    with pytest.raises(ValueError, match="deliver: pos outside the data"):
+        deliver(buf, -1, 0, *args, _PLAIN, _ATTR, print, None)
     with pytest.raises(TypeError):
-        s.take("not bytes", 0, 0, 10, 99, *args, _PLAIN, _ATTR)
+        take("not bytes", 0, 0, 10, 99, *args, _PLAIN, _ATTR)
+    with pytest.raises(TypeError):
+        deliver(7, 0, 0, *args, _PLAIN, _ATTR, print, None)
+
+
+# -- what a consumer reads a batch with ------------------------------------------------------
+
+@both
+def test_prepare_verifies_big_replies_first_in_c_and_makes_bytes_in_python(impl):
+    prepare = _fast.c_prepare if impl == "c" else _fast.py_prepare
+    good = _log([(b"x" * 50, None)] * 4)
+    bad = good + bytes([0, 0, 0, 9]) + bytes(29)  # a checksum mismatch after 4 messages
+    for data in (good, bad, memoryview(bytearray(bad))):
+        view, verify = prepare(data, True, _MAX, 1 << 20)  # small: read as it comes
+        assert bytes(view) == bytes(data) and verify is True
+        assert prepare(data, False, _MAX, 0)[1] is False
+        view, verify = prepare(data, True, _MAX, 0)
+        if impl == "c":  # the verified prefix, not to be verified again
+            assert (bytes(view), verify) == (good, False)
+        else:  # bytes: slicing them is the cheapest way to the bodies
+            assert (type(view), bytes(view), verify) == (bytes, bytes(data), True)
+    assert prepare(bad[len(good):], True, _MAX, 0)[1] is True  # nothing valid: as it comes
+
+
+@both
+def test_a_partition_reader_calls_the_bound_functions_with_its_arguments(impl, monkeypatch):
+    for name in ("take", "deliver"):
+        monkeypatch.setattr(_fast, name, _fn(impl, name))
+    reader = metaq.protocol.PartitionReader("t", "0-1", _CODEC, _PLAIN, _ATTR, _MAX)
+    buf = _log([(b"a", None), (b"b", "x")], first_id=1)
+    batch, pos, status = reader.take(buf, 0, 100, 10, 1 << 40, True)
+    assert [_fields(m) for m in batch] == [_fields(m) for m in _reference(buf, 100)[0]]
+    assert (pos, status) == (len(buf), _fast.ST_END)
+    seen = []
+    assert reader.deliver(buf, 0, 100, True, seen.append, object())[:3] == (
+        _fast.ST_END, len(buf), 2)
+    assert seen == batch
 
 
 # -- the producer's put lines and the broker's put parser ----------------------------------
@@ -343,32 +488,36 @@ def test_bad_arguments_are_named():
 @given(st.lists(st.tuples(st.binary(max_size=300), st.integers(0, 2**31 - 1),
                           st.integers(0, 2**31 - 1)), max_size=20),
        st.integers(-(2**31), 2**31 - 1), st.sampled_from([b"put t 0 ", "put ü%d 12 ".encode()]))
-def test_encode_puts_equals_the_python_formatting(items, flag, head):
-    from metaq.net import _pipeline
-
+def test_encode_puts_equals_its_twin(items, flag, head):
     payloads = [p for p, _, _ in items]
     checks = [c for _, c, _ in items]
     opaques = [o for _, _, o in items]
-    saved, _pipeline._NATIVE = _pipeline._NATIVE, None
-    try:
-        want = _pipeline._encode_puts(head, flag, payloads, checks, opaques)
-    finally:
-        _pipeline._NATIVE = saved
+    want = _fast.py_encode_puts(head, flag, payloads, checks, opaques)
     assert s.encode_puts(head, flag, payloads, checks, opaques) == want
-    assert _pipeline._encode_puts(head, flag, payloads, checks, opaques) == want
+    assert _fast.encode_puts(head, flag, payloads, checks, opaques) == want
 
 
 @needs_c
-def test_encode_puts_refuses_what_it_cannot_encode_and_the_caller_falls_back():
-    from metaq.net import _pipeline
-
+def test_encode_puts_refuses_what_it_cannot_encode_and_the_binding_falls_back():
     with pytest.raises(TypeError, match="payload 1 is not bytes"):
         s.encode_puts(b"put t 0 ", 0, [b"a", bytearray(b"b")], [1, 2], [3, 4])
+    with pytest.raises(TypeError):
+        s.encode_puts(b"put t 0 ", 0, (b"a", b"b"), [1, 2], [3, 4])
     with pytest.raises(ValueError, match="different lengths"):
         s.encode_puts(b"put t 0 ", 0, [b"a"], [1, 2], [3])
-    data, sizes = _pipeline._encode_puts(b"put t 0 ", 0, [b"a", bytearray(b"b")], [1, 2],
-                                         [3, 4])
-    assert data == b"put t 0 1 0 1 3\r\naput t 0 1 0 2 4\r\nb" and sizes == [18, 18]
+    for payloads in ([b"a", bytearray(b"b")], (b"a", b"b")):
+        data, sizes = _fast.encode_puts(b"put t 0 ", 0, payloads, [1, 2], [3, 4])
+        assert data == b"put t 0 1 0 1 3\r\naput t 0 1 0 2 4\r\nb" and sizes == [18, 18]
+    with pytest.raises(ValueError, match="different lengths"):
+        _fast.encode_puts(b"put t 0 ", 0, [b"a"], [1, 2], [3])
+
+
+def test_the_encode_puts_twin_takes_any_bytes_and_refuses_lists_of_different_lengths():
+    data, sizes = _fast.py_encode_puts(b"put %t 0 ", -1, [b"a", bytearray(b"bc")], (1, 2),
+                                       [3, 4])
+    assert data == b"put %t 0 1 -1 1 3\r\naput %t 0 2 -1 2 4\r\nbc" and sizes == [20, 21]
+    with pytest.raises(ValueError, match="encode_puts: lists of different lengths"):
+        _fast.py_encode_puts(b"put t 0 ", 0, [b"a"], [1, 2], [3])
 
 
 @needs_c
