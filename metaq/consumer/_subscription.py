@@ -14,17 +14,20 @@ kafka-python's ``SubscriptionState`` / ``TopicPartitionState``, for Metaq:
 
 Each group of :class:`PartitionState` attributes has one owner::
 
-    group           attributes                           written by (guard)
-    settings        topic ... flow, listener, codec      whoever builds it, before use
-    progress        offset, msg_id, consumed, retry_*,   the runner holding it (``busy``):
-                    max_size, ready bytes, checks,       one at a time, so no lock
-                    counters
-    requests        seek_to, rollback, acked             any thread; the runner applies
-                                                         them before its next fetch
-    scheduling      active, busy, paused, due,           the FetchManager, under its lock
-                    queued_token, hold_token
-    coordination    broker_address, ownership,           the coordinator thread
-                    committed
+    group         attributes                      written by (and what guards it)
+    settings      topic, partition, listener,     whoever builds it, before it is
+                  codec, verify, max_batch, ...   fetched; read-only afterwards
+    progress      offset, msg_id, consumed,       the runner holding it (``busy``; one
+                  retry_*, max_size, checked,     at a time, so no lock); the ready
+                  stalled, counters, ready bytes  bytes also the fetch manager, under
+                  and the receive buffer          its lock, while it is parked
+    requests      seek_to, rollback, acked        any thread; a seek or rollback is
+                                                  applied by the runner before its
+                                                  next fetch
+    scheduling    active, busy, paused, due,      the fetch manager, under its lock
+                  queued_token, hold_token
+    coordination  broker_address, ownership,      the coordinator thread
+                  committed
 
 The delivery loops (``_processor``) read the settings and write the progress
 as plain attributes, once per batch or per message: no method call or property
