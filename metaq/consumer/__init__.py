@@ -1,4 +1,29 @@
-"""Consumer side of metaq: ZooKeeper-coordinated consumer groups."""
+"""Consumer side of metaq: ZooKeeper-coordinated consumer groups.
+
+One concept per module:
+
+=================  ==========================================================
+``_consumer``      MessageConsumer: the user's face; builds and wires the rest
+``_config``        ConsumerConfig: the settings, validated
+``_subscription``  subscription state: topics subscribed, and each owned
+                   partition's state with its transitions
+``_coordinator``   membership, rebalances, ownership and commits (ZooKeeper)
+``_lease``         the delivery lease a frozen member cannot outlive
+``_topology``      reading members, partitions and brokers from ZooKeeper
+``_assignors``     assignment strategies (pure functions)
+``_offsets``       offset stores and the session fence of commits
+``_fetcher``       FetchManager: runner threads and their delay queue
+``_fetch``         one fetch of one partition; position checks, offset_reset
+``_longpoll``      held gets for partitions at their log end
+``_processor``     the hot loop handing a batch to a listener
+``_message``       the Message a listener receives
+``_concurrent``    concurrent mode: the worker pool, in-flight tracking
+``_reject``        reject policies for messages that keep failing
+``_recover``       the local recover store
+=================  ==========================================================
+
+The stable API is :data:`__all__`; the modules are private.
+"""
 
 from metaq.consumer._assignors import STRATEGIES, Strategy, get_strategy
 from metaq.consumer._concurrent import RECONSUME_LATER

@@ -29,6 +29,13 @@ deleted; an arriving one is claimed with an ephemeral owner node.  A claim
 that finds the old owner still there watches that node and retries with
 backoff and jitter, forever, until the node goes or the assignment changes:
 no partition stays unowned while this member could take it.
+
+Its collaborators are passed in, each for what the coordinator needs of it:
+the :class:`~metaq.consumer._subscription.SubscriptionState` (the topics, and
+the assignment it changes: ``assign``/``revoke``/``drop_all``), the fetch
+manager as :class:`Fetching` (partitions in and out, all suspended or resumed),
+the offset store, the delivery lease, an error sink and the user's
+``on_assigned``/``on_revoked`` callbacks.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
@@ -47,11 +55,20 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from metaq._errors import CoordinationError, MemberFailedError, MetaqError
 from metaq.consumer._assignors import get_strategy
-from metaq.consumer._offsets import Ownership, SessionFence, StaleOwnershipError, ZkOffsetStore
-from metaq.consumer._processor import PartitionFetch
+from metaq.consumer._config import ConsumerConfig
+from metaq.consumer._lease import Lease
+from metaq.consumer._offsets import (
+    OffsetStore,
+    Ownership,
+    SessionFence,
+    StaleOwnershipError,
+    ZkOffsetStore,
+)
+from metaq.consumer._subscription import PartitionState, SubscriptionState
 from metaq.consumer._topology import read_topology
+from zk_layout import Layout, encode_topic_list
 
-__all__ = ["Coordinator", "State", "MAX_FAILURES"]
+__all__ = ["Coordinator", "Fetching", "State", "MAX_FAILURES"]
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +89,20 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass
-class _Owned:
-    pf: PartitionFetch
-    ownership: Ownership | None  # None in broadcast mode: nothing is owned exclusively
-    committed: tuple[int, int]  # (msg_id, offset) last written
+class Fetching(Protocol):
+    """What the coordinator needs of the fetch manager."""
+
+    def add(self, pf: PartitionState) -> None:
+        """Start fetching a partition just claimed."""
+
+    def remove(self, pf: PartitionState, timeout: float | None = None) -> bool:
+        """Stop fetching it; True once no runner holds it (its progress is final)."""
+
+    def suspend(self) -> None:
+        """Hand out no partition (the ZooKeeper connection is uncertain)."""
+
+    def resume(self) -> None:
+        """Hand them out again."""
 
 
 @dataclass
@@ -90,23 +116,33 @@ class _Claim:
 class Coordinator:
     """Membership, rebalance, ownership and commits for one consumer."""
 
-    def __init__(self, consumer, client: KazooClient) -> None:  # noqa: ANN001
-        self._c = consumer
-        self._cfg = consumer.config
+    def __init__(self, client: KazooClient, *, config: ConsumerConfig, layout: Layout,
+                 group: str, consumer_id: str, subscriptions: SubscriptionState,
+                 fetcher: Fetching, lease: Lease, store: OffsetStore | None,
+                 on_error: Callable[[BaseException], None],
+                 on_assigned: Callable[[str, str], None] | None = None,
+                 on_revoked: Callable[[str, str], None] | None = None) -> None:
+        """``group``: as registered in ZooKeeper (``<group>-<ip>`` in broadcast mode, as
+        Metaq names it); ``store``: None for ZooKeeper's (fenced by this coordinator's
+        session fence); ``on_error``: where failures go (never raised to a caller)."""
+        self._cfg = config
         self._client = client
-        self._layout = consumer.layout
-        self._group = consumer.zk_group  # <group>-<ip> in broadcast mode, as Metaq names it
-        self._broadcast = self._cfg.broadcast
-        self.consumer_id: str = consumer.consumer_id
-        self._strategy = get_strategy(self._cfg.strategy)
+        self._layout = layout
+        self._group = group
+        self._broadcast = config.broadcast
+        self.consumer_id = consumer_id
+        self._subs = subscriptions
+        self._fetcher = fetcher
+        self._on_error = on_error
+        self._on_assigned = on_assigned
+        self._on_revoked = on_revoked
+        self._strategy = get_strategy(config.strategy)
         self.fence = SessionFence()
-        self.lease = consumer.lease
-        self.store = consumer.offset_store or ZkOffsetStore(client, self._layout, self._group,
-                                                             self.fence)
+        self.lease = lease
+        self.store = store or ZkOffsetStore(client, layout, group, self.fence)
         self.state = State.INIT
         self.generation = 0
         self.rebalances = 0
-        self._owned: dict[tuple[str, str], _Owned] = {}
         self._claims: dict[tuple[str, str], _Claim] = {}
         self._cond = threading.Condition()
         self._want_rebalance = False
@@ -159,11 +195,11 @@ class Coordinator:
         if state == KazooState.LOST:
             self.fence.lost()
             self.lease.revoke()
-            self._c.fetcher.suspend()
+            self._fetcher.suspend()
             flag = "_lost"
         elif state == KazooState.SUSPENDED:
             self.lease.revoke()
-            self._c.fetcher.suspend()
+            self._fetcher.suspend()
             flag = "_suspended"
         else:
             flag = "_reconnected"
@@ -183,19 +219,12 @@ class Coordinator:
     def thread(self) -> threading.Thread:
         return self._thread
 
-    def assignment(self) -> dict[str, list[str]]:
-        out: dict[str, list[str]] = {}
-        for topic, part in sorted(self._owned):
-            out.setdefault(topic, []).append(part)
-        return out
+    def fetch_state(self, topic: str, partition: str) -> PartitionState | None:
+        return self._subs.partition(topic, partition)
 
-    def fetch_state(self, topic: str, partition: str) -> PartitionFetch | None:
-        owned = self._owned.get((topic, partition))
-        return None if owned is None else owned.pf
-
-    def owned(self) -> list[tuple[tuple[str, str], PartitionFetch, tuple[int, int]]]:
-        """(key, fetch state, last committed (msg_id, offset)) of every owned partition."""
-        return [(k, o.pf, o.committed) for k, o in sorted(list(self._owned.items()))]
+    def owned(self) -> list[tuple[tuple[str, str], PartitionState, tuple[int, int]]]:
+        """(key, state, last committed (msg_id, offset)) of every owned partition."""
+        return [(pf.key, pf, pf.committed) for pf in self._subs.assigned()]
 
     def waiting(self) -> dict[tuple[str, str], str | None]:
         return {k: c.holder for k, c in self._claims.items()}
@@ -212,7 +241,7 @@ class Coordinator:
                     return
             except BaseException as e:  # noqa: BLE001 - must reach the user
                 log.exception("coordinator of %s died", self.consumer_id)
-                self._c.report_error(e, None)
+                self._on_error(e)
                 return
 
     def _turn(self) -> bool:
@@ -239,7 +268,7 @@ class Coordinator:
             self.settled.clear()
         if reconnected and self._client.connected:
             self._next_heartbeat = 0.0
-            self._c.fetcher.resume()
+            self._fetcher.resume()
             session = self._client.client_id[0] if self._client.client_id else None
             if session is None or session != self._registered_session:
                 rebalance = True
@@ -277,8 +306,8 @@ class Coordinator:
             f"({error!r}); " + (f"closed after {self._failures} failures in a row"
                                 if final else "left the group, rejoining"))
         err.__cause__ = error
-        for owned in list(self._owned.values()):
-            self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout)
+        for pf in self._subs.assigned():
+            self._fetcher.remove(pf, timeout=self._cfg.close_timeout)
         try:
             self._leave()
         except Exception as e:  # noqa: BLE001 - the session may be the problem too
@@ -292,23 +321,23 @@ class Coordinator:
             self._set_state(State.CONNECTING)
             wait = min(30.0, 0.5 * 2 ** (self._failures - 1)) * (0.5 + random.random())
             self._rejoin_at = self._next_zk_retry = time.monotonic() + wait
-        self._c.report_error(err, None)
+        self._on_error(err)
         return final
 
     def _leave(self) -> None:
         """Give up every partition and the registration, committing nothing (our
         progress may be what failed); owner nodes go in this session, fenced."""
-        owned, self._owned = self._owned, {}
+        dropped = self._subs.drop_all()
         self._claims.clear()
         self._registered_session = None
         if not self._client.connected:
             return
-        for o in owned.values():
+        for pf in dropped:
             with self.fence.lock:
-                if o.ownership is None or self.fence.epoch != o.ownership.epoch:
+                if pf.ownership is None or self.fence.epoch != pf.ownership.epoch:
                     continue
-                pending = self._client.delete_async(o.ownership.owner_path,
-                                                    o.ownership.version)
+                pending = self._client.delete_async(pf.ownership.owner_path,
+                                                    pf.ownership.version)
             try:
                 pending.get(timeout=self._cfg.zk_connect_timeout)
             except (NoNodeError, KazooException):
@@ -386,17 +415,18 @@ class Coordinator:
     def _on_lost(self) -> None:
         """The session ended: stop everything, keep nothing from it, commit nothing."""
         self.generation += 1
+        owned = self._subs.assigned()
         log.warning("group %s consumer %s gen %d: ZooKeeper session lost; dropping %d "
                     "partitions without committing", self._group, self.consumer_id,
-                    self.generation, len(self._owned))
-        for owned in list(self._owned.values()):
-            self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout)
-        self._owned.clear()
+                    self.generation, len(owned))
+        for pf in owned:
+            self._fetcher.remove(pf, timeout=self._cfg.close_timeout)
+        self._subs.drop_all()
         self._claims.clear()
         self._registered_session = None
         self.settled.clear()
         self._set_state(State.CONNECTING)
-        self._c.fetcher.resume()
+        self._fetcher.resume()
         self.request_rebalance()
 
     # -- rebalance --------------------------------------------------------------
@@ -406,7 +436,7 @@ class Coordinator:
         if session is not None and session == self._registered_session:
             return
         path = self._layout.consumer_id(self._group, self.consumer_id)
-        data = self._c.topics_data()
+        data = encode_topic_list(self._subs.topics())
         # Parents shared with other components stay open; with an ACL mode, the group's
         # own nodes (created below with the client's default ACL) are protected.
         security = self._cfg.zk_security
@@ -434,11 +464,12 @@ class Coordinator:
         self.rebalances += 1
         gen = self.generation
         self._set_state(State.REBALANCING)
-        topo = read_topology(self._client, self._layout, self._group, self._c.topics(),
+        topics = self._subs.topics()
+        topo = read_topology(self._client, self._layout, self._group, topics,
                              watch=self.request_rebalance,
                              with_owners=self._strategy.uses_previous)
         target: dict[tuple[str, str], int] = {}  # (topic, partition) -> broker id
-        for topic in self._c.topics():
+        for topic in topics:
             members = topo.members.get(topic, [])
             parts = topo.partitions.get(topic, [])
             if self._broadcast:
@@ -448,8 +479,10 @@ class Coordinator:
                                        previous=topo.owners.get(topic) or None)
             for p in share:
                 target[(topic, p)] = int(p.split("-", 1)[0])
-        release = [k for k in self._owned if k not in target]
-        claim = [k for k in target if k not in self._owned]
+        owned = self._subs.assigned_keys()
+        release = [k for k in owned if k not in target]
+        owning = set(owned)
+        claim = [k for k in target if k not in owning]
         for key in release:
             self._release(key, gen)
         for key in list(self._claims):
@@ -459,10 +492,11 @@ class Coordinator:
         due = [k for k in claim if not ((c := self._claims.get(k)) is not None
                                         and c.next_try > now and c.holder is not None)]
         self._claim_many(due, target, topo.brokers)
-        for owned in self._owned.values():  # brokers may move (restart on a new port)
-            addr = topo.brokers.get(owned.pf.broker_id)
-            if addr != owned.pf.broker_address:
-                owned.pf.broker_address = addr
+        assigned = self._subs.assigned()
+        for pf in assigned:  # brokers may move (restart on a new port)
+            addr = topo.brokers.get(pf.broker_id)
+            if addr != pf.broker_address:
+                pf.broker_moved(addr)
         if self._claims:
             self._set_state(State.CLAIMING)
             self.settled.clear()
@@ -471,24 +505,26 @@ class Coordinator:
             self.settled.set()
         if release or claim:
             log.info("group %s consumer %s gen %d: owns %d, released %s, claimed %s, "
-                     "waiting for %s", self._group, self.consumer_id, gen, len(self._owned),
-                     _names(release), _names([k for k in claim if k in self._owned]),
+                     "waiting for %s", self._group, self.consumer_id, gen, len(assigned),
+                     _names(release), _names([k for k in claim
+                                              if self._subs.partition(*k) is not None]),
                      _names(list(self._claims)))
 
     def _release(self, key: tuple[str, str], gen: int) -> None:
-        owned = self._owned[key]
-        if not self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout):
+        pf = self._subs.partition(*key)
+        assert pf is not None
+        if not self._fetcher.remove(pf, timeout=self._cfg.close_timeout):
             raise CoordinationError(f"partition {key} still busy after close_timeout")
-        self._c.on_revoked(key, owned.pf)
-        self._c.drain(owned.pf)
-        self._commit_one(key, owned)
+        self._callback(self._on_revoked, key)
+        pf.drain()
+        self._commit_one(pf)
+        ownership = pf.ownership
         with self.fence.lock:
-            if owned.ownership is not None and self.fence.epoch == owned.ownership.epoch:
-                pending = self._client.delete_async(owned.ownership.owner_path,
-                                                    owned.ownership.version)
+            if ownership is not None and self.fence.epoch == ownership.epoch:
+                pending = self._client.delete_async(ownership.owner_path, ownership.version)
             else:
                 pending = None
-        del self._owned[key]
+        self._subs.revoke(key)
         if pending is not None:
             try:
                 pending.get(timeout=self._cfg.zk_connect_timeout)
@@ -536,16 +572,25 @@ class Coordinator:
     def _start_fetching(self, keys: list[tuple[str, str]], target: dict[tuple[str, str], int],
                         brokers: dict[int, tuple[str, int] | None],
                         ownership: dict[tuple[str, str], Ownership | None]) -> None:
-        epoch = self.fence.epoch
         stored = self.store.load_many(keys)
         for k in keys:
             self._claims.pop(k, None)
             broker_id = target[k]
-            pf = self._c.new_fetch(k[0], k[1], broker_id, brokers.get(broker_id),
-                                   stored.get(k), epoch)
-            self._owned[k] = _Owned(pf, ownership[k], pf.commit_position())
-            self._c.on_assigned(k)
-            self._c.fetcher.add(pf)
+            pf = self._subs.assign(k[0], k[1], broker_id, brokers.get(broker_id),
+                                   stored.get(k), ownership[k])
+            self._callback(self._on_assigned, k)
+            self._fetcher.add(pf)
+
+    def _callback(self, fn: Callable[[str, str], None] | None, key: tuple[str, str]) -> None:
+        """Run a user's on_assigned/on_revoked: its failure is reported, never stops a
+        rebalance."""
+        if fn is None:
+            return
+        try:
+            fn(*key)
+        except Exception as e:  # noqa: BLE001 - a user callback must not stop a rebalance
+            log.exception("callback %r failed for %s/%s", fn, *key)
+            self._on_error(e)
 
     def _retry_claim(self, key: tuple[str, str], holder: str | None) -> None:
         c = self._claims.setdefault(key, _Claim())
@@ -568,30 +613,29 @@ class Coordinator:
         self.commit_all(force=self._commit_ticks % REWRITE_EVERY == 0)
 
     def commit_all(self, force: bool = False) -> None:
-        for key, owned in list(self._owned.items()):
-            self._commit_one(key, owned, force)
+        for pf in self._subs.assigned():
+            self._commit_one(pf, force)
 
-    def _commit_one(self, key: tuple[str, str], owned: _Owned, force: bool = False) -> None:
-        pf = owned.pf
+    def _commit_one(self, pf: PartitionState, force: bool = False) -> None:
         now = pf.commit_position()
-        if (now == owned.committed and not force) or now[1] < 0:
+        if (now == pf.committed and not force) or now[1] < 0:
             return
         try:
-            self.store.commit(key[0], key[1], now[0], now[1], owned.ownership)
+            self.store.commit(pf.topic, pf.partition, now[0], now[1], pf.ownership)
         except StaleOwnershipError as e:
             log.warning("group %s consumer %s: %s", self._group, self.consumer_id, e)
             self.request_rebalance()
             return
-        owned.committed = now
+        pf.mark_committed(now)
 
     # -- shutdown ---------------------------------------------------------------
 
     def _shutdown(self) -> None:
         """Metaq's order: stop fetchers, commit, delete owner nodes, delete the id node."""
-        for owned in self._owned.values():
-            self._c.fetcher.remove(owned.pf, timeout=self._cfg.close_timeout)
+        for pf in self._subs.assigned():
+            self._fetcher.remove(pf, timeout=self._cfg.close_timeout)
         if self._client.connected:
-            for key in list(self._owned):
+            for key in self._subs.assigned_keys():
                 try:
                     self._release(key, self.generation)
                 except (KazooException, MetaqError) as e:
@@ -600,7 +644,7 @@ class Coordinator:
                 self._client.delete(self._layout.consumer_id(self._group, self.consumer_id))
             except (NoNodeError, KazooException):
                 pass
-        self._owned.clear()
+        self._subs.drop_all()
         self._set_state(State.CLOSED)
         self.settled.clear()
 

@@ -32,9 +32,9 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from metaq._errors import MetaqError
+from metaq.consumer._subscription import PartitionState
 from metaq.protocol import ReplyParser, Value, encode_get
 
 __all__ = ["LongPoller", "Parked"]
@@ -52,7 +52,8 @@ class Parked:
 
     __slots__ = ("pf", "token", "address", "offset", "sent", "deadline")
 
-    def __init__(self, pf: Any, token: int, address: tuple[str, int], offset: int) -> None:
+    def __init__(self, pf: PartitionState, token: int, address: tuple[str, int],
+                 offset: int) -> None:
         self.pf = pf
         self.token = token
         self.address = address

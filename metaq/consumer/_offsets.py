@@ -69,6 +69,9 @@ class OffsetStore(Protocol):
 
     def load(self, topic: str, partition: str) -> StoredOffset | None: ...
 
+    def load_many(self, keys: list[tuple[str, str]]
+                  ) -> dict[tuple[str, str], StoredOffset | NodeDataError]: ...
+
     def commit(self, topic: str, partition: str, msg_id: int, offset: int,
                ownership: Ownership | None) -> None: ...
 

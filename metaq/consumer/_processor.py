@@ -1,4 +1,4 @@
-"""Per-partition fetch state and the hot loop that hands a batch to a listener.
+"""The hot loop that hands a batch to a listener (a partition's state: ``_subscription``).
 
 ``process_batch`` walks the raw bytes of a ``get`` reply (Metaq message
 records back to back, maybe ending in a partial one), verifies checksums and
@@ -18,6 +18,7 @@ from typing import Any
 from metaq._errors import ChecksumError
 from metaq.consumer._concurrent import RECONSUME_LATER, ReconsumeLater
 from metaq.consumer._message import Message, message_classes
+from metaq.consumer._subscription import PartitionState as PartitionFetch
 from metaq.protocol import (
     CHECKSUM_MASK,
     CRC32_IMPL,
@@ -25,7 +26,6 @@ from metaq.protocol import (
     MAX_PAYLOAD,
     ST_LATER,
     ST_LIMIT,
-    Codec,
     PartitionReader,
 )
 from metaq.protocol import crc32 as _crc32  # ISA-L's when installed (a dependency)
@@ -50,11 +50,6 @@ _SLICE_BYTES = 128 * 1024
 #: What the loops read: a reply as bytes, or a view of a receive buffer.
 _Data = bytes | bytearray | memoryview
 
-#: Default for ``PartitionFetch.max_batch``: below CPython's first GC threshold
-#: (700 new container objects), so a batch in hand never triggers a collection.
-DEFAULT_MAX_BATCH = 500
-
-
 class _ChecksumAt(ChecksumError):
     def __init__(self, topic: str, partition: str, offset: int, next_offset: int,
                  expected: int, actual: int, problem: str | None = None) -> None:
@@ -68,99 +63,6 @@ class _ChecksumAt(ChecksumError):
 class Rewind(Exception):  # noqa: N818 - a control signal, not an error
     """Raise from a listener to leave this message (and the rest of the batch)
     for a later delivery without counting a failure, e.g. while shutting down."""
-
-
-class PartitionFetch:
-    """Mutable fetch state of one owned partition (Metaq's FetchRequest).
-
-    Only the runner holding it (``busy``) changes ``offset``/``msg_id``;
-    others read them (commits) or set the flags under the manager's lock.
-    """
-
-    def __init__(self, *, topic: str, partition: str, broker_id: int, index: int,
-                 broker_address: tuple[str, int] | None, offset: int, msg_id: int,
-                 max_size: int, listener: Callable[[Message], Any] | None,
-                 batch_listener: Callable[[list[Message]], Any] | None, codec: Codec,
-                 verify: bool, max_retries: int, retry_backoff: float = 0.5,
-                 reject: Callable[[Message, BaseException], None] | None = None,
-                 epoch: int = 0, max_batch: int | None = None) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.broker_id = broker_id
-        self.index = index
-        self.broker_address = broker_address
-        self.offset = offset
-        self.msg_id = msg_id
-        self.max_size = max_size
-        self.listener = listener
-        self.batch_listener = batch_listener
-        self.codec = codec
-        self.verify = verify
-        self.max_retries = max_retries
-        self.retry_backoff = retry_backoff
-        self.reject = reject
-        self.epoch = epoch
-        #: most messages per batch-listener call (a fetched batch is handed over in
-        #: slices of this size, in order)
-        self.max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
-        # scheduling, guarded by the FetchManager's lock
-        self.active = False
-        self.busy = False
-        self.paused = False
-        self.parked = False
-        self.due = 0.0
-        self.queued_token = -1
-        #: token of the held get the long poller keeps out for it; 0 when not parked
-        self.hold_token = 0
-        # position checks (see FetchManager._check_position), owned by the runner
-        #: ``offset`` is known to be a message boundary inside the log (set once the
-        #: broker confirmed it or a message was delivered from it; cleared by a seek)
-        self.checked = False
-        #: offset_reset="fail" found the position out of range: not fetched until a seek
-        self.stalled: BaseException | None = None
-        #: damaged byte ranges met and bytes skipped over them, out-of-range resets
-        self.damaged = 0
-        self.skipped = 0
-        self.resets = 0
-        # backoff and counters, owned by the runner holding it
-        self.delay = 0.0
-        self.failures = 0
-        self.grow_size_streak = 0
-        self.checksum_failures = 0
-        self.retry_offset = -1
-        self.retry_count = 0
-        self.retry_delay: float | None = None
-        self.consumed = 0
-        # bytes fetched ahead (unconsumed tail of the last batch + the next reply),
-        # valid while ``offset == ready_offset`` (see FetchManager)
-        self.ready: memoryview | None = None
-        #: the partition's receive buffer (``ready`` is a view of it)
-        self.rbuf: bytearray | None = None
-        self.ready_offset = -1
-        self.ready_address: tuple[str, int] | None = None
-        # control requests, applied by the runner before its next fetch
-        self.seek_to: int | None = None
-        self.rollback = False
-        # manual acknowledgement: progress to commit is what was acked
-        self.auto_ack = True
-        self.acked: tuple[int, int] = (msg_id, offset)
-        # concurrent mode: the pool and the in-flight tracker (None when orderly)
-        self.dispatcher: Any = None
-        self.inflight: Any = None
-        self.flow: tuple[int, int, int] = (1000, 100 * 1024 * 1024, 2000)
-
-    def commit_position(self) -> tuple[int, int]:
-        """(msgId, offset) safe to commit: nothing before it is unfinished or unacked."""
-        if self.inflight is not None:
-            low = self.inflight.low()
-            if low is not None:
-                return low[1], low[0]
-        if not self.auto_ack:
-            return self.acked
-        return self.msg_id, self.offset
-
-    def __repr__(self) -> str:
-        return f"PartitionFetch({self.topic}/{self.partition} @ {self.offset})"
 
 
 @dataclass(slots=True)
@@ -239,9 +141,8 @@ def _reader(pf: PartitionFetch) -> PartitionReader:
     """``pf``'s reader (topic, partition, codec and its message classes for the bound
     ``take``/``deliver``), made on its first batch and again when its codec changed.
 
-    Kept in ``pf.reader``, an attribute this module sets (PartitionFetch may declare
-    it as ``reader: PartitionReader | None = None``)."""
-    reader = getattr(pf, "reader", None)
+    Kept in ``pf.reader`` (declared by the partition state, made here on first use)."""
+    reader = pf.reader
     if reader is None or reader.codec is not pf.codec:
         plain, with_attribute = message_classes(pf.codec)
         reader = PartitionReader(pf.topic, pf.partition, pf.codec, plain, with_attribute,

@@ -27,7 +27,7 @@ from zk_layout import (
     sort_consumer_ids,
 )
 
-__all__ = ["Topology", "read_topology", "broker_address"]
+__all__ = ["Topology", "read_topology", "read_partitions", "broker_address"]
 
 log = logging.getLogger(__name__)
 

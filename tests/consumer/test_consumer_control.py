@@ -80,3 +80,97 @@ def test_message_bigger_than_transfer_cap_and_fetch_size_is_consumed_whole(
         wait_until(lambda: len(seen) == 3, timeout=30, what="all three, the big one whole")
         assert c.errors() == []
     assert sorted(seen) == sorted([b"small-before", big, b"small-after"])
+
+
+# --------------------------------------------------------------------------- partition state
+
+def _state(**kw):
+    from metaq.consumer._subscription import PartitionState
+    from metaq.protocol import get_codec
+
+    return PartitionState(topic=TOPIC, partition="0-0", broker_id=0, index=0,
+                          broker_address=("127.0.0.1", 1), offset=100, msg_id=7,
+                          max_size=1024, listener=lambda m: None, batch_listener=None,
+                          codec=get_codec("bytes"), verify=True, max_retries=2, **kw)
+
+
+def test_requests_wait_for_the_runner_then_rollback_and_seek_apply_in_order():
+    pf = _state(auto_ack=False)
+    pf.ack(9, 150)
+    pf.ack(8, 120)  # an older ack never moves the acknowledged position back
+    assert pf.acked == (9, 150) and pf.commit_position() == (9, 150)
+    pf.offset, pf.msg_id, pf.retry_offset, pf.retry_count = 300, 12, 250, 1
+    pf.keep_ready(memoryview(b"x"), 300, ("127.0.0.1", 1))
+    pf.request_rollback()
+    assert pf.requested() and pf.offset == 300  # nothing moves until the runner applies it
+    pf.apply_requests()
+    assert (pf.offset, pf.msg_id) == (150, 9) and not pf.requested()
+    assert pf.ready is None and (pf.retry_offset, pf.retry_count) == (-1, 0)
+    pf.stall(RuntimeError("out of range"))
+    pf.mark_checked()
+    pf.seek(40)
+    pf.apply_requests()
+    assert (pf.offset, pf.msg_id, pf.acked) == (40, -1, (-1, 40))
+    assert not pf.checked and pf.stalled is None
+
+
+def test_bytes_fetched_ahead_count_only_at_the_same_offset_and_broker():
+    pf = _state()
+    here = ("127.0.0.1", 1)
+    pf.keep_ready(memoryview(b"abc"), 100, here)
+    assert bytes(pf.take_ready(here)) == b"abc"
+    assert pf.take_ready(here) is None  # taken once
+    pf.keep_ready(memoryview(b"abc"), 100, here)
+    assert pf.take_ready(("127.0.0.1", 2)) is None and pf.ready is None
+    pf.keep_ready(memoryview(b"abc"), 90, here)
+    assert pf.take_ready(here) is None
+
+
+def test_position_transitions_count_what_they_skip():
+    pf = _state()
+    pf.skip_damaged(100, 160)
+    assert (pf.offset, pf.damaged, pf.skipped, pf.checked) == (160, 1, 60, True)
+    pf.reset_to(400)
+    assert (pf.offset, pf.msg_id, pf.skipped) == (400, -1, 300)
+    pf.reset_to(0)  # back to the log start: nothing skipped
+    assert (pf.offset, pf.skipped) == (0, 300)
+    assert pf.too_big() and not pf.too_big()  # reported once per stall
+    pf.delivered()
+    assert pf.grow_size_streak == 0 and pf.delay == 0.0
+
+
+def test_subscription_state_builds_states_from_committed_offsets_and_counts_revoked():
+    from metaq import ConfigError, ConsumerConfig
+    from metaq.consumer._subscription import EARLIEST, LATEST, SubscriptionState
+    from metaq.protocol import get_codec
+    from zk_layout import NodeDataError, StoredOffset
+
+    errors = []
+
+    def subs(**kw):
+        return SubscriptionState(ConsumerConfig(group="g", **kw), consumer_id="g_c",
+                                 codec=get_codec("bytes"), reject=None, dispatcher=None,
+                                 on_error=errors.append)
+
+    s = subs(start_position="latest", offset_reset="fail")
+    s.subscribe(TOPIC, lambda m: None, max_size=2048, auto_ack=True, max_batch=10)
+    with pytest.raises(ConfigError, match="already subscribed"):
+        s.subscribe(TOPIC, lambda m: None, max_size=2048, auto_ack=True, max_batch=10)
+    new = s.assign(TOPIC, "0-0", 0, None, None, None)
+    stored = s.assign(TOPIC, "0-1", 0, None, StoredOffset(offset=500, msg_id=3), None)
+    bad = s.assign(TOPIC, "0-2", 0, None, NodeDataError("/x", b"junk", "not an offset"),
+                   None)
+    assert (new.offset, stored.offset, stored.msg_id, stored.committed) == (LATEST, 500, 3,
+                                                                            (3, 500))
+    assert bad.stalled is errors[0] and s.damaged_offsets == 1
+    assert (new.max_size, new.max_batch) == (2048, 10)
+    assert s.assignment() == {TOPIC: ["0-0", "0-1", "0-2"]}
+    stored.consumed = 5
+    assert s.revoke((TOPIC, "0-1")) is stored and s.consumed_released == 5
+    new.consumed = 4
+    assert s.drop_all() == [new, bad] and s.consumed_released == 5  # lost: not counted
+    assert s.partition(TOPIC, "0-0") is None and s.assignment() == {}
+    s2 = subs(offset_reset="earliest")
+    s2.subscribe(TOPIC, lambda m: None, max_size=2048, auto_ack=True, max_batch=10)
+    assert s2.assign(TOPIC, "0-3", 0, None, NodeDataError("/y", b"?", "bad"),
+                     None).offset == EARLIEST

@@ -12,7 +12,6 @@ from collections import defaultdict
 import pytest
 from helpers.procs import start_broker
 
-import metaq.consumer._fetcher as fetcher_mod
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._processor import PartitionFetch
 from metaq.protocol import build_payload, encode_put, get_codec
@@ -82,14 +81,14 @@ def _check_serial(got, want):
 def ready_hits(monkeypatch):
     """Counts fetches served from bytes got ahead (proves the ahead path ran)."""
     hits = [0]
-    real = fetcher_mod._take_ready
+    real = PartitionFetch.take_ready
 
     def counting(pf, address):
         data = real(pf, address)
         hits[0] += data is not None
         return data
 
-    monkeypatch.setattr(fetcher_mod, "_take_ready", counting)
+    monkeypatch.setattr(PartitionFetch, "take_ready", counting)
     return hits
 
 

@@ -1,0 +1,381 @@
+"""One fetch of one partition: its ``get``, and what the broker's answers mean for its position.
+
+A fetch runner (:class:`~metaq.consumer._fetcher.FetchManager`) holding a
+partition calls :meth:`PartitionFetcher.fetch_once`, which fetches, hands the
+bytes to delivery (``process_batch``) and answers how long the partition waits
+before its next fetch.  What differs from Metaq:
+
+- growth of the fetch size for a message bigger than ``max_size`` has its own
+  counter (the listener's retry counter is never touched by it);
+- each runner keeps one connection per broker; a broker failure backs off
+  only that broker's partitions;
+- the next ``get`` of a partition is sent before the current bytes go to the
+  listener, asking for the bytes right after them (offsets are byte
+  positions, so a message cut at the end of a reply is completed by the next
+  one); the broker sends them while the listener runs, and they are read
+  before the runner lets the partition go (kept as its ready bytes, at most
+  one reply per partition).  Order stays serial: they are processed only when
+  the partition's offset is still where they start;
+- replies are received straight into a buffer of the partition's own (behind
+  the unconsumed tail of the last one), and the C message builder reads them
+  there: the body bytes are copied once, into the messages;
+- a partition found at its log end on a broker that offers holding is not
+  backed off but answered :data:`PARK`: the manager parks it with the long
+  poller;
+- a position nobody confirmed yet (a committed offset, a seek) that reads as
+  garbage, as nothing, or as a huge message is checked with the broker
+  (``offset``): inside a message it moves to that message's start; outside
+  the log ``offset_reset`` decides; damaged bytes are skipped and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from metaq._errors import (
+    BrokerError,
+    ChecksumError,
+    DamagedMessageError,
+    MessageError,
+    MetaqError,
+    OffsetOutOfRangeError,
+)
+from metaq.consumer._lease import Lease
+from metaq.consumer._processor import process_batch
+from metaq.consumer._subscription import LATEST, PartitionState
+from metaq.net import BrokerConnection
+from metaq.protocol import HOLD_CAPABILITY
+
+__all__ = ["PartitionFetcher", "PARK", "ErrorHandler", "Connections"]
+
+log = logging.getLogger(__name__)
+
+_LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
+_FLOW_POLL = 0.02  # seconds between looks at a flow-controlled partition
+#: ``fetch_once``'s answer for "at the log end: park it with the long poller"
+PARK = -1.0
+
+#: ``on_error(error, partition or None)``
+ErrorHandler = Callable[[BaseException, "PartitionState | None"], None]
+#: a runner's connections, one per broker address
+Connections = dict[tuple[str, int], BrokerConnection]
+
+
+def _offers_hold(conn: BrokerConnection) -> bool:
+    """Does this broker hold gets (``+hold`` in its ``version`` answer)?"""
+    try:
+        return HOLD_CAPABILITY in conn.version().split()
+    except BrokerError:
+        return False  # a broker that does not answer version: Metaq's backoff
+
+
+class PartitionFetcher:
+    """Fetches one partition for the runner holding it (see the module docstring).
+
+    Shared by the runners of one manager: its own state is only which brokers
+    hold gets (asked on each new runner connection).
+    """
+
+    def __init__(self, *, group: str, fetch_timeout: float, max_delay: float,
+                 max_fetch_size: int, on_error: ErrorHandler, lease: Lease | None,
+                 long_poll: bool, offset_reset: str, prefetch: bool) -> None:
+        self._group = group
+        self._prefetch = prefetch
+        self._fetch_timeout = fetch_timeout
+        self._max_delay = max_delay
+        self._step = max_delay / 10.0
+        self._max_fetch_size = max_fetch_size
+        self._offset_reset = offset_reset
+        self._on_error = on_error
+        self._lease = lease
+        self._long_poll = long_poll
+        #: broker address -> it offers held gets (asked on each new runner connection)
+        self._holds: dict[tuple[str, int], bool] = {}
+
+    def backoff(self, pf: PartitionState) -> float:
+        """Wait longer before ``pf``'s next fetch (nothing new, or a failure)."""
+        return pf.back_off(self._step, self._max_delay)
+
+    def _at_end(self, pf: PartitionState, address: tuple[str, int]) -> float:
+        """Nothing new at ``pf``'s offset: park it when its broker holds gets, else
+        Metaq's growing backoff."""
+        if self._long_poll and self._holds.get(address):
+            return PARK
+        return self.backoff(pf)
+
+    def fetch_once(self, pf: PartitionState, connections: Connections) -> float:
+        """Fetch ``pf`` and deliver what came (the caller holds it); the delay before
+        its next fetch, or :data:`PARK`."""
+        if pf.seek_to is not None or pf.rollback:
+            pf.apply_requests()
+        if pf.stalled is not None:
+            return self._max_delay  # offset_reset="fail": waits for a seek
+        if pf.inflight is not None and pf.inflight.blocked(*pf.flow):
+            return _FLOW_POLL  # flow control: too much of this partition is in flight
+        address = pf.broker_address
+        if address is None:
+            pf.drop_ready()
+            return self.backoff(pf)  # broker unknown right now: wait
+        if self._lease is not None and not self._lease.valid():
+            pf.drop_ready()
+            return self._step  # ownership unconfirmed (frozen past the session?): wait
+        data = pf.take_ready(address)
+        conn = connections.get(address)
+        ahead: int | None = None  # opaque of the get sent ahead, reply not read yet
+        parks = False
+        try:
+            if conn is None:
+                conn = BrokerConnection(address[0], address[1], timeout=self._fetch_timeout)
+                connections[address] = conn
+                if self._long_poll:
+                    self._holds[address] = _offers_hold(conn)
+            if data is None:
+                if pf.offset < 0:  # LATEST or EARLIEST: the broker's log end or start
+                    pf.resolve(conn.offset(pf.topic, self._group, pf.index,
+                                           _LOG_END if pf.offset == LATEST else 0))
+                data = pf.receive(conn, conn.send_get(pf.topic, self._group, pf.index,
+                                                      pf.offset, pf.max_size), b"")
+            parks = self._long_poll and self._holds.get(address, False)
+            if data and self._prefetch and (not parks or len(data) >= pf.max_size >> 1):
+                # the bytes right after these: the broker sends them while we deliver
+                # (not after a short reply from a broker that holds gets: the partition
+                # is probably caught up, and its held get will bring what comes next
+                # without this runner waiting for a round trip)
+                ahead = conn.send_get(pf.topic, self._group, pf.index, pf.offset + len(data),
+                                      pf.max_size)
+        except BrokerError as e:
+            return self._on_broker_error(pf, e, conn, address, connections)
+        except (OSError, MetaqError) as e:
+            return self._connection_failed(pf, conn, address, connections, e)
+        pf.answered()
+        if self._lease is not None and not self._lease.valid():
+            self._end_ahead(pf, conn, ahead, None, address, connections)
+            pf.drop_ready()
+            return self._step  # the lease ran out while we fetched: deliver nothing
+        base = pf.offset
+        try:
+            result = process_batch(pf, data)
+        except ChecksumError as e:
+            self._end_ahead(pf, conn, ahead, None, address, connections)
+            if not pf.checked:  # a committed offset inside a message reads as garbage
+                delay = self._check_position(pf, conn, address, connections)
+                if delay is not None:
+                    return delay
+            return self._resync(pf, conn, e)
+        except BaseException:
+            self._end_ahead(pf, conn, ahead, None, address, connections)
+            raise
+        keep = result.consumed and pf.retry_delay is None
+        at_end = self._end_ahead(pf, conn, ahead, data[pf.offset - base:] if keep else None,
+                                 address, connections)
+        if result.consumed:
+            pf.delivered()
+            if pf.retry_delay is not None:
+                return pf.retry_delay
+            if (at_end or (parks and ahead is None)) and pf.offset == base + len(data):
+                return self._at_end(pf, address)  # all delivered, maybe nothing after it
+            return 0.0
+        if pf.retry_delay is not None:
+            return pf.retry_delay  # listener failed on the first message: retry later
+        if result.needed_size:
+            if not pf.checked:  # a huge "message" at an unconfirmed position: maybe
+                delay = self._check_position(pf, conn, address, connections)  # inside one
+                if delay is not None:
+                    return delay
+            return self._grow(pf, result.needed_size)
+        return self.backoff(pf)
+
+    def _connection_failed(self, pf: PartitionState, conn: BrokerConnection | None,
+                           address: tuple[str, int], connections: Connections,
+                           e: BaseException) -> float:
+        if conn is not None:
+            conn.close()
+        connections.pop(address, None)
+        failures = pf.fetch_failed()
+        if failures in (1, 10) or failures % 100 == 0:
+            log.warning("fetch %s/%s from %s:%s failed (%d in a row): %s",
+                        pf.topic, pf.partition, address[0], address[1], failures, e)
+        return self.backoff(pf)
+
+    @staticmethod
+    def _end_ahead(pf: PartitionState, conn: BrokerConnection, ahead: int | None,
+                   tail: memoryview | None, address: tuple[str, int],
+                   connections: Connections) -> bool:
+        """Read the reply of the get sent ahead: kept as ``pf``'s ready bytes after
+        ``tail`` (the bytes not consumed yet, which it continues), or dropped when
+        ``tail`` is None.  True when it said there is nothing after the bytes in
+        hand (404)."""
+        pf.drop_ready()
+        if ahead is None:
+            return False
+        try:
+            if tail is None:
+                conn.skip_reply(ahead)
+                return False
+            # the tail is a view of pf's receive buffer, which the reply overwrites
+            ready = pf.receive(conn, ahead, bytes(tail))
+        except BrokerError as e:  # e.g. 404, nothing new yet: the next fetch asks again
+            log.debug("get ahead of %s/%s: %s", pf.topic, pf.partition, e)
+            return e.code == 404
+        except (OSError, MetaqError) as e:
+            conn.close()
+            connections.pop(address, None)
+            log.debug("get ahead of %s/%s failed: %s", pf.topic, pf.partition, e)
+            return False
+        pf.keep_ready(ready, pf.offset, address)
+        return False
+
+    def _grow(self, pf: PartitionState, needed: int) -> float:
+        if needed > self._max_fetch_size:
+            err = MessageError(
+                f"message at {pf.topic}/{pf.partition} offset {pf.offset} needs "
+                f"{needed} bytes, over max_fetch_size={self._max_fetch_size}; partition stalls")
+            if pf.too_big():
+                self._on_error(err, pf)
+            return self._max_delay
+        new = min(self._max_fetch_size, max(needed, pf.max_size * 2))
+        log.info("fetch size of %s/%s grows %d -> %d for a message of %d bytes",
+                 pf.topic, pf.partition, pf.max_size, new, needed)
+        pf.grow(new)
+        return 0.0
+
+    def _on_broker_error(self, pf: PartitionState, e: BrokerError, conn: BrokerConnection,
+                         address: tuple[str, int], connections: Connections) -> float:
+        if e.code == 404:
+            if not pf.checked:  # nothing here: the end, or a position beyond it?
+                delay = self._check_position(pf, conn, address, connections)
+                if delay is not None:
+                    return delay
+            return self._at_end(pf, address)  # nothing new
+        if e.code == 301:
+            try:
+                moved = int(e.detail.strip())
+            except ValueError:
+                self._on_error(e, pf)
+                return self.backoff(pf)
+            if moved > pf.offset:
+                try:
+                    start = conn.offset(pf.topic, self._group, pf.index, 0)
+                except BrokerError:
+                    start = moved
+                except (OSError, MetaqError) as err:
+                    return self._connection_failed(pf, conn, address, connections, err)
+                if start < moved:  # a damaged range the broker knows: past it
+                    return self._skip_damaged(pf, pf.offset, moved, "damaged bytes in the "
+                                              "broker's log")
+                # below the log start: retention deleted what was not read
+                return self._out_of_range(pf, conn, address, connections,
+                                          start=moved, end=None)
+            return self._out_of_range(pf, conn, address, connections,  # above the end
+                                      start=None, end=moved)
+        log.warning("fetch %s/%s: %s", pf.topic, pf.partition, e)
+        return self.backoff(pf)
+
+    # -- damaged bytes ------------------------------------------------------------------
+
+    def _resync(self, pf: PartitionState, conn: BrokerConnection, err: Exception) -> float:
+        """A damaged message: ask the broker for the next valid position (Metaq's rule),
+        report what is skipped (DamagedMessageError to on_error) and resume there."""
+        bad = getattr(err, "offset", pf.offset)
+        try:
+            valid = conn.offset(pf.topic, self._group, pf.index, bad)
+        except (OSError, MetaqError) as e:
+            log.warning("offset resync of %s/%s failed: %s", pf.topic, pf.partition, e)
+            return self.backoff(pf)
+        if valid <= bad:  # the broker sees a valid message there
+            if pf.count_checksum_failure() < 3:
+                return self.backoff(pf)  # maybe damaged in transit: read again
+            skip_to = getattr(err, "next_offset", None)
+            if skip_to is None:
+                self._on_error(err, pf)
+                return self._max_delay
+            valid = skip_to  # the broker serves damaged bytes: skip the one message
+        pf.forget_checksum_failures()
+        return self._skip_damaged(pf, bad, valid, str(err))
+
+    def _skip_damaged(self, pf: PartitionState, bad: int, valid: int, why: str) -> float:
+        """Report the damaged bytes ``[bad, valid)`` (DamagedMessageError to on_error),
+        count them, and resume delivery at ``valid``."""
+        pf.skip_damaged(bad, valid)
+        log.error("damaged message in %s/%s at offset %d (%s); %d bytes skipped, resuming "
+                  "at %d", pf.topic, pf.partition, bad, why, valid - bad, valid)
+        self._on_error(DamagedMessageError(
+            f"damaged message in {pf.topic}/{pf.partition} at offset {bad}: {why}; "
+            f"{valid - bad} bytes skipped, delivery resumes at {valid}",
+            topic=pf.topic, partition=pf.partition, offset=bad, next_offset=valid), pf)
+        return 0.0
+
+    # -- positions outside the log -------------------------------------------
+
+    def _check_position(self, pf: PartitionState, conn: BrokerConnection,
+                        address: tuple[str, int], connections: Connections) -> float | None:
+        """Is ``pf.offset`` (from a commit or a seek) a message boundary in the log?
+        Asks the broker (``offset``); None when it is (the caller goes on), else the
+        delay after handling what it is not (offset_reset)."""
+        try:
+            valid = conn.offset(pf.topic, self._group, pf.index, pf.offset)
+            if valid == pf.offset:
+                pf.mark_checked()
+                return None
+            end = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+        except BrokerError as e:  # a broker that cannot tell (Java: unwritten partition)
+            log.debug("position check of %s/%s: %s", pf.topic, pf.partition, e)
+            pf.mark_checked()
+            return None
+        except (OSError, MetaqError) as e:
+            return self._connection_failed(pf, conn, address, connections, e)
+        if pf.offset > end:
+            return self._out_of_range(pf, conn, address, connections, start=None, end=end)
+        if valid > pf.offset:  # below the log start
+            return self._out_of_range(pf, conn, address, connections, start=valid, end=end)
+        # inside a message: back to its start (that message is read again)
+        self._report_reset(pf, "boundary", None, end,
+                           f"offset {pf.offset} is inside the message at {valid}; "
+                           f"reading from {valid} ({pf.offset - valid} bytes again)")
+        pf.move_to_boundary(valid)
+        return 0.0
+
+    def _out_of_range(self, pf: PartitionState, conn: BrokerConnection,
+                      address: tuple[str, int], connections: Connections, *,
+                      start: int | None, end: int | None) -> float:
+        """``pf.offset`` is below the log ``start`` or above its ``end``: offset_reset."""
+        policy = self._offset_reset
+        try:
+            if policy == "earliest" and start is None:
+                start = conn.offset(pf.topic, self._group, pf.index, 0)
+            elif policy == "latest" and end is None:
+                end = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+        except BrokerError as e:
+            log.warning("log bounds of %s/%s: %s", pf.topic, pf.partition, e)
+            return self.backoff(pf)
+        except (OSError, MetaqError) as e:
+            return self._connection_failed(pf, conn, address, connections, e)
+        where = (f"above the log end {end}" if start is None
+                 else f"below the log start {start}")
+        if policy == "fail":
+            err = self._report_reset(pf, "fail", start, end,
+                                     f"offset {pf.offset} is {where}; offset_reset=fail: "
+                                     f"not fetched until a seek")
+            pf.stall(err)
+            return self._max_delay
+        to = start if policy == "earliest" else end
+        assert to is not None
+        gap = to - pf.offset
+        what = (f"{gap} bytes skipped" if gap > 0 else f"{-gap} bytes from the log start "
+                f"read (again)" if policy == "earliest" else f"{-gap} bytes back")
+        self._report_reset(pf, policy, start, end,
+                           f"offset {pf.offset} is {where}; offset_reset={policy}: "
+                           f"reading from {to} ({what})")
+        pf.reset_to(to)
+        return 0.0
+
+    def _report_reset(self, pf: PartitionState, action: str, start: int | None,
+                      end: int | None, what: str) -> OffsetOutOfRangeError:
+        pf.count_reset()
+        err = OffsetOutOfRangeError(f"{pf.topic}/{pf.partition}: {what}", topic=pf.topic,
+                                    partition=pf.partition, offset=pf.offset,
+                                    log_start=start, log_end=end, action=action)
+        log.error("%s", err)
+        self._on_error(err, pf)
+        return err
