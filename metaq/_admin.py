@@ -22,9 +22,15 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from metaq._errors import ConfigError, MetaqError
-from metaq.consumer._topology import broker_address, read_partitions
 from metaq.net import BrokerConnection
-from zk_layout import Layout, StoredOffset, encode_offset, take_snapshot
+from zk_layout import (
+    Layout,
+    StoredOffset,
+    broker_address,
+    encode_offset,
+    read_partitions,
+    take_snapshot,
+)
 
 __all__ = ["PartitionLag", "GroupReport", "describe_group", "log_ends", "reset_offsets"]
 

@@ -10,6 +10,8 @@
   :class:`InvalidNameError` (both ``ValueError``).
 * :func:`take_snapshot` reads a live tree (kazoo) into a read-only
   :class:`Snapshot`; ``python -m zk_layout`` is its inspector CLI.
+* :func:`read_topology`, :func:`read_partitions`, :func:`broker_address`, ...: what a
+  subscriber reads from a live tree (with watches), for consumers, Spark and tools.
 
 Does not import ``metaq``.
 """
@@ -64,8 +66,22 @@ from zk_layout._snapshot import (
     read_tree,
     take_snapshot,
 )
+from zk_layout._topology import (
+    Topology,
+    broker_address,
+    read_members,
+    read_owners,
+    read_partitions,
+    read_topology,
+)
 
 __all__ = [
+    "Topology",
+    "read_topology",
+    "read_members",
+    "read_partitions",
+    "read_owners",
+    "broker_address",
     # errors
     "NodeDataError",
     "InvalidNameError",

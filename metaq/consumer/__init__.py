@@ -9,7 +9,6 @@ One concept per module:
                    partition's state with its transitions
 ``_coordinator``   membership, rebalances, ownership and commits (ZooKeeper)
 ``_lease``         the delivery lease a frozen member cannot outlive
-``_topology``      reading members, partitions and brokers from ZooKeeper
 ``_assignors``     assignment strategies (pure functions)
 ``_offsets``       offset stores and the session fence of commits
 ``_fetcher``       FetchManager: runner threads and their delay queue

@@ -65,8 +65,7 @@ from metaq.consumer._offsets import (
     ZkOffsetStore,
 )
 from metaq.consumer._subscription import PartitionState, SubscriptionState
-from metaq.consumer._topology import read_topology
-from zk_layout import Layout, encode_topic_list
+from zk_layout import Layout, encode_topic_list, read_topology
 
 __all__ = ["Coordinator", "Fetching", "State", "MAX_FAILURES"]
 

@@ -21,7 +21,6 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._errors import BrokerError, ConnectionClosedError, CoordinationError, ProtocolError
-from metaq.consumer._topology import broker_address, read_partitions
 from metaq.net import BrokerConnection
 from metaq.protocol import HEADER_SIZE
 from metaq.spark._arrow import walk
@@ -29,9 +28,11 @@ from zk_layout import (
     Layout,
     NodeDataError,
     StoredOffset,
+    broker_address,
     decode_offset,
     encode_offset,
     parse_partition,
+    read_partitions,
 )
 
 __all__ = ["Cluster", "LiveGroupError", "open_zk", "LOG_END"]

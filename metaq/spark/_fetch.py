@@ -108,8 +108,7 @@ class _Link:
         s = self.settings
         if s.zk_connect is None:
             return
-        from metaq.consumer._topology import broker_address
-        from zk_layout import Layout
+        from zk_layout import Layout, broker_address
 
         client = open_zk(s.zk_connect, s.zk_timeout)
         try:

@@ -1,6 +1,10 @@
-"""Read what a rebalance needs from ZooKeeper, arming the watches that trigger the next.
+"""What a subscriber reads from a live tree: members, partitions, broker addresses, owners.
 
-Everything is read through ``zk_layout``: group members and their topics
+Read what a rebalance needs from ZooKeeper, arming the watches that trigger the
+next (the consumer's coordinator), and what a reader needs to find a partition's
+broker (the Spark source, the admin tools).
+
+Everything is decoded by this package's codecs: group members and their topics
 (``consumers/<group>/ids``), each topic's partitions (``topics-sub/<topic>``),
 the brokers' addresses (``brokers/ids/<id>/master`` or a slave) and, for the
 sticky strategy, the current owners.  Damaged nodes are logged and skipped,
@@ -16,18 +20,14 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from zk_layout import (
-    Layout,
-    NodeDataError,
-    decode_broker_uri,
-    decode_owner,
-    decode_topic_list,
-    parse_broker_child,
-    partitions_for_topic,
-    sort_consumer_ids,
-)
+from zk_layout._codecs import decode_broker_uri, decode_owner, decode_topic_list
+from zk_layout._errors import NodeDataError
+from zk_layout._names import parse_broker_child, sort_consumer_ids
+from zk_layout._nodes import partitions_for_topic
+from zk_layout._paths import Layout
 
-__all__ = ["Topology", "read_topology", "read_partitions", "broker_address"]
+__all__ = ["Topology", "read_topology", "read_members", "read_partitions", "read_owners",
+           "broker_address"]
 
 log = logging.getLogger(__name__)
 
