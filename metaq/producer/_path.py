@@ -160,11 +160,10 @@ class SendPath:
         """Put ``send`` on ``part``'s broker connection, moving on to other
         partitions while connections fail.  Never raises: failures go on the
         future.  Runs in a user thread or the retry thread (may block)."""
-        conns = self._conns
         while True:
             bid = part.broker_id
             try:
-                conn = conns.get(bid)  # connection(), inlined: once per message
+                conn = self._conns.get(bid)  # connection(), inlined: once per message
                 if conn is None or not conn.usable or conn.address != route.addresses.get(bid):
                     conn = self._connections.connect(bid, route, send.deadline)
                 send.part = part
