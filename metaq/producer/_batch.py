@@ -1,10 +1,11 @@
 """Batches: many messages to one partition, encoded in one pass, one future.
 
-:meth:`Producer.send_batch` checks and encodes every body first (nothing is
-sent when one is bad), picks **one** partition for the whole batch (the
-partitioner is asked once, with the first body and the key; round-robin
-moves on per batch) and hands the puts to that broker's connection in chunks
-(:meth:`~metaq.net._pipeline.PipelinedConnection.put_many`: one write per chunk,
+:meth:`Producer.send_batch` hands its work to a :class:`BatchSender`, which
+checks and encodes every body first (nothing is sent when one is bad), asks
+the send path for **one** partition for the whole batch (the partitioner is
+asked once, with the first body and the key; round-robin moves on per batch)
+and hands the puts to that broker's connection in chunks
+(:meth:`metaq.net.PipelinedConnection.put_many`: one write per chunk,
 replies completed in bulk).  The broker stores the batch's messages in order.
 
 The batch's future resolves to a :class:`BatchResults`: the broker's
@@ -13,19 +14,26 @@ answers kept as columns, a ``SendResult`` built only when one is read.
 Every message still gets its own outcome.  One the broker refuses with a
 code a retry may fix, or one whose connection fails before it is answered,
 becomes a :class:`_BatchItem` (a one-message send) and is retried on another
-partition by the producer's usual path (retries, backoff, ``send_timeout``).
+partition by the send path's usual rule (retries, backoff, ``send_timeout``).
 The :class:`BatchFuture` completes when every message has its outcome: with
 the :class:`BatchResults` in batch order, or with
 :class:`~metaq.BatchSendError` naming each message that was not stored and
 carrying the results of those that were.
+
+What a batch needs from the rest of the producer comes through two objects:
+the :class:`~metaq.producer._path.SendPath` (route, pick, connection, a
+failed broker, a failed message's retries) and the
+:class:`~metaq.producer._message.MessageEncoder` (codec, size limit,
+attribute header).
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from metaq._errors import (
     BatchSendError,
@@ -33,36 +41,28 @@ from metaq._errors import (
     ConnectionClosedError,
     MessageError,
     MessageTooLargeError,
-    ProducerError,
     ProtocolError,
     SendTimeoutError,
 )
 from metaq.net import LightFuture
-from metaq.producer._send import (
-    NO_RETRY,
-    SendResult,
-    _make_result,
-    _repeat,
-    _Send,
-    partition_names,
-)
-from metaq.protocol import FLAG_HAS_ATTRIBUTE
+from metaq.producer._config import ProducerConfig
+from metaq.producer._message import MessageEncoder
+from metaq.producer._path import SendPath
+from metaq.producer._router import TopicRoute
+from metaq.producer._send import NO_RETRY, Send, SendResult, make_result, partition_names
+from metaq.protocol import CHECKSUM_MASK, FLAG_HAS_ATTRIBUTE
 from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 from zk_layout import Partition
 
-if TYPE_CHECKING:
-    from metaq.producer._producer import Producer
-    from metaq.producer._router import TopicRoute
+__all__ = ["BatchFuture", "BatchResults", "BatchSender", "chunk_bounds"]
 
-__all__ = ["BatchFuture", "BatchResults", "submit_batch"]
-
-_MASK = 0x7FFFFFFF
 #: Most messages and bytes per chunk (one put_many, one write); also capped by the window.
 CHUNK_MESSAGES = 4096
 CHUNK_BYTES = 4 * 1024 * 1024
 #: Bytes a put line adds to its payload, at most (for chunking; the window counts exactly).
 _LINE_MAX = 320
 _monotonic = time.monotonic
+_repeat = itertools.repeat
 
 
 class BatchResults(Sequence):
@@ -95,7 +95,7 @@ class BatchResults(Sequence):
         if msg_id is None:
             return None
         bid, index = self._brokers[i], int(self._indexes[i])
-        return _make_result((int(msg_id), partition_names(bid)[index], int(self._offsets[i]),
+        return make_result((int(msg_id), partition_names(bid)[index], int(self._offsets[i]),
                              bid, index))
 
     def __iter__(self) -> Iterator[SendResult | None]:
@@ -103,7 +103,7 @@ class BatchResults(Sequence):
         bid = brokers[0] if brokers else 0
         if None in ids or brokers.count(bid) != len(brokers):
             return map(self.__getitem__, range(len(ids)))
-        return map(_make_result, zip(map(int, ids), map(partition_names(bid).__getitem__, indexes),
+        return map(make_result, zip(map(int, ids), map(partition_names(bid).__getitem__, indexes),
                                      map(int, self._offsets), _repeat(bid), map(int, indexes),
                                      strict=False))
 
@@ -202,13 +202,12 @@ class BatchFuture(LightFuture):
         self.set_exception(err)
 
 
-class _BatchItem(_Send):
+class _BatchItem(Send):
     """One message of a batch sent on its own (a retry): its outcome goes to the batch."""
 
-    def __init__(self, producer: Producer, topic: str, payload: bytes, flag: int,
-                 checksum: int, deadline: float, batch: BatchFuture, index: int,
-                 part: Partition) -> None:
-        super().__init__(producer, topic, payload, flag, checksum, deadline)
+    def __init__(self, path: SendPath, topic: str, payload: bytes, flag: int, checksum: int,
+                 deadline: float, batch: BatchFuture, index: int, part: Partition) -> None:
+        super().__init__(path, topic, payload, flag, checksum, deadline)
         self.batch = batch
         self.index = index
         self.part = part
@@ -233,13 +232,11 @@ class _BatchItem(_Send):
 class _Chunk:
     """The request one connection completes for one chunk of a batch (by index)."""
 
-    __slots__ = ("producer", "batch", "base", "payloads", "flag", "checksums", "part",
-                 "deadline")
+    __slots__ = ("path", "batch", "base", "payloads", "flag", "checksums", "part", "deadline")
 
-    def __init__(self, producer: Producer, batch: BatchFuture, base: int,
-                 payloads: list[bytes], flag: int, checksums: list[int], part: Partition,
-                 deadline: float) -> None:
-        self.producer = producer
+    def __init__(self, path: SendPath, batch: BatchFuture, base: int, payloads: list[bytes],
+                 flag: int, checksums: list[int], part: Partition, deadline: float) -> None:
+        self.path = path
         self.batch = batch
         self.base = base
         self.payloads = payloads
@@ -269,81 +266,101 @@ class _Chunk:
         if code in NO_RETRY:
             self.batch._outcome(self.base + index, None, err)
         else:
-            self.producer._failed(self.item(index), err)
+            self.path.attempt_failed(self.item(index), err)
 
     def on_error_at(self, index: int, exc: BaseException) -> None:
-        self.producer._failed(self.item(index), exc)
+        self.path.attempt_failed(self.item(index), exc)
 
     def item(self, index: int) -> _BatchItem:
         """Message ``index`` of this chunk as a one-message send (for its retries)."""
-        return _BatchItem(self.producer, self.batch.topic, self.payloads[index], self.flag,
+        return _BatchItem(self.path, self.batch.topic, self.payloads[index], self.flag,
                           self.checksums[index], self.deadline, self.batch, self.base + index,
                           self.part)
 
 
-# --------------------------------------------------------------------------- submitting
+# --------------------------------------------------------------------------- sending
 
-def submit_batch(producer: Producer, topic: str, bodies: Sequence[Any] | Iterable[Any],
-                 attribute: str | None, key: Any) -> BatchFuture:
-    """The work of :meth:`Producer.send_batch` (see there)."""
-    if producer._closed:
-        raise ProducerError("the producer is closed")
-    try:
-        route = producer._routes.get(topic)
-    except TypeError:  # unhashable: _load names what is wrong with it
-        route = None
-    if route is None:
-        route = producer._load(topic)
-    if not isinstance(bodies, list):
-        if isinstance(bodies, (bytes, bytearray, memoryview, str, dict)):
-            raise MessageError(f"send_batch needs a sequence of bodies, not one "
-                               f"{type(bodies).__name__} (use send_async for one message)")
-        bodies = list(bodies)
-    n = len(bodies)
-    batch = BatchFuture(topic, n)
-    if producer._raw_bytes and n and set(map(type, bodies)) == {bytes}:
-        data = bodies
-    else:
-        data = _encode_all(producer, bodies)
-    if not n:
-        batch.set_result(batch._results)
+class BatchSender:
+    """Sends batches over ``path``, their bodies made payloads by ``encoder``;
+    ``config`` gives the send timeout and, with the connection's window, the chunk size."""
+
+    def __init__(self, path: SendPath, encoder: MessageEncoder, config: ProducerConfig) -> None:
+        self._path = path
+        self._encoder = encoder
+        self._timeout = config.send_timeout
+        self._chunk_messages = max(1, min(CHUNK_MESSAGES, config.max_in_flight // 2))
+        self._chunk_bytes = max(1, min(CHUNK_BYTES, config.max_in_flight_bytes // 2))
+
+    def submit(self, topic: str, bodies: Sequence[Any] | Iterable[Any], attribute: str | None,
+               key: Any) -> BatchFuture:
+        """The work of :meth:`Producer.send_batch` (see there), once the producer
+        checked that it is open."""
+        path = self._path
+        route = path.route(topic)
+        if not isinstance(bodies, list):
+            if isinstance(bodies, (bytes, bytearray, memoryview, str, dict)):
+                raise MessageError(f"send_batch needs a sequence of bodies, not one "
+                                   f"{type(bodies).__name__} (use send_async for one message)")
+            bodies = list(bodies)
+        n = len(bodies)
+        batch = BatchFuture(topic, n)
+        encoder = self._encoder
+        if encoder.raw_bytes and n and set(map(type, bodies)) == {bytes}:
+            data = bodies
+        else:
+            data = encoder.encode_all(bodies)
+        if not n:
+            batch.set_result(batch._results)
+            return batch
+        max_size = encoder.max_size
+        if max(map(len, data)) > max_size:
+            i = next(i for i, d in enumerate(data) if len(d) > max_size)
+            raise MessageTooLargeError(
+                f"message #{i} of the batch has a body of {len(data[i])} bytes, over the "
+                f"limit of {max_size} bytes (max_message_size); nothing was sent to topic "
+                f"{topic!r}")
+        if attribute is None:
+            payloads, flag = data, 0
+        else:
+            head = encoder.with_attribute(b"", attribute)
+            payloads, flag = list(map(head.__add__, data)), FLAG_HAS_ATTRIBUTE
+        part = path.pick(topic, route, data[0], key)
+        if part is None:  # no broker publishes topic right now: wait within the send timeout
+            route = path.writable(topic, _monotonic() + self._timeout)
+            part = path.pick(topic, route, data[0], key)
+        checksums = list(map(CHECKSUM_MASK.__and__, map(_crc32, payloads)))
+        self._dispatch(batch, route, part, payloads, flag, checksums)
         return batch
-    max_size = producer._max_size
-    if max(map(len, data)) > max_size:
-        i = next(i for i, d in enumerate(data) if len(d) > max_size)
-        raise MessageTooLargeError(
-            f"message #{i} of the batch has a body of {len(data[i])} bytes, over the limit "
-            f"of {max_size} bytes (max_message_size); nothing was sent to topic {topic!r}")
-    if attribute is None:
-        payloads, flag = data, 0
-    else:
-        head = producer._with_attribute(b"", attribute)
-        payloads, flag = list(map(head.__add__, data)), FLAG_HAS_ATTRIBUTE
-    parts = route.partitions
-    if not parts:
-        route = producer._route_within(topic, time.monotonic() + producer.config.send_timeout)
-        parts = route.partitions
-    checksums = list(map(_MASK.__and__, map(_crc32, payloads)))
-    if producer._round_robin:
-        part = parts[next(route.counter) % len(parts)]
-    else:
-        part = parts[producer._choose(topic, parts, data[0], key)]
-    if producer._faults:
-        part = producer._avoid_faulty(route, part)
-    _dispatch(producer, batch, route, part, payloads, flag, checksums)
-    return batch
 
-
-def _encode_all(producer: Producer, bodies: list) -> list[bytes]:
-    encode = producer._encode
-    raw = producer._raw_bytes
-    out = []
-    for i, body in enumerate(bodies):
-        try:
-            out.append(body if raw and type(body) is bytes else encode(body))
-        except MessageError as e:
-            raise type(e)(f"message #{i} of the batch: {e}; nothing was sent") from e
-    return out
+    def _dispatch(self, batch: BatchFuture, route: TopicRoute, part: Partition,
+                  payloads: list[bytes], flag: int, checksums: list[int]) -> None:
+        """Hand the chunks to ``part``'s connection, in order.  A chunk the connection
+        refuses (it failed) and every later one go message by message through the
+        retry thread, in order; nothing raises: outcomes go to the batch."""
+        path = self._path
+        bid = part.broker_id
+        bounds = chunk_bounds(list(map(len, payloads)), self._chunk_messages,
+                              self._chunk_bytes)
+        topic = batch.topic
+        for k, (a, b) in enumerate(bounds):
+            deadline = _monotonic() + self._timeout
+            chunk = _Chunk(path, batch, a, payloads[a:b], flag, checksums[a:b], part, deadline)
+            try:
+                conn = path.connection(part, route, deadline)
+                conn.put_many(topic, part.index, chunk.payloads, flag, chunk.checksums, chunk,
+                              deadline, True)
+            except ConnectionClosedError as e:
+                path.broker_failed(bid)
+                for a2, b2 in bounds[k:]:
+                    rest = chunk if a2 == a else _Chunk(path, batch, a2, payloads[a2:b2], flag,
+                                                        checksums[a2:b2], part, deadline)
+                    for i in range(b2 - a2):
+                        path.attempt_failed(rest.item(i), e)
+                return
+            except (SendTimeoutError, ProtocolError) as e:
+                for i in range(a, len(payloads)):
+                    batch._outcome(i, None, e)
+                return
 
 
 def chunk_bounds(lengths: list[int], max_messages: int, max_bytes: int) -> list[tuple[int, int]]:
@@ -362,37 +379,3 @@ def chunk_bounds(lengths: list[int], max_messages: int, max_bytes: int) -> list[
         size += length
     out.append((start, n))
     return out
-
-
-def _dispatch(producer: Producer, batch: BatchFuture, route: TopicRoute, part: Partition,
-              payloads: list[bytes], flag: int, checksums: list[int]) -> None:
-    """Hand the chunks to ``part``'s connection, in order.  A chunk the connection
-    refuses (it failed) and every later one go message by message through the
-    retry thread, in order; nothing raises: outcomes go to the batch."""
-    cfg = producer.config
-    bid = part.broker_id
-    bounds = chunk_bounds(list(map(len, payloads)),
-                          max(1, min(CHUNK_MESSAGES, cfg.max_in_flight // 2)),
-                          max(1, min(CHUNK_BYTES, cfg.max_in_flight_bytes // 2)))
-    topic = batch.topic
-    for k, (a, b) in enumerate(bounds):
-        deadline = _monotonic() + producer._timeout
-        chunk = _Chunk(producer, batch, a, payloads[a:b], flag, checksums[a:b], part, deadline)
-        try:
-            conn = producer._conns.get(bid)
-            if conn is None or not conn.usable or conn.address != route.addresses.get(bid):
-                conn = producer._connect(bid, route, deadline)
-            conn.put_many(topic, part.index, chunk.payloads, flag, chunk.checksums, chunk,
-                          deadline, True)
-        except ConnectionClosedError as e:
-            producer._faults[bid] = _monotonic() + cfg.broker_backoff
-            for a2, b2 in bounds[k:]:
-                rest = chunk if a2 == a else _Chunk(producer, batch, a2, payloads[a2:b2], flag,
-                                                    checksums[a2:b2], part, deadline)
-                for i in range(b2 - a2):
-                    producer._failed(rest.item(i), e)
-            return
-        except (SendTimeoutError, ProtocolError) as e:
-            for i in range(a, len(payloads)):
-                batch._outcome(i, None, e)
-            return

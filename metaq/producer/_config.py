@@ -74,7 +74,7 @@ class ProducerConfig:
     #: processes; no key falls back to round-robin) or a :data:`PartitionerFn`.
     partitioner: str | PartitionerFn = "roundrobin"
     #: Body codec: ``"auto"`` (bytes as is, str as UTF-8, anything else msgpack),
-    #: ``"bytes"``, ``"str"``, ``"msgpack"`` or a :class:`metaq.protocol._codec.Codec`.
+    #: ``"bytes"``, ``"str"``, ``"msgpack"`` or a :class:`metaq.protocol.Codec`.
     codec: str | Codec = "auto"
     #: Most requests in flight on one broker connection; ``send_async`` blocks beyond.
     max_in_flight: int = 16384
@@ -120,9 +120,6 @@ class ProducerConfig:
     @property
     def attempt_timeout(self) -> float:
         """The effective ``request_timeout``."""
-        if self.zk_security is not None and not isinstance(self.zk_security, ZkSecurity):
-            raise ConfigError(f"zk_security must be a metaq.ZkSecurity, got "
-                              f"{type(self.zk_security).__name__}")
         if self.request_timeout is not None:
             return self.request_timeout
         return self.send_timeout / (self.retries + 1)

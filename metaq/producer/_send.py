@@ -1,25 +1,25 @@
-"""One message on its way (:class:`_Send`) and where it was stored (:class:`SendResult`)."""
+"""One message on its way (:class:`Send`) and where it was stored (:class:`SendResult`).
+
+A :class:`Send` is both the future the user holds and the request a broker
+connection completes; an attempt that fails goes back to its :class:`Retrier`
+(the send path, :mod:`metaq.producer._path`), which sends it again.
+"""
 
 from __future__ import annotations
 
 import functools
-import itertools
 from concurrent.futures._base import FINISHED, RUNNING
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from metaq._errors import BrokerError, ProtocolError
 from metaq.net import LAZY_OK, LightFuture
 from zk_layout import Partition
 
-if TYPE_CHECKING:
-    from metaq.producer._producer import Producer
-
-__all__ = ["SendResult"]
+__all__ = ["NO_RETRY", "Retrier", "Send", "SendResult", "make_result", "partition_names"]
 
 #: Result codes a retry cannot fix: the same bytes would be refused anywhere.
 NO_RETRY = frozenset((400, 401))
 _new_tuple = tuple.__new__
-_repeat = itertools.repeat
 
 
 class SendResult(NamedTuple):
@@ -34,19 +34,26 @@ class SendResult(NamedTuple):
     index: int
 
 
-class _Send(LightFuture):
+class Retrier(Protocol):
+    """Where a failed attempt of a :class:`Send` goes (the send path)."""
+
+    def attempt_failed(self, send: Send, err: BaseException) -> None:
+        """An attempt failed (called from a connection's reader): retry elsewhere; never blocks."""
+
+
+class Send(LightFuture):
     """One message on its way: the future the user holds, and the request the
     broker connection completes."""
 
-    def __init__(self, producer: Producer, topic: str, payload: bytes, flag: int,
-                 checksum: int, deadline: float) -> None:
+    def __init__(self, path: Retrier, topic: str, payload: bytes, flag: int, checksum: int,
+                 deadline: float) -> None:
         if LAZY_OK:  # LightFuture.__init__, inlined: this runs once per message
             self._state = RUNNING
             self._result = None
             self._exception = None
         else:  # pragma: no cover
             LightFuture.__init__(self)
-        self.producer = producer
+        self.path = path
         self.topic = topic
         self.payload = payload
         self.flag = flag
@@ -99,7 +106,7 @@ class _Send(LightFuture):
         if code in NO_RETRY:
             self.set_exception(err)
         else:
-            self.producer._failed(self, err)
+            self.path.attempt_failed(self, err)
 
     @staticmethod
     def on_acks(requests: list, msg_ids: list[bytes], partitions: list[bytes],
@@ -120,7 +127,7 @@ class _Send(LightFuture):
                 send._notify()
 
     def on_error(self, exc: BaseException) -> None:
-        self.producer._failed(self, exc)
+        self.path.attempt_failed(self, exc)
 
 
 class _Names(dict):
@@ -139,11 +146,13 @@ class _Names(dict):
 
 
 _NAMES: dict[int, _Names] = {}
-_make_result = functools.partial(_new_tuple, SendResult)
+#: ``make_result((msg_id, partition, offset, broker_id, index))``: a :class:`SendResult`
+#: from a tuple without a call to ``__new__`` (``map`` over columns builds many at once).
+make_result = functools.partial(_new_tuple, SendResult)
 
 
-def partition_names(broker_id: int) -> _Names:
-    """The (shared) name cache of one broker's partitions."""
+def partition_names(broker_id: int) -> dict[int | bytes, str]:
+    """The (shared) name cache of one broker's partitions: index -> ``"<id>-<index>"``."""
     names = _NAMES.get(broker_id)
     if names is None:
         if len(_NAMES) > 4096:

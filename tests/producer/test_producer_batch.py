@@ -175,7 +175,8 @@ def test_broker_killed_mid_batch_nothing_lost_nothing_invented(
         wait_until(lambda: len(batches) > 10, 20, what="batches in flight")
         b1.pause()  # SIGSTOP: what is in flight to broker 1 now stays unanswered
         # (replies it wrote before it stopped may still be read: those are acknowledged)
-        wait_until(lambda: (c := producer._conns.get(1)) is not None and c.in_flight > 0, 20,
+        wait_until(lambda: (c := producer._connections.by_broker.get(1)) is not None
+                   and c.in_flight > 0, 20,
                    what="batches in flight to broker 1")
         b1.kill()  # SIGKILL (of the stopped process): the connection resets
         stop.set()

@@ -366,6 +366,44 @@ def test_producer_checksum_is_metaqs(payload: bytes) -> None:
     assert _crc32(payload) & 0x7FFFFFFF == checksum(payload)
 
 
+# --------------------------------------------------------------------------- structure
+
+def test_producer_modules_share_no_private_names_and_import_no_circle() -> None:
+    """Each module of metaq.producer imports the others' public names only, and no
+    module imports one that imports it back (TYPE_CHECKING imports count)."""
+    import ast
+    from pathlib import Path
+
+    import metaq.producer
+
+    here = Path(metaq.producer.__file__).parent
+    graph: dict[str, set[str]] = {}
+    for path in sorted(here.glob("_*.py")):
+        graph[path.stem] = deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "metaq.producer._"):
+                deps.add(node.module.rsplit(".", 1)[1])
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("metaq.producer._") for a in node.names)
+
+    def reach(start: str) -> set[str]:
+        seen: set[str] = set()
+        todo = list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += graph.get(m, ())
+        return seen
+
+    assert {"_batch", "_path", "_send", "_producer"} <= set(graph)
+    circles = sorted(m for m in graph if m in reach(m))
+    assert not circles, f"import circles through {circles}"
+
+
 # --------------------------------------------------------------------------- CLI input
 
 def test_cli_lines_strip_newline_and_cr_only() -> None:
