@@ -662,9 +662,14 @@ py_fast_puts(PyObject *self, PyObject *args)
             PyObject *k = PyBytes_FromStringAndSize((const char *)d + key, key_end - key);
             if (k == NULL)
                 goto fail;
-            target = PyDict_GetItemWithError(fast, k);  /* borrowed; no Python code runs */
-            Py_XDECREF(last_key);
-            last_key = k;
+            /* A strong reference, taken at once: the PyTuple_New below may run a
+             * collection, whose callbacks and finalizers are Python code that may let
+             * another thread replace the dict's value (the broker's _index_topics
+             * does), freeing a borrowed one before it is put in the tuple. */
+            PyObject *found = PyDict_GetItemWithError(fast, k);
+            Py_XINCREF(found);
+            Py_XSETREF(target, found);
+            Py_XSETREF(last_key, k);
             if (target == NULL && PyErr_Occurred())
                 goto fail;
         }
@@ -698,10 +703,12 @@ py_fast_puts(PyObject *self, PyObject *args)
             goto fail;
         pos = p + (Py_ssize_t)length;
     }
+    Py_XDECREF(target);
     Py_XDECREF(last_key);
     PyBuffer_Release(&buf);
     return PyLong_FromSsize_t(pos);
 fail:
+    Py_XDECREF(target);
     Py_XDECREF(last_key);
     PyBuffer_Release(&buf);
     return NULL;
@@ -740,9 +747,19 @@ py_encode_puts(PyObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "y*LO!O!O!:encode_puts", &head, &flag, &PyList_Type, &payloads,
                           &PyList_Type, &checksums, &PyList_Type, &opaques))
         return NULL;
+    /* The second pass writes what the first one measured, reading the lists again:
+     * no Python code may run in between, or from the start of the first (it could
+     * change the lists, and the second pass would write past ``data``).  So the
+     * one allocation that may start a collection (whose callbacks and finalizers
+     * are Python code that may let other threads run), the list ``sizes``, comes
+     * first, and the numbers must be ints (PyLong_AsLongLong would call any other
+     * object's __index__; the binding hands them to the Python twin). */
     Py_ssize_t m = PyList_GET_SIZE(payloads);
-    PyObject *data = NULL, *sizes = NULL;
-    if (PyList_GET_SIZE(checksums) != m || PyList_GET_SIZE(opaques) != m) {
+    PyObject *data = NULL, *sizes = PyList_New(m);
+    if (sizes == NULL)
+        goto done;
+    if (PyList_GET_SIZE(payloads) != m || PyList_GET_SIZE(checksums) != m
+        || PyList_GET_SIZE(opaques) != m) {
         PyErr_SetString(PyExc_ValueError, "encode_puts: lists of different lengths");
         goto done;
     }
@@ -750,21 +767,26 @@ py_encode_puts(PyObject *self, PyObject *args)
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < m; i++) {
         PyObject *pl = PyList_GET_ITEM(payloads, i);
+        PyObject *co = PyList_GET_ITEM(checksums, i), *oo = PyList_GET_ITEM(opaques, i);
         if (!PyBytes_Check(pl)) {
             PyErr_Format(PyExc_TypeError, "encode_puts: payload %zd is not bytes", i);
             goto done;
         }
-        long long c = PyLong_AsLongLong(PyList_GET_ITEM(checksums, i));
-        long long o = PyLong_AsLongLong(PyList_GET_ITEM(opaques, i));
+        if (!PyLong_Check(co) || !PyLong_Check(oo)) {
+            PyErr_Format(PyExc_TypeError, "encode_puts: checksum or opaque %zd is not an int",
+                         i);
+            goto done;
+        }
+        long long c = PyLong_AsLongLong(co);
+        long long o = PyLong_AsLongLong(oo);
         if ((c == -1 || o == -1) && PyErr_Occurred())
             goto done;
         Py_ssize_t len = PyBytes_GET_SIZE(pl);
         total += head.len + put_digits(scratch, len) + 1 + put_digits(scratch, flag) + 1
                  + put_digits(scratch, c) + 1 + put_digits(scratch, o) + 2 + len;
     }
-    data = PyBytes_FromStringAndSize(NULL, total);
-    sizes = PyList_New(m);
-    if (data == NULL || sizes == NULL)
+    data = PyBytes_FromStringAndSize(NULL, total);  /* not a GC object: no collection */
+    if (data == NULL)
         goto done;
     char *w = PyBytes_AS_STRING(data);
     for (Py_ssize_t i = 0; i < m; i++) {

@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
+import time
 import zlib
 
 import pytest
@@ -408,19 +410,126 @@ def test_deliver_stops_at_later_and_lets_base_exceptions_through(impl):
         deliver(buf, 0, 0, True, _MAX, *args, stops, later)
 
 
+def _private_kind():
+    """(topic, partition, codec, plain, attr) that no other code holds: their reference
+    counts move only with what the C functions do with them.  (The bytes codec is every
+    consumer's: a thread another test left running, taking messages, moves its count.)
+    Each live message holds a reference to its class, so the classes count messages."""
+
+    class Plain(_PLAIN):
+        __slots__ = ()
+
+    class Attr(_ATTR):
+        __slots__ = ()
+
+    return "-".join(["leak", "check", "topic"]), "-".join(["9", "9"]), object(), Plain, Attr
+
+
+def _refcounts(objs):
+    gc.collect()  # garbage cycles (tracebacks of frames) are not leaks; a lost decref is not
+    return [sys.getrefcount(o) for o in objs]  # collectable, so this hides none of them
+
+
+class _Stop(BaseException):
+    pass
+
+
+def _every_path(data, kind, ret, later):
+    """take and deliver along each of their paths once, with ``data``."""
+    topic, partition, codec, plain, attr = kind
+    for limit, verify in ((1000, True), (7, True), (1000, False), (0, True)):
+        s.take(data, 0, 0, limit, 1 << 40, verify, _MAX, *kind)
+    s.take(data, 0, 0, 1000, 30, True, _MAX, *kind)  # max_bytes
+    seen = iter(range(1 << 30))
+
+    def listeners():
+        yield lambda m: ret  # END or BAD
+        yield lambda m: later  # LATER at the first message
+        yield lambda m: later if next(seen) % 17 == 16 else ret  # LATER further on
+        yield lambda m: 1 / 0  # ERROR at the first
+        yield lambda m: ret if next(seen) % 13 else [][m.offset]  # ERROR further on
+        yield lambda m: ret if next(seen) % 11 else _raise(_Stop())  # a BaseException
+
+    for listener in listeners():
+        try:
+            s.deliver(data, 0, 0, True, _MAX, *kind, listener, later)
+        except _Stop:
+            pass
+    with pytest.raises(ValueError):
+        s.take(data, len(data) + 1, 0, 10, 99, True, _MAX, *kind)
+    with pytest.raises(TypeError):
+        s.deliver(data, 0, 0, True, _MAX, topic, partition, codec, dict, attr, print, later)
+
+
+def _raise(e):
+    raise e
+
+
 @needs_c
 def test_no_reference_is_leaked_per_message():
-    buf = _log([(b"x" * 10, None), (b"y", "attr")] * 50)
-    topic, partition, ret = "leak-check-topic", "9-9", object()
-    gc.collect()  # messages held by earlier tests' garbage (tracebacks of frames) go first
-    before = [sys.getrefcount(o) for o in (topic, partition, _CODEC, ret)]
-    for _ in range(20):
-        s.take(buf, 0, 0, 1000, 1 << 40, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR)
-        s.deliver(buf, 0, 0, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR,
-                  lambda m: ret, None)
-        s.deliver(buf, 0, 0, True, _MAX, topic, partition, _CODEC, _PLAIN, _ATTR,
-                  lambda m: 1 / 0, None)
-    assert [sys.getrefcount(o) for o in (topic, partition, _CODEC, ret)] == before
+    """Every path of take and deliver (END, LIMIT, BAD, LATER, ERROR, a BaseException, bad
+    arguments), on bytes, a bytearray and a memoryview, leaves the reference counts of all
+    they were given as they were, and no buffer exported."""
+    kind = _private_kind()
+    ret, later = object(), object()
+    good = _log([(b"x" * 10, None), (b"y", "attr")] * 50)
+    bad = good[:-1] + bytes([good[-1] ^ 1])  # the last checksum does not match
+    for log in (good, bad, good[:-5]):
+        for form in (bytes, bytearray, lambda b: memoryview(bytearray(b))):
+            data = form(log)
+            _every_path(data, kind, ret, later)  # anything cached on a first call
+            before = _refcounts((*kind, ret, later, data))
+            for _ in range(10):
+                _every_path(data, kind, ret, later)
+            assert _refcounts((*kind, ret, later, data)) == before
+            if isinstance(data, bytearray):
+                data += b"."  # refused while a buffer of it is still exported
+            elif isinstance(data, memoryview):
+                data.release()
+
+
+@needs_c
+def test_threads_calling_them_at_once_leave_every_count_as_it_was():
+    """take and deliver along every path, scan and crc32 (those two without the GIL on
+    long data) from four threads at once for a second, collections running: the
+    reference counts of everything they were given are the same after."""
+    kinds = [_private_kind() for _ in range(2)]
+    ret, later = object(), object()
+    good = _log([(b"x" * 10, None), (b"y", "attr"), (b"z" * 3000, None)] * 40)
+    logs = [good, bytearray(good), memoryview(good)[:-7], good[:-1] + bytes([good[-1] ^ 1])]
+    big = bytearray(good * 3)
+    counted = (*kinds[0], *kinds[1], ret, later, big, *logs)
+    before = _refcounts(counted)
+    deadline = time.monotonic() + 1.0
+    errors = []
+
+    def work(i):
+        try:
+            n = 0
+            while time.monotonic() < deadline or n < 3:
+                n += 1
+                _every_path(logs[(i + n) % len(logs)], kinds[n % 2], ret, later)
+                assert s.scan(big, True, _MAX, n % 2 == 0)[1] == 360
+                assert s.crc32(big) == zlib.crc32(big)
+                if n % 5 == 0:
+                    gc.collect()
+        except BaseException as e:  # noqa: BLE001 - reported by the test below
+            errors.append(e)
+
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-4)
+    try:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(switch)
+    assert not errors and not any(t.is_alive() for t in threads)
+    del threads
+    assert _refcounts(counted) == before
+    big += b"."  # no buffer of it left exported
 
 
 @both
@@ -530,3 +639,114 @@ def test_fast_puts_refuses_bad_arguments():
     assert s.fast_puts(b"put t 0 1 0 5 7\r\nxput t 0 1 0 5 7\r\n", 0, {b"t 0": "T"}, 10,
                        out) == 18  # the second put's payload has not arrived
     assert out == [("T", 1, 0, 5, b"7", b"x")]
+
+
+class _Collecting:
+    """Within ``with``: a collection starts on every other allocation of a GC object
+    and runs ``callback`` first, Python code run inside whatever C function allocated
+    (as a finalizer or a gc callback may, letting other threads run meanwhile).  The
+    free lists of tuples and lists are emptied first, so their allocations count."""
+
+    def __init__(self, callback):
+        self.callback = callback
+
+    def _cb(self, phase, info):
+        if phase == "start":
+            self.callback()
+
+    def __enter__(self):
+        gc.collect()  # first: the lists and tuples it frees go to the free lists
+        self.drained = [tuple(range(i, i + n)) for n in range(1, 21) for i in range(2100)]
+        self.drained.extend([] for _ in range(100))  # (a list freed here would be reused)
+        self.threshold = gc.get_threshold()
+        gc.callbacks.append(self._cb)
+        gc.set_threshold(1)
+        return self
+
+    def __exit__(self, *exc):
+        gc.set_threshold(*self.threshold)
+        gc.callbacks.remove(self._cb)
+        del self.drained
+
+
+@needs_c
+def test_fast_puts_holds_the_value_it_looked_up_while_a_collection_replaces_it():
+    """Each put's tuple holds the value its key had when looked up, by a reference
+    fast_puts owns: building the tuple may start a collection, whose Python code may
+    replace the dict's values (the broker's _index_topics does, from another thread),
+    and a borrowed value would then be freed before it is put in the tuple.  A value
+    whose last reference goes here is resurrected by its __del__ (so this test reads no
+    freed memory) and recorded: none of them may be in a put."""
+    dead = []
+
+    class Target:
+        def __del__(self):
+            dead.append(self)
+
+    keys = (b"a 0", b"b 0")
+    fast = {k: Target() for k in keys}
+    # the key changes at every put: each one looks its value up again
+    req = b"".join(b"put %b 0 1 0 7 %d\r\nx" % (b"ab"[i % 2:i % 2 + 1], i) for i in range(400))
+
+    def replace():
+        for k in keys:
+            fast[k] = Target()
+
+    for _ in range(10):
+        out = []
+        with _Collecting(replace):
+            assert s.fast_puts(req, 0, fast, 10, out) == len(req)
+        assert len(out) == 400
+        ids = {id(t) for t in dead}
+        assert not [put for put in out if id(put[0]) in ids]
+        del out
+        dead.clear()
+
+
+@needs_c
+def test_encode_puts_writes_the_lists_it_measured_while_a_collection_changes_them():
+    """encode_puts measures every put, then writes them into bytes of that size: the
+    lists must not change in between.  A collection that shortens the payloads (Python
+    code, which may let other threads run) can only start in the one allocation that
+    may start one, which comes before the lists are read: what is written is all of
+    the lists before or all of them after, never what was measured of one and copied
+    of the other (that wrote past the bytes when the payloads grew)."""
+    payloads = []
+    collections = []
+
+    def shorten_once(when):
+        collections.append(None)
+        if len(collections) == when:
+            for i in range(len(payloads)):  # freeing no list: their free list stays empty
+                payloads[i] = b""
+
+    checks, opaques = [1] * 20, [2] * 20
+    before = _fast.py_encode_puts(b"put t 0 ", 0, [b"xx"] * 20, checks, opaques)
+    after = _fast.py_encode_puts(b"put t 0 ", 0, [b""] * 20, checks, opaques)
+    for k, when in enumerate((1, 2, 3) * 4):  # the first, second or third collection
+        payloads[:] = [b"xx"] * 20
+        collections.clear()
+        with _Collecting(lambda when=when: shorten_once(when)):
+            # a GC object more or less (a collection comes every other one), so that
+            # one comes inside encode_puts, not only on its arguments and its result
+            spare = tuple(range(30)) if k % 2 else None
+            got = s.encode_puts(b"put t 0 ", 0, payloads, checks, opaques)
+            del spare
+        assert got in (before, after)  # (the call's result is a tuple: a collection too)
+
+
+@needs_c
+def test_encode_puts_hands_numbers_that_are_not_ints_to_the_twin():
+    """Only ints are read in C (another object's __index__ is Python code, run between
+    measuring and writing); anything else is a TypeError the binding falls back on."""
+
+    class Index:
+        def __index__(self):
+            return 5
+
+    with pytest.raises(TypeError, match="checksum or opaque 1 is not an int"):
+        s.encode_puts(b"put t 0 ", 0, [b"a", b"b"], [1, Index()], [3, 4])
+    with pytest.raises(TypeError, match="checksum or opaque 0 is not an int"):
+        s.encode_puts(b"put t 0 ", 0, [b"a"], [1], [Index()])
+    assert _fast.encode_puts(b"put t 0 ", 0, [b"a", b"b"], [1, Index()], [3, True]) == (
+        b"put t 0 1 0 1 3\r\naput t 0 1 0 5 1\r\nb", [18, 18])
