@@ -46,7 +46,7 @@ __all__ = [
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
 #: ``.so`` left next to newer sources) is ignored rather than misused.
-EXPECTED_VERSION = 4
+EXPECTED_VERSION = 5
 
 
 def _load() -> tuple[ModuleType | None, str]:
