@@ -20,6 +20,8 @@ a run of puts of either form and, for all of them alike:
    messages packed and appended with one write, the replies formatted together
    (:func:`~metaq.broker._replies.put_results`).
 
+:func:`store` is steps 2 and 3 (a run of tuples only, the usual read, goes straight
+to it); :func:`store_requests` is step 1 before it, for a run holding PutRequests.
 A run of puts costs whole-list operations per group, not Python work per put,
 wherever it can (:func:`put_group`'s columnar path).
 """
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
     from metaq.broker._storage import PartitionLog
     from metaq.broker._topics import Topics
 
-__all__ = ["store", "put_group", "runs", "target_of", "opaque_of"]
+__all__ = ["store", "store_requests", "put_group", "runs", "target_of", "opaque_of"]
 
 log = logging.getLogger(__name__)
 
@@ -56,18 +58,66 @@ _PLUS_HEADER = HEADER_SIZE.__add__  # a message's bytes in the log: header + pay
 _COLUMNAR_MIN = 8
 
 
-def store(puts: list, ids: list[int], *, put_group: PutGroup, topics: Topics, max_size: int,
-          tuples_only: bool) -> tuple[list[bytes], int, list[PartitionLog]]:
-    """Store a run of puts (``tuples_only``: all are put-loop tuples) with msgIds
-    ``ids``: ``(replies in request order, how many failed, the logs written)``."""
-    if tuples_only:
-        return _grouped(puts, list(map(target_of, puts)), ids, put_group, topics)
+def store(puts: list, targets: list[tuple], ids: list[int], put_group: PutGroup,
+          topics: Topics) -> tuple[list[bytes], int, list[PartitionLog]]:
+    """The put step for put tuples (``targets``: theirs), msgIds ``ids``: ``(replies in
+    request order, how many failed, the logs written)`` (steps 2 and 3 above)."""
+    n = len(puts)
+    first = targets[0]
+    bad = 0
+    written: list[PartitionLog] = []
+    if first[0] is not None and targets.count(first) == n:
+        replies, bad, wrote = put_group(first, puts, ids)
+        if wrote:
+            written.append(first[0])
+    elif (found := runs(targets)) is not None:  # a few runs (batches): one group each
+        replies = []
+        start = 0
+        for target, count in found:
+            stop = start + count
+            group, group_bad, wrote = put_group(target, puts[start:stop], ids[start:stop])
+            replies += group
+            bad += group_bad
+            if wrote and target[0] not in written:
+                written.append(target[0])
+            start = stop
+    else:
+        replies = [None] * n
+        buckets: dict[tuple, list[int]] = {}
+        for k, t in enumerate(targets):
+            if t[0] is None:  # partition -1: the broker picks
+                t = topics.pick(t[1])
+                if t is None:
+                    replies[k] = result(404, f"topic {puts[k][0][1]} not found",
+                                        int(puts[k][4]))
+                    bad += 1
+                    continue
+            b = buckets.get(t)
+            if b is None:
+                buckets[t] = [k]
+            else:
+                b.append(k)
+        for target, idxs in buckets.items():
+            group, group_bad, wrote = put_group(
+                target, [puts[k] for k in idxs], [ids[k] for k in idxs])
+            for k, reply in zip(idxs, group, strict=True):
+                replies[k] = reply
+            bad += group_bad
+            if wrote:
+                written.append(target[0])
+    return replies, bad, written
+
+
+def store_requests(puts: list, ids: list[int], put_group: PutGroup, topics: Topics,
+                   max_size: int) -> tuple[list[bytes], int, list[PartitionLog]]:
+    """:func:`store` for a run of puts holding PutRequests: each given its target
+    first (step 1 above), in request order."""
     replies: list = [None] * len(puts)
     todo, targets, where = _targets(puts, topics, max_size, replies)
     failed = len(puts) - len(where)
     if not todo:
         return replies, failed, []
-    got, bad, written = _grouped(todo, targets, [ids[k] for k in where], put_group, topics)
+    got, bad, written = store(todo, targets, [ids[k] for k in where], put_group, topics)
     for k, reply in zip(where, got, strict=True):
         replies[k] = reply
     return replies, failed + bad, written
@@ -75,7 +125,7 @@ def store(puts: list, ids: list[int], *, put_group: PutGroup, topics: Topics, ma
 
 def _targets(puts: list, topics: Topics, max_size: int,
              replies: list) -> tuple[list[tuple], list[tuple], list[int]]:
-    """Step 1 for a run that holds PutRequests: every put as a tuple with its target
+    """Step 1, for a run that holds PutRequests: every put as a tuple with its target
     resolved (partition -1 included), in request order; the replies of those that
     have none are set in ``replies``.  Returns ``(tuples, targets, their indexes)``."""
     todo: list[tuple] = []
@@ -125,56 +175,6 @@ def runs(targets: list[tuple]) -> list[tuple[tuple, int]] | None:
     return found
 
 
-def _grouped(puts: list, targets: list[tuple], ids: list[int], put_group: PutGroup,
-             topics: Topics) -> tuple[list[bytes], int, list[PartitionLog]]:
-    """Steps 2 and 3: ``puts`` (tuples, their targets in ``targets``) grouped by target,
-    each group stored by ``put_group``."""
-    n = len(puts)
-    first = targets[0]
-    bad = 0
-    written: list[PartitionLog] = []
-    if first[0] is not None and targets.count(first) == n:
-        replies, bad, wrote = put_group(first, puts, ids)
-        if wrote:
-            written.append(first[0])
-    elif (found := runs(targets)) is not None:  # a few runs (batches): one group each
-        replies = []
-        start = 0
-        for target, count in found:
-            stop = start + count
-            group, group_bad, wrote = put_group(target, puts[start:stop], ids[start:stop])
-            replies += group
-            bad += group_bad
-            if wrote and target[0] not in written:
-                written.append(target[0])
-            start = stop
-    else:
-        replies = [None] * n
-        buckets: dict[tuple, list[int]] = {}
-        for k, t in enumerate(targets):
-            if t[0] is None:  # partition -1: the broker picks
-                t = topics.pick(t[1])
-                if t is None:
-                    replies[k] = result(404, f"topic {puts[k][0][1]} not found",
-                                        int(puts[k][4]))
-                    bad += 1
-                    continue
-            b = buckets.get(t)
-            if b is None:
-                buckets[t] = [k]
-            else:
-                b.append(k)
-        for target, idxs in buckets.items():
-            group, group_bad, wrote = put_group(
-                target, [puts[k] for k in idxs], [ids[k] for k in idxs])
-            for k, reply in zip(idxs, group, strict=True):
-                replies[k] = reply
-            bad += group_bad
-            if wrote:
-                written.append(target[0])
-    return replies, bad, written
-
-
 def put_group(target: tuple, puts: list, ids: list[int]) -> tuple[list[bytes], int, bool]:
     """Store ``puts`` (tuples, all to ``target``) with msgIds ``ids``: ``(replies in
     order, how many failed, whether anything was written)``.
@@ -202,7 +202,9 @@ def put_group(target: tuple, puts: list, ids: list[int]) -> tuple[list[bytes], i
     offsets = list(itertools.accumulate(map(_PLUS_HEADER, lengths), initial=base))
     offsets.pop()
     try:
-        _append(plog, parts, m, base)
+        start = plog.append(b"".join(parts), m)
+        if start != base:  # cannot happen: offsets are only assigned here
+            raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
     except StorageError as e:
         log.error("put failed: %s", e)
         return [result(500, f"write failed: {e}", int(o)) for o in opaques], m, False
@@ -229,48 +231,50 @@ def _put_group_checked(plog: PartitionLog, partition: bytes, puts: list,
     add = parts.append
     offsets: list[int] = []
     offset = offsets.append
-    bad: list[int] = []  # the puts whose checksum is wrong
+    opaques: list[bytes] = []
+    opaque_add = opaques.append
+    bad: list[int] | None = None  # the puts whose checksum is wrong
     base = plog.end
     size = 0
-    for k, (_t, length, flag, check, _o, payload) in enumerate(puts):
+    for k, (_t, length, flag, check, opaque, payload) in enumerate(puts):
         if crc32(payload) & CHECKSUM_MASK != check:
-            bad.append(k)
+            if bad is None:
+                bad = [k]
+            else:
+                bad.append(k)
             continue
         add(_pack(length, check, ids[k], flag))
         add(payload)
         offset(base + size)
+        opaque_add(opaque)
         size += HEADER_SIZE + length
-    failed = len(bad)
-    good_puts, good_ids = puts, ids
-    if bad:
-        skip = set(bad)
-        good = [k for k in range(len(puts)) if k not in skip]
-        good_puts = [puts[k] for k in good]
-        good_ids = [ids[k] for k in good]
-    oks: list[bytes] = []
-    wrote = False
-    if parts:
+    if bad is None:
         try:
-            _append(plog, parts, len(good_ids), base)
+            start = plog.append(b"".join(parts), len(puts))
+            if start != base:  # cannot happen: offsets are only assigned here
+                raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
         except StorageError as e:
             log.error("put failed: %s", e)
-            oks = [result(500, f"write failed: {e}", int(p[4])) for p in good_puts]
-            failed += len(oks)
-        else:
-            oks = put_results(partition, list(map(opaque_of, good_puts)), good_ids, offsets)
-            wrote = True
-    if not bad:
-        return oks, failed, wrote
+            return [result(500, f"write failed: {e}", int(o)) for o in opaques], len(puts), False
+        return put_results(partition, opaques, ids, offsets), 0, True
     replies: list = [None] * len(puts)
     for k in bad:
         replies[k] = checksum_mismatch(puts[k][4])
+    if not parts:
+        return replies, len(bad), False
+    skip = set(bad)
+    good = [k for k in range(len(puts)) if k not in skip]
+    try:
+        start = plog.append(b"".join(parts), len(good))
+        if start != base:  # cannot happen: offsets are only assigned here
+            raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
+    except StorageError as e:
+        log.error("put failed: %s", e)
+        oks = [result(500, f"write failed: {e}", int(o)) for o in opaques]
+        wrote = False
+    else:
+        oks = put_results(partition, opaques, [ids[k] for k in good], offsets)
+        wrote = True
     for k, reply in zip(good, oks, strict=True):
         replies[k] = reply
-    return replies, failed, wrote
-
-
-def _append(plog: PartitionLog, parts: list[bytes], count: int, base: int) -> None:
-    """Append ``count`` packed messages at ``base``, the log's end (StorageError else)."""
-    start = plog.append(b"".join(parts), count)
-    if start != base:  # cannot happen: offsets are only assigned here
-        raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
+    return replies, len(bad) if wrote else len(puts), wrote

@@ -49,9 +49,11 @@ def put_results(partition: bytes, opaques: list[bytes] | tuple[bytes, ...], ids:
 
     msgIds and offsets only grow, so their digit counts (and the body length)
     are the same for every reply when they are the same for the first and the
-    last: then each reply is one ``%`` of a prebuilt format.
+    last: then, for a group big enough to pay for it, each reply is one ``%`` of
+    a prebuilt format.
     """
-    if len(ids) > 1:
+    n = len(ids)
+    if n >= _SHARED_FORMAT_MIN:
         n_id = len(b"%d" % ids[0])
         n_off = len(b"%d" % offsets[0])
         if n_id == len(b"%d" % ids[-1]) and n_off == len(b"%d" % offsets[-1]):
@@ -59,9 +61,22 @@ def put_results(partition: bytes, opaques: list[bytes] | tuple[bytes, ...], ids:
                                                         partition)
             return list(map(fmt.__mod__, zip(opaques, ids, offsets, strict=True)))
     fixed = len(partition) + 2
-    return [b"result 200 %d %b\r\n%d %b %d" % (len(b"%d" % i) + len(b"%d" % o) + fixed, op,
-                                                 i, partition, o)
-            for op, i, o in zip(opaques, ids, offsets, strict=True)]
+    if n == 1:
+        i = ids[0]
+        o = offsets[0]
+        return [_PUT_RESULT % (len(b"%d" % i) + len(b"%d" % o) + fixed, opaques[0], i, partition,
+                               o)]
+    out = []
+    add = out.append
+    for op, i, o in zip(opaques, ids, offsets, strict=True):
+        add(_PUT_RESULT % (len(b"%d" % i) + len(b"%d" % o) + fixed, op, i, partition, o))
+    return out
+
+
+_PUT_RESULT = b"result 200 %d %b\r\n%d %b %d"
+#: Smallest group whose replies share one prebuilt format (building it costs about
+#: as much as formatting a few replies one by one).
+_SHARED_FORMAT_MIN = 8
 
 
 class Gate:

@@ -26,7 +26,7 @@ from metaq import __version__
 from metaq.broker._config import BrokerConfig
 from metaq.broker._connection import Connection
 from metaq.broker._hold import HeldGets
-from metaq.broker._puts import opaque_of, put_group, store
+from metaq.broker._puts import opaque_of, put_group, store, store_requests, target_of
 from metaq.broker._replies import FileReply, Gate, answer, result
 from metaq.broker._storage import Storage
 from metaq.broker._topics import Topics
@@ -222,14 +222,18 @@ class BrokerServer:
 
     def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
         """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests
-        among them): stored by the one put step (``_puts.store``), answered with one
-        send, behind their fsync with group commit."""
+        among them): stored by the one put step (``_puts.store``, after
+        ``_puts.store_requests`` has given PutRequests their targets), answered with
+        one send, behind their fsync with group commit."""
         n = len(puts)
         self.stats["cmd_put"] += n
         ids = self.ids.next_ids(n)
-        replies, failed, written = store(puts, ids, put_group=self._put_group, topics=self.topics,
-                                         max_size=self.config.max_message_size,
-                                         tuples_only=tuples_only)
+        if tuples_only:
+            replies, failed, written = store(puts, list(map(target_of, puts)), ids,
+                                             self._put_group, self.topics)
+        else:
+            replies, failed, written = store_requests(puts, ids, self._put_group, self.topics,
+                                                      self.config.max_message_size)
         self.stats["put_failed"] += failed
         data = b"".join(replies)
         if written and self.config.unflush_threshold == 0:
