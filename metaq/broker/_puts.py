@@ -4,8 +4,8 @@ their replies, in request order.
 The request parser hands the broker puts in two forms: the tuples of its put
 loop, ``(target, length, flag, checksum, opaque_token, payload)`` (valid puts to
 served partitions, the broker's hot path; targets are described in ``_topics``),
-and :class:`~metaq.protocol.PutRequest` for any other put.  :func:`store` takes
-a run of puts of either form and, for all of them alike:
+and :class:`~metaq.protocol.PutRequest` for any other put.  A run of puts, of
+either form or both, goes through the same steps:
 
 1. gives each put its target: a tuple's is in it; a PutRequest's is looked up
    (400 for a partition below -1, 404 for one not served, the topic created when
