@@ -1,9 +1,12 @@
-"""One client connection of the broker: parse reads, send replies in request order.
+"""One client connection of the broker: parse what it reads, hand the requests to
+the server, send the replies in request order.
 
-Replies queue behind a group-commit batch waiting for its fsync (:class:`Gate`)
-or a ``get`` going out with ``sendfile`` (:class:`FileReply`); everything else
-is written at once, coalesced per read.  Reading pauses while the client does
-not read its replies (transport buffer or queue over the configured limits).
+Replies queue behind a group-commit batch waiting for its fsync
+(:class:`~metaq.broker._replies.Gate`) or a ``get`` going out with ``sendfile``
+(:class:`~metaq.broker._replies.FileReply`); everything else is written at once,
+coalesced per read.  Reading pauses while the client does not read its replies
+(transport buffer or queue over the configured limits).  What a connection needs
+from the server that accepted it is :class:`Host`; it knows nothing else of it.
 """
 
 from __future__ import annotations
@@ -13,16 +16,14 @@ import collections
 import logging
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from metaq._errors import ProtocolError
-from metaq.broker._storage import LogSlice, PartitionLog
-from metaq.protocol import RequestParser, encode_result
+from metaq.broker._config import BrokerConfig
+from metaq.broker._replies import FileReply, Gate, result
+from metaq.protocol import RequestParser
 
-if TYPE_CHECKING:
-    from metaq.broker._server import BrokerServer
-
-__all__ = ["Connection", "FileReply", "Gate", "result"]
+__all__ = ["Connection", "Host", "SENDFILE_MIN"]
 
 log = logging.getLogger(__name__)
 
@@ -32,45 +33,33 @@ SENDFILE_MIN = 64 * 1024
 _WRITE_BATCH = 256 * 1024
 
 
-def result(code: int, text: str, opaque: int | None) -> bytes:
-    """A ``result`` reply with a text body (opaque 0 when the request's is unknown)."""
-    return encode_result(code, text.encode("utf-8", "replace"), 0 if opaque is None else opaque)
+class Host(Protocol):
+    """What a :class:`Connection` needs from the server that accepted it."""
 
+    #: limits: max_line, max_message_size, max_inflight_requests, max_pending_bytes
+    config: BrokerConfig
+    #: the put loop's mapping (``RequestParser(fast_puts=...)``), kept up to date by the host
+    fast_keys: dict[bytes, tuple]
+    #: counters: connections_total, clients_vanished, get_sendfile, get_sendfile_fallback
+    stats: collections.Counter
 
-class Gate:
-    """Replies that may leave only once ``fut`` is done (group commit)."""
+    def connection_opened(self, conn: Connection) -> bool:
+        """A client connected: False to refuse it (the connection then closes)."""
+        ...
 
-    __slots__ = ("fut", "data", "opaques")
+    def connection_closed(self, conn: Connection) -> None:
+        """The connection is gone (whether it was admitted or not)."""
+        ...
 
-    def __init__(self, fut: asyncio.Future, data: bytes, opaques: list[int]) -> None:
-        self.fut = fut
-        self.data = data
-        self.opaques = opaques
-
-    def render(self) -> bytes:
-        if self.fut.cancelled() or self.fut.exception() is not None:
-            err = "cancelled" if self.fut.cancelled() else str(self.fut.exception())
-            return b"".join(result(500, f"message written but not synced: {err}", o)
-                            for o in self.opaques)
-        res = self.fut.result()
-        return res if type(res) is bytes else self.data
-
-
-class FileReply:
-    """A ``value`` reply whose bytes go out with sendfile from a pinned log slice."""
-
-    __slots__ = ("header", "slice", "plog")
-
-    def __init__(self, header: bytes, s: LogSlice, plog: PartitionLog) -> None:
-        self.header = header
-        self.slice = s
-        self.plog = plog
+    def handle(self, conn: Connection, reqs: list) -> None:
+        """Serve parsed requests (replies go back through :meth:`Connection.send`...)."""
+        ...
 
 
 class Connection(asyncio.Protocol):
     """One client: parse, hand to the server, send replies in order."""
 
-    def __init__(self, server: BrokerServer) -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         cfg = server.config
         self.parser = RequestParser(max_line=cfg.max_line, max_payload=cfg.max_message_size,
@@ -87,7 +76,6 @@ class Connection(asyncio.Protocol):
         #: when the request now being received began (None between requests)
         self.partial_since: float | None = None
         self.address = "?"
-        self._admitted = False
         self._dropped = 0  # replies not sent because the client had gone
         #: this client's held gets (see ``_hold``), answered outside the reply order
         self.held: dict = {}
@@ -102,17 +90,9 @@ class Connection(asyncio.Protocol):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport.set_write_buffer_limits(high=4 * 1024 * 1024)  # type: ignore[attr-defined]
-        srv = self.server
-        srv.stats["connections_total"] += 1
-        why = srv.admit(self.address)
-        if why is not None:
-            srv.refused(self.address, why)
+        if not self.server.connection_opened(self):
             self._closing = True
             transport.close()
-            return
-        srv.connections.add(self)
-        srv.per_address[self.address] += 1
-        self._admitted = True
 
     def data_received(self, data: bytes) -> None:
         now = self.last_seen = time.monotonic()
@@ -144,18 +124,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
-        self.server.connections.discard(self)
-        if self._admitted:
-            self._admitted = False
-            n = self.server.per_address[self.address] - 1
-            if n > 0:
-                self.server.per_address[self.address] = n
-            else:
-                del self.server.per_address[self.address]
+        self.server.connection_closed(self)
         if self._dropped:
             log.info("client %s went away with %d replies unsent", self.peer, self._dropped)
-        if self.held:
-            self.server.held.drop(self)
         for item in self._outq:
             if type(item) is FileReply:
                 item.plog.unpin(item.slice)

@@ -25,13 +25,13 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from metaq.protocol import HOLD_CAPABILITY, GetRequest
+from metaq.protocol import GetRequest
 
 if TYPE_CHECKING:
     from metaq.broker._connection import Connection
     from metaq.broker._storage import PartitionLog
 
-__all__ = ["HeldGets", "HOLD_CAPABILITY"]
+__all__ = ["HeldGets"]
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,13 @@
 A segment holds whole messages back to back; its name is the absolute log
 offset of its first byte.  Only the last segment of a partition is written.
 Besides the file, a segment keeps a sparse index of message boundaries (at
-least one every :data:`INDEX_STEP` bytes) used to find a valid position
-without scanning the whole file.
+least one every :data:`INDEX_STEP` bytes) used to find a valid position without
+scanning the whole file.
+
+Messages are checked with the protocol's :func:`~metaq.protocol.scan_messages`
+(C when built).  The rules of a damaged log are the broker's and are here: an
+all-zero header is a hole, never a message (:func:`_zero_header`), and a resync
+anchors only on a message with a payload (:meth:`Segment._anchor`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import re
 from pathlib import Path
 
 from metaq._errors import StorageError
-from metaq.protocol import HEADER, HEADER_SIZE, scan_messages
+from metaq.protocol import HEADER, HEADER_SIZE, INT32_MAX, scan_messages
 
 __all__ = ["Segment", "segment_name", "parse_segment_name", "INDEX_STEP"]
 
@@ -26,7 +31,6 @@ SUFFIX = ".meta"
 INDEX_STEP = 64 * 1024
 _SCAN_CHUNK = 8 * 1024 * 1024
 _NAME = re.compile(r"(\d{20})\.meta")
-_INT32_MAX = 2**31 - 1
 
 
 def segment_name(start: int) -> str:
@@ -165,19 +169,7 @@ class Segment:
         want = _SCAN_CHUNK
         while pos < self.size:
             chunk = os.pread(fd, min(want, self.size - pos), pos)
-            valid, n, problem = scan_messages(chunk, max_payload=_INT32_MAX)
-            if n:
-                b = pos
-                view = memoryview(chunk)
-                k = 0
-                while b < pos + valid:
-                    if _zero_header(view, b - pos):  # a hole, not a message: stop here
-                        valid, n, problem = b - pos, k, "an all-zero message header"
-                        break
-                    if self.start + b - index[-1] >= INDEX_STEP:
-                        index.append(self.start + b)
-                    b += HEADER_SIZE + HEADER.unpack_from(view, b - pos)[0]
-                    k += 1
+            valid, n, problem = self._check(chunk, self.start + pos, index)
             count += n
             pos += valid
             if problem is not None or pos >= self.size:
@@ -193,14 +185,27 @@ class Segment:
             want = _SCAN_CHUNK
         return pos, count, None
 
-    def _chain_start(self, pos: int) -> int | None:
-        """The first position >= ``pos`` from which valid messages run to the end of
-        the file (or to a torn tail); None when there is none.
+    @staticmethod
+    def _check(chunk: bytes, at: int, index: list[int]) -> tuple[int, int, str | None]:
+        """:func:`scan_messages` of ``chunk`` (at absolute offset ``at``), where an
+        all-zero header also ends the valid messages (a hole, :func:`_hole`); extends
+        the sparse ``index`` over the valid ones (:func:`_index_starts`)."""
+        view = memoryview(chunk)
+        valid, n, problem = scan_messages(view, max_payload=INT32_MAX)
+        hole = _hole(chunk, view, valid)
+        if hole is not None:
+            valid, n = hole
+            problem = "an all-zero message header"
+        _index_starts(view, valid, at, index)
+        return valid, n, problem
 
-        The first message of the chain must have a payload: an empty one's checksum is
-        0, so any 8 zero bytes in damaged data (a flag of 0 before a body starting
-        with zeros, say) would read as one, where a payload's CRC32 matches by chance
-        once in 2**31."""
+    def _anchor(self, pos: int) -> int | None:
+        """The first position >= ``pos`` where a valid message with a payload starts
+        (a byte-by-byte search), or None.
+
+        An empty message is never an anchor: its checksum is 0, so any 8 zero bytes
+        in damaged data (a flag of 0 before a body starting with zeros, say) would
+        read as one, where a payload's CRC32 matches by chance once in 2**31."""
         fd = self.rfile.fileno()
         size = self.size
         while pos + HEADER_SIZE <= size:
@@ -213,13 +218,24 @@ class Segment:
                     continue
                 rec = (view[b:b + HEADER_SIZE + length] if b + HEADER_SIZE + length <= len(chunk)
                        else os.pread(fd, HEADER_SIZE + length, pos + b))
-                if scan_messages(rec, max_payload=_INT32_MAX)[1] != 1:
-                    continue
-                stop, _n, problem = self._scan_from(pos + b, [self.start])
-                if stop >= size or problem is None:
+                if scan_messages(rec, max_payload=INT32_MAX)[1] == 1:
                     return pos + b
             pos += last + 1
         return None
+
+    def _chain_start(self, pos: int) -> int | None:
+        """The first position >= ``pos`` from which valid messages run to the end of
+        the file (or to a torn tail), the first of them with a payload
+        (:meth:`_anchor`); None when there is none."""
+        size = self.size
+        while True:
+            anchor = self._anchor(pos)
+            if anchor is None:
+                return None
+            stop, _n, problem = self._scan_from(anchor, [self.start])
+            if stop >= size or problem is None:
+                return anchor
+            pos = anchor + 1
 
     def _save_aside(self, start: int, end: int, kind: str) -> Path | None:
         keep = self.path.with_name(f"{self.path.name}.{kind}-{self.start + start}")
@@ -331,7 +347,7 @@ class Segment:
                 break
             if nxt > offset:
                 body = os.pread(fd, length, pos + HEADER_SIZE - self.start)
-                if scan_messages(head + body, max_payload=_INT32_MAX)[1] == 1:
+                if scan_messages(head + body, max_payload=INT32_MAX)[1] == 1:
                     return pos
                 break
             pos = nxt
@@ -342,24 +358,10 @@ class Segment:
         return good
 
     def _resync(self, pos: int) -> int:
-        """First offset >= pos where a valid message with a payload starts (byte-by-byte
-        search; an empty message is never an anchor: see :meth:`_chain_start`)."""
-        end = self.end
-        fd = self.rfile.fileno()
-        while pos + HEADER_SIZE <= end:
-            chunk = os.pread(fd, min(_SCAN_CHUNK, end - pos), pos - self.start)
-            view = memoryview(chunk)
-            for b in range(0, len(chunk) - HEADER_SIZE + 1):
-                length = HEADER.unpack_from(view, b)[0]
-                if length > 0 and pos + b + HEADER_SIZE + length <= end:
-                    if b + HEADER_SIZE + length <= len(chunk):
-                        rec = view[b:b + HEADER_SIZE + length]
-                    else:
-                        rec = os.pread(fd, HEADER_SIZE + length, pos + b - self.start)
-                    if scan_messages(rec, max_payload=_INT32_MAX)[1] == 1:
-                        return pos + b
-            pos += max(1, len(chunk) - HEADER_SIZE + 1)
-        return end
+        """First offset >= pos where a valid message with a payload starts
+        (:meth:`_anchor`); the segment end when there is none."""
+        anchor = self._anchor(pos - self.start)
+        return self.end if anchor is None else self.start + anchor
 
 
 def _zero_header(buf: bytes | memoryview, at: int) -> bool:
@@ -369,6 +371,63 @@ def _zero_header(buf: bytes | memoryview, at: int) -> bool:
 
 
 _ZEROS = bytes(HEADER_SIZE)
+
+
+def _hole(chunk: bytes, view: memoryview, valid: int) -> tuple[int, int] | None:
+    """The first all-zero header among the (whole, checked) messages of
+    ``chunk[:valid]``: ``(its position, messages before it)``, or None.
+
+    Only where twenty zero bytes in a row are found (a memchr-speed search) is the
+    position compared with the message boundaries (found by :func:`scan_messages`
+    from the last boundary known); when such runs are common (zero-filled bodies),
+    the rest of the chunk's headers are simply walked."""
+    b = k = 0  # a message boundary, and how many messages start before it
+    h = chunk.find(_ZEROS, 0, valid)
+    misses = 0
+    while h >= 0:
+        if misses == _HOLE_SEARCH_MISSES:
+            while b < valid:
+                if _zero_header(view, b):
+                    return b, k
+                b += HEADER_SIZE + HEADER.unpack_from(view, b)[0]
+                k += 1
+            return None
+        v, n, _problem = scan_messages(view[b:h], max_payload=INT32_MAX)
+        b += v
+        k += n
+        if b == h:
+            return h, k
+        b += HEADER_SIZE + HEADER.unpack_from(view, b)[0]  # past the message holding h
+        k += 1
+        misses += 1
+        h = chunk.find(_ZEROS, b, valid)
+    return None
+
+
+#: Runs of zero bytes inside messages :func:`_hole` looks past before it walks the headers.
+_HOLE_SEARCH_MISSES = 16
+
+
+def _index_starts(view: memoryview, valid: int, at: int, index: list[int]) -> None:
+    """Extend the sparse ``index`` over the (whole, checked) messages of
+    ``view[:valid]`` (at absolute offset ``at``, a message start): each entry is the
+    first message start at least :data:`INDEX_STEP` bytes past the one before.
+
+    :func:`scan_messages` of the bytes up to that point gives the last boundary
+    before it, one header the next one."""
+    b = 0
+    while True:
+        t = index[-1] + INDEX_STEP - at
+        if t > b:
+            if t >= valid:
+                return
+            v, _n, _problem = scan_messages(view[b:t], max_payload=INT32_MAX)
+            b += v
+            if b < t:  # the message at b holds t: the next start follows it
+                b += HEADER_SIZE + HEADER.unpack_from(view, b)[0]
+        if b >= valid:
+            return
+        index.append(at + b)
 
 
 def check_contiguous(segments: list[Segment], where: Path) -> None:

@@ -1,14 +1,16 @@
-"""The broker's asyncio TCP server: Metaq's text protocol (reference section 6).
+"""The broker's asyncio TCP server: Metaq's text protocol (reference section 6)
+served from one :class:`Storage`.
 
-One ``Connection`` (an ``asyncio.Protocol``, see ``_connection``) per client.
-Each read is parsed in one go; runs of pipelined puts are checked, appended with one write
-per partition and answered with one socket write.  Replies leave in request
-order: with group commit a batch of put replies waits for its fsync, and a
-``get`` of a large range goes out with ``sendfile``; replies queued behind
-them wait.  Bad input gets a 400 naming what was wrong; when the stream cannot
-be resynchronised (bad put length, endless line) the connection is closed
-after that answer.  Nothing a client sends can stop the broker or stall other
-connections.
+The server accepts connections (``_connection``; limits per address and in
+all), dispatches each read's parsed requests in order, and serves them: puts by
+the one put step of ``_puts`` (runs of pipelined puts checked, appended with one
+write per partition and answered with one socket write), gets from the log
+(``sendfile`` for large ranges; held gets in ``_hold``), ``offset``, ``version``
+and ``stats``.  Replies leave in request order: with group commit a batch of put
+replies waits for its fsync, and replies queued behind it wait.  Bad input gets
+a 400 naming what was wrong; when the stream cannot be resynchronised (bad put
+length, endless line) the connection is closed after that answer.  Nothing a
+client sends can stop the broker or stall other connections.
 """
 
 from __future__ import annotations
@@ -21,21 +23,15 @@ import time
 from collections.abc import Callable
 
 from metaq import __version__
-from metaq._errors import ProtocolError, StorageError
 from metaq.broker._config import BrokerConfig
-from metaq.broker._connection import Connection, FileReply, Gate, result
-from metaq.broker._hold import HOLD_CAPABILITY, HeldGets
-from metaq.broker._putpath import (  # the put fast path and what the slow path shares
-    _MASK,
-    _crc32,
-    _opaque_of_put,
-    _pack,
-    _target_of,
-    put_group,
-)
-from metaq.broker._putpath import runs as group_runs
-from metaq.broker._storage import PartitionLog, Storage
+from metaq.broker._connection import Connection
+from metaq.broker._hold import HeldGets
+from metaq.broker._puts import opaque_of, put_group, store, store_requests, target_of
+from metaq.broker._replies import FileReply, Gate, answer, result
+from metaq.broker._storage import Storage
+from metaq.broker._topics import Topics
 from metaq.protocol import (
+    HOLD_CAPABILITY,
     BadRequest,
     GetRequest,
     MsgIdGenerator,
@@ -44,8 +40,6 @@ from metaq.protocol import (
     QuitRequest,
     StatsRequest,
     VersionRequest,
-    check_topic,
-    encode_result,
     encode_value_header,
 )
 
@@ -60,8 +54,10 @@ log = logging.getLogger(__name__)
 #: broker offers are listed (``+hold``: held gets, see ``_hold``, unless max_hold is 0).
 VERSION = f"1.4.6 metaq-py/{__version__}"
 
+
 class BrokerServer:
-    """Serves one :class:`Storage` over TCP."""
+    """Serves one :class:`Storage` over TCP (the :class:`~metaq.broker._connection.Host`
+    of its connections)."""
 
     def __init__(self, config: BrokerConfig, storage: Storage, ids: MsgIdGenerator, *,
                  on_topic_added: Callable[[str, int], None] | None = None,
@@ -69,7 +65,6 @@ class BrokerServer:
         self.config = config
         self.storage = storage
         self.ids = ids
-        self.on_topic_added = on_topic_added
         self.status = status
         self.connections: set[Connection] = set()
         #: client address -> connections open from it
@@ -80,10 +75,10 @@ class BrokerServer:
         self.version_text = VERSION + (f" {HOLD_CAPABILITY}" if config.max_hold > 0 else "")
         self.held = HeldGets(self._get, max_hold=config.max_hold,
                              max_held=config.max_held_gets, stats=self.stats)
-        self._rr: dict[str, int] = {}
-        #: b"<topic> <partition>" -> (log, partition bytes); b"<topic> -1" -> (None, topic)
-        self.fast_keys: dict[bytes, tuple] = {}
-        self._index_topics()
+        self.topics = Topics(storage, auto_create=config.auto_create_topics,
+                             num_partitions=config.num_partitions, on_added=on_topic_added)
+        #: the parsers' put-loop mapping: b"<topic> <partition>" -> target (see ``_topics``)
+        self.fast_keys = self.topics.keys
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
 
@@ -132,51 +127,52 @@ class BrokerServer:
                 self._refusals_logged.clear()
             log.warning("refusing connections from %s: %s", address, why)
 
-    # -- topics ----------------------------------------------------------------------------
-    def _index_topics(self) -> None:
-        keys = self.fast_keys
-        for plog in self.storage.logs():
-            p = b"%d" % plog.partition
-            keys[plog.topic.encode() + b" " + p] = (plog, p)
-        for topic in self.storage.topics:
-            keys[topic.encode() + b" -1"] = (None, topic)
-
-    def add_topic(self, topic: str, partitions: int) -> None:
-        check_topic(topic)
-        before = self.storage.topics.get(topic, 0)
-        self.storage.open_topic(topic, partitions)
-        self._index_topics()
-        if self.storage.topics[topic] != before and self.on_topic_added is not None:
-            self.on_topic_added(topic, self.storage.topics[topic])
-
-    def _auto_create(self, topic: str) -> bool:
-        if not self.config.auto_create_topics or topic in self.storage.topics:
+    def connection_opened(self, conn: Connection) -> bool:
+        """Admit ``conn`` (count it) or refuse it (:meth:`admit`)."""
+        self.stats["connections_total"] += 1
+        why = self.admit(conn.address)
+        if why is not None:
+            self.refused(conn.address, why)
             return False
-        try:
-            self.add_topic(topic, self.config.num_partitions)
-        except (StorageError, ProtocolError) as e:
-            log.error("could not auto-create topic %r: %s", topic, e)
-            return False
-        log.info("auto-created topic %r with %d partitions", topic, self.config.num_partitions)
+        self.connections.add(conn)
+        self.per_address[conn.address] += 1
         return True
 
-    def _pick_partition(self, topic: str) -> int | None:
-        n = self.storage.topics.get(topic)
-        if n is None:
-            if not self._auto_create(topic):
-                return None
-            n = self.storage.topics[topic]
-        start = self._rr.get(topic, 0)
-        for k in range(n):
-            p = (start + k) % n
-            plog = self.storage.get(topic, p)
-            if plog is not None and not plog.closed:
-                self._rr[topic] = p + 1
-                return p
-        return start % n  # all closed: the put gets 403
+    def connection_closed(self, conn: Connection) -> None:
+        """``conn`` is gone: forget it and its held gets."""
+        if conn in self.connections:
+            self.connections.discard(conn)
+            n = self.per_address[conn.address] - 1
+            if n > 0:
+                self.per_address[conn.address] = n
+            else:
+                del self.per_address[conn.address]
+        if conn.held:
+            self.held.drop(conn)
+
+    def close_idle(self, now: float, idle: float, slow: float) -> None:
+        """Close the connections that sent nothing for ``idle`` seconds, and those whose
+        request has been coming in for over ``slow`` (slow clients); 0 = no limit."""
+        for conn in list(self.connections):
+            if idle > 0 and conn.idle_for(now) > idle:
+                log.info("closing %s: idle for over %gs", conn.peer, idle)
+                self.stats["idle_closed"] += 1
+                conn.abort(f"idle for over {idle:g}s")
+            elif slow > 0 and conn.partial_since is not None \
+                    and now - conn.partial_since > slow:
+                log.info("closing %s: a request has been coming in for over %gs",
+                         conn.peer, slow)
+                self.stats["slow_closed"] += 1
+                conn.abort(f"request incomplete after {slow:g}s")
+
+    # -- topics ----------------------------------------------------------------------------
+    def add_topic(self, topic: str, partitions: int) -> None:
+        """Serve ``topic`` with (at least) ``partitions`` partitions."""
+        self.topics.add(topic, partitions)
 
     # -- requests --------------------------------------------------------------------------
     def handle(self, conn: Connection, reqs: list) -> None:
+        """Serve one read's requests in order."""
         i = 0
         n = len(reqs)
         while i < n:
@@ -185,22 +181,21 @@ class BrokerServer:
                 return
             r = reqs[i]
             t = type(r)
-            if t is tuple:  # fast put (see RequestParser.fast_puts)
-                if not i and type(reqs[-1]) is tuple and (
+            if t is tuple or t is PutRequest:  # a run of puts (tuple: see RequestParser)
+                if not i and t is tuple and type(reqs[-1]) is tuple and (
                         n < 3 or list(map(type, reqs)).count(tuple) == n):
-                    self._fast_puts(conn, reqs)  # the usual read: nothing but fast puts
+                    self._puts(conn, reqs, True)  # the usual read: nothing but fast puts
                     return
                 j = i + 1
-                while j < n and type(reqs[j]) is tuple:
+                tuples_only = t is tuple
+                while j < n:
+                    tj = type(reqs[j])
+                    if tj is not tuple:
+                        if tj is not PutRequest:
+                            break
+                        tuples_only = False
                     j += 1
-                self._fast_puts(conn, reqs[i:j] if i or j < n else reqs)
-                i = j
-                continue
-            if t is PutRequest:
-                j = i + 1
-                while j < n and type(reqs[j]) is PutRequest:
-                    j += 1
-                self._puts(conn, reqs[i:j] if i or j < n else reqs)
+                self._puts(conn, reqs[i:j] if i or j < n else reqs, tuples_only)
                 i = j
                 continue
             i += 1
@@ -217,159 +212,44 @@ class BrokerServer:
             elif t is OffsetRequest:
                 self._offset(conn, r)
             elif t is VersionRequest:
-                conn.send(encode_result(200, self.version_text.encode(), r.opaque))
+                conn.send(answer(self.version_text.encode(), r.opaque))
             elif t is StatsRequest:
                 self.stats["cmd_stats"] += 1
-                conn.send(encode_result(200, self.stats_text(r.item).encode(), r.opaque))
+                conn.send(answer(self.stats_text(r.item).encode(), r.opaque))
             elif t is QuitRequest:
                 conn.close_after_replies()
                 return
 
-    def _puts(self, conn: Connection, puts: list) -> None:
-        storage = self.storage
-        max_size = self.config.max_message_size
-        n = len(puts)
-        self.stats["cmd_put"] += n
-        replies: list = [None] * n
-        ids = self.ids.next_ids(n)
-        groups: dict[PartitionLog, list] = {}
-        todo = []  # (index, group, relative offset, msgId, partition, opaque)
-        for k in range(n):
-            topic, partition, length, flag, check, tx_key, opaque, payload = puts[k]
-            if partition < 0:
-                if partition != -1:
-                    replies[k] = result(400, f"bad partition {partition}", opaque)
-                    continue
-                partition = self._pick_partition(topic)
-                if partition is None:
-                    replies[k] = result(404, f"topic {topic} not found", opaque)
-                    continue
-            plog = storage.get(topic, partition)
-            if plog is None:
-                if topic not in storage.topics and self._auto_create(topic):
-                    plog = storage.get(topic, partition)
-                if plog is None:
-                    replies[k] = result(404, f"topic {topic} partition {partition} not found",
-                                         opaque)
-                    continue
-            if _crc32(payload) & _MASK != check:
-                replies[k] = result(400, "checksum mismatch", opaque)
-                continue
-            if plog.closed:
-                replies[k] = result(403, f"partition {topic}-{partition} is closed", opaque)
-                continue
-            if length > max_size:
-                replies[k] = result(400, f"message of {length} bytes is over the limit "
-                                          f"{max_size}", opaque)
-                continue
-            if tx_key is not None:
-                replies[k] = result(400, "transactions are not supported", opaque)
-                continue
-            g = groups.get(plog)
-            if g is None:
-                g = groups[plog] = [[], 0, 0]  # parts, size, start
-            parts = g[0]
-            msg_id = ids[k]
-            todo.append((k, g, g[1], msg_id, partition, opaque))
-            parts.append(_pack(length, check, msg_id, flag))
-            parts.append(payload)
-            g[1] += 20 + length
-        failed = None
-        for plog, g in groups.items():
-            try:
-                g[2] = plog.append(b"".join(g[0]), len(g[0]) >> 1)
-            except StorageError as e:
-                log.error("put failed: %s", e)
-                g[2] = None
-                failed = str(e)
-        for k, g, rel, msg_id, partition, opaque in todo:
-            start = g[2]
-            if start is None:
-                replies[k] = result(500, f"write failed: {failed}", opaque)
-                continue
-            body = b"%d %d %d" % (msg_id, partition, start + rel)
-            replies[k] = b"result 200 %d %d\r\n%b" % (len(body), opaque, body)
-        self.stats["put_failed"] += n - len(todo)
-        data = b"".join(replies)
-        if self.config.unflush_threshold == 0 and groups:
-            futs = [plog.request_flush() for plog in groups]
-            fut = futs[0] if len(futs) == 1 else asyncio.gather(*futs)
-            conn.send_gated(Gate(fut, data, [puts[k][6] for k in range(n)]))
-        else:
-            conn.send(data)
-
-    def _fast_puts(self, conn: Connection, puts: list) -> None:
-        """The hot path: valid puts to known partitions, as tuples from the parser.
-
-        Puts are grouped by partition (one group when a client writes one
-        partition, else buckets in request order); each group is checked,
-        packed, written and answered with whole-list operations
-        (:meth:`_put_group`), one write per group.
-        """
+    def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
+        """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests
+        among them): stored by the one put step (``_puts.store``, after
+        ``_puts.store_requests`` has given PutRequests their targets), answered with
+        one send, behind their fsync with group commit."""
         n = len(puts)
         self.stats["cmd_put"] += n
         ids = self.ids.next_ids(n)
-        first = puts[0][0]
-        bad = 0
-        written = []
-        targets = list(map(_target_of, puts))
-        if first[0] is not None and targets.count(first) == n:
-            replies, bad, wrote = self._put_group(first, puts, ids)
-            if wrote:
-                written.append(first[0])
-        elif (runs := group_runs(targets)) is not None:  # a few runs (batches): one group each
-            replies = []
-            start = 0
-            for target, count in runs:
-                stop = start + count
-                group, group_bad, wrote = self._put_group(target, puts[start:stop],
-                                                          ids[start:stop])
-                replies += group
-                bad += group_bad
-                if wrote and target[0] not in written:
-                    written.append(target[0])
-                start = stop
+        if tuples_only:
+            replies, failed, written = store(puts, list(map(target_of, puts)), ids,
+                                             self._put_group, self.topics)
         else:
-            replies = [None] * n
-            buckets: dict[tuple, list[int]] = {}
-            for k, t in enumerate(targets):
-                if t[0] is None:  # partition -1: the broker picks
-                    t = self._rr_target(t[1])
-                    if t is None:
-                        replies[k] = result(404, f"topic {puts[k][0][1]} not found",
-                                            int(puts[k][4]))
-                        bad += 1
-                        continue
-                b = buckets.get(t)
-                if b is None:
-                    buckets[t] = [k]
-                else:
-                    b.append(k)
-            for target, idxs in buckets.items():
-                group, group_bad, wrote = self._put_group(
-                    target, [puts[k] for k in idxs], [ids[k] for k in idxs])
-                for k, reply in zip(idxs, group, strict=True):
-                    replies[k] = reply
-                bad += group_bad
-                if wrote:
-                    written.append(target[0])
-        self.stats["put_failed"] += bad
+            replies, failed, written = store_requests(puts, ids, self._put_group, self.topics,
+                                                      self.config.max_message_size)
+        self.stats["put_failed"] += failed
         data = b"".join(replies)
         if written and self.config.unflush_threshold == 0:
             futs = [plog.request_flush() for plog in written]
             fut = futs[0] if len(futs) == 1 else asyncio.gather(*futs)
-            conn.send_gated(Gate(fut, data, list(map(int, map(_opaque_of_put, puts)))))
+            opaques = (list(map(int, map(opaque_of, puts))) if tuples_only else
+                       [int(p[4]) if type(p) is tuple else p.opaque for p in puts])
+            conn.send_gated(Gate(fut, data, opaques))
         else:
             conn.send(data)
+
     def _put_group(self, target: tuple, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:
+        """One group of the put step (``_puts.put_group``); a method, looked up per
+        read, so that a test can watch how a read's puts are grouped."""
         return put_group(target, puts, ids)
-
-    def _rr_target(self, topic: str) -> tuple | None:
-        p = self._pick_partition(topic)
-        if p is None:
-            return None
-        return self.fast_keys.get(b"%b %d" % (topic.encode(), p))
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1
@@ -426,7 +306,7 @@ class BrokerServer:
                               r.opaque))
             return
         if r.offset <= plog.min_offset or r.offset >= plog.end:
-            conn.send(encode_result(200, b"%d" % plog.nearest_valid_offset(r.offset), r.opaque))
+            conn.send(answer(b"%d" % plog.nearest_valid_offset(r.offset), r.opaque))
             return
         s = plog.read(r.offset, 1) or plog.read(plog.min_offset, 1)
         loop = asyncio.get_running_loop()
@@ -444,7 +324,7 @@ class BrokerServer:
                 out.set_result(result(500, f"cannot find a valid offset: {f.exception()}",
                                        r.opaque))
             else:
-                out.set_result(encode_result(200, b"%d" % f.result(), r.opaque))
+                out.set_result(answer(b"%d" % f.result(), r.opaque))
 
         fut.add_done_callback(done)
         conn.send_gated(Gate(out, b"", []))

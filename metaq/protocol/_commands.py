@@ -1,6 +1,10 @@
 """The text protocol's commands (reference section 6): request and reply
-types, name checks and encoders.  The incremental parsers that produce these
-types are in :mod:`metaq.protocol._parsers`.
+types, the checks of their fields (names, integers) and their encoders.
+
+The incremental parsers that produce these types are in
+:mod:`metaq.protocol._parsers`; they read fields with the checks defined here
+(:func:`parse_int`, :func:`parse_topic`, :func:`token_text`, :func:`name_problem`,
+:func:`show`), which are public in this module but not exported by the package.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from typing import NamedTuple
 
 import zk_layout
 from metaq._errors import ProtocolError
+from metaq.protocol._constants import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 __all__ = [
     "PutRequest",
@@ -30,13 +35,18 @@ __all__ = [
     "parse_put_result",
     "check_topic",
     "check_group",
+    # field checks shared with the parsers (not exported by the package)
+    "topic_cache",
+    "name_problem",
+    "token_text",
+    "parse_topic",
+    "parse_int",
+    "show",
 ]
 
-_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+#: The ranges of Java's int and long, as the protocol's numbers are read.
 _MAX_NAME = 255
 _REPR_MAX = 120
-_NUMERIC = b"-0123456789 "
 
 
 class PutRequest(NamedTuple):
@@ -109,11 +119,13 @@ class Value(NamedTuple):
 
 # --------------------------------------------------------------------------- names
 
-_topic_cache: dict[bytes, str] = {}
+#: A topic's bytes as they appear in a request -> the checked topic (see :func:`parse_topic`).
+topic_cache: dict[bytes, str] = {}
 _topic_bytes_cache: dict[str, bytes] = {}
 
 
-def _name_problem(s: str) -> str | None:
+def name_problem(s: str) -> str | None:
+    """What makes ``s`` unusable as a name (topic, group, key), or None."""
     if not s:
         return "is empty"
     if len(s) > _MAX_NAME:
@@ -134,7 +146,7 @@ def check_topic(topic: str) -> str:
         zk_layout.check_topic(topic)
     except zk_layout.InvalidNameError as e:
         raise ProtocolError(f"bad topic {str(topic)[:_REPR_MAX]!r}: {e.reason}") from None
-    problem = _name_problem(topic)
+    problem = name_problem(topic)
     if problem is None and "\\" in topic:
         problem = "contains '\\'"
     if problem is None and topic.startswith("."):
@@ -150,7 +162,7 @@ def check_group(group: str) -> str:
         zk_layout.check_group(group)
     except zk_layout.InvalidNameError as e:
         raise ProtocolError(f"bad group {str(group)[:_REPR_MAX]!r}: {e.reason}") from None
-    problem = _name_problem(group)
+    problem = name_problem(group)
     if problem is not None:
         raise ProtocolError(f"bad group {group[:_REPR_MAX]!r}: {problem}")
     return group
@@ -166,24 +178,27 @@ def _topic_bytes(topic: str) -> bytes:
     return b
 
 
-def _token_text(tok: bytes, what: str) -> str:
+def token_text(tok: bytes, what: str) -> str:
+    """A request's token as text; ProtocolError naming ``what`` when it is not UTF-8."""
     try:
         return tok.decode("utf-8")
     except UnicodeDecodeError:
         raise ProtocolError(f"{what} {tok[:_REPR_MAX]!r} is not valid UTF-8") from None
 
 
-def _parse_topic(tok: bytes) -> str:
-    t = _topic_cache.get(tok)
+def parse_topic(tok: bytes) -> str:
+    """A request's topic token, checked (:func:`check_topic`) once per distinct token."""
+    t = topic_cache.get(tok)
     if t is None:
-        t = check_topic(_token_text(tok, "topic"))
-        if len(_topic_cache) > 4096:
-            _topic_cache.clear()
-        _topic_cache[bytes(tok)] = t
+        t = check_topic(token_text(tok, "topic"))
+        if len(topic_cache) > 4096:
+            topic_cache.clear()
+        topic_cache[bytes(tok)] = t
     return t
 
 
-def _parse_int(tok: bytes, what: str, lo: int, hi: int) -> int:
+def parse_int(tok: bytes, what: str, lo: int, hi: int) -> int:
+    """A decimal token in ``lo..hi``; ProtocolError naming ``what`` otherwise."""
     if len(tok) <= 20 and (tok.isdigit() or (tok[:1] == b"-" and tok[1:].isdigit())):
         v = int(tok)
         if lo <= v <= hi:
@@ -192,14 +207,8 @@ def _parse_int(tok: bytes, what: str, lo: int, hi: int) -> int:
     raise ProtocolError(f"{what} {tok[:_REPR_MAX]!r} is not an integer")
 
 
-def _opaque_of(tok: bytes) -> int | None:
-    try:
-        return _parse_int(tok, "opaque", _INT32_MIN, _INT32_MAX)
-    except ProtocolError:
-        return None
-
-
-def _show(line: bytes) -> str:
+def show(line: bytes) -> str:
+    """A line as error messages quote it (its repr, cut after 120 bytes)."""
     r = repr(bytes(line[:_REPR_MAX]))
     return r + ("..." if len(line) > _REPR_MAX else "")
 
@@ -220,7 +229,7 @@ def encode_put(topic: str, partition: int, payload: bytes, flag: int, checksum: 
 def _name_bytes(s: str, what: str) -> bytes:
     if not isinstance(s, str):
         raise ProtocolError(f"{what} must be a str, not {type(s).__name__}")
-    problem = _name_problem(s)
+    problem = name_problem(s)
     if problem is not None:
         raise ProtocolError(f"bad {what} {s[:_REPR_MAX]!r}: {problem}")
     return s.encode("utf-8")
@@ -267,7 +276,7 @@ def parse_put_result(body: bytes) -> tuple[int, int, int]:
     """``(msgId, partition, offset)`` from the body of a successful put result."""
     parts = body.split(b" ")
     if len(parts) != 3:
-        raise ProtocolError(f"put result body {_show(body)} is not '<msgId> <partition> <offset>'")
-    return (_parse_int(parts[0], "msgId", _INT64_MIN, _INT64_MAX),
-            _parse_int(parts[1], "partition", _INT32_MIN, _INT32_MAX),
-            _parse_int(parts[2], "offset", _INT64_MIN, _INT64_MAX))
+        raise ProtocolError(f"put result body {show(body)} is not '<msgId> <partition> <offset>'")
+    return (parse_int(parts[0], "msgId", INT64_MIN, INT64_MAX),
+            parse_int(parts[1], "partition", INT32_MIN, INT32_MAX),
+            parse_int(parts[2], "offset", INT64_MIN, INT64_MAX))

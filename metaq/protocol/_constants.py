@@ -8,6 +8,9 @@ from __future__ import annotations
 
 __all__ = [
     "INT32_MAX",
+    "INT32_MIN",
+    "INT64_MAX",
+    "INT64_MIN",
     "CHECKSUM_MASK",
     "OPAQUE_MASK",
     "HEADER_SIZE",
@@ -25,6 +28,10 @@ __all__ = [
 
 #: Java's ``Integer.MAX_VALUE``: Metaq's lengths, opaques and offsets within a reply are int32.
 INT32_MAX = 0x7FFFFFFF
+INT32_MIN = -INT32_MAX - 1
+#: Java's ``Long`` bounds: msgIds and offsets are int64.
+INT64_MAX = (1 << 63) - 1
+INT64_MIN = -INT64_MAX - 1
 #: A message's stored checksum is ``CRC32(payload) & CHECKSUM_MASK`` (Java's
 #: ``CheckSum.crc32`` drops the sign bit).
 CHECKSUM_MASK = INT32_MAX

@@ -25,14 +25,21 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import struct
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from itertools import count, repeat
 from types import ModuleType
 from typing import Any
 
-from metaq.protocol._constants import CHECKSUM_MASK, HEADER_SIZE, INT32_MAX, MAX_PAYLOAD
+from metaq.protocol._constants import (
+    CHECKSUM_MASK,
+    HEADER_SIZE,
+    INT32_MAX,
+    INT32_MIN,
+    MAX_PAYLOAD,
+)
 
 __all__ = [
     "speedups", "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "EXPECTED_VERSION",
@@ -42,6 +49,8 @@ __all__ = [
     "py_crc32", "py_scan", "py_take", "py_deliver", "py_prepare", "c_prepare",
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
+    # broker side
+    "fast_puts", "py_fast_puts",
 ]
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
@@ -387,3 +396,82 @@ else:
 # ----------------------------------------------------------------------------------
 # Broker side: fast_puts.
 # ----------------------------------------------------------------------------------
+
+
+# put <topic> <partition> <len> <flag> <checksum> <opaque>\r\n: the grammar of the C loop
+# (``-?[0-9]{1,10}`` numbers, the sign only where Metaq allows one, a topic of 1..255
+# bytes without space or line break); group 1 is the key ``b"<topic> <partition>"``.
+_PUT_NUMBERS = rb" ([0-9]{1,10}) (-?[0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10})\r\n"
+_PUT = re.compile(rb"put ([^ \r\n]{1,255} -?[0-9]{1,10})" + _PUT_NUMBERS).match
+_KEYED_PUTS: dict[bytes, object] = {}
+
+
+def _keyed_put(key: bytes):  # type: ignore[no-untyped-def]
+    """``_PUT`` for puts to one ``b"<topic> <partition>"`` (as matched by it): the same
+    groups, found faster (a literal prefix instead of a scan of the topic)."""
+    match = _KEYED_PUTS.get(key)
+    if match is None:
+        if len(_KEYED_PUTS) >= 1024:
+            _KEYED_PUTS.clear()
+        match = _KEYED_PUTS[key] = re.compile(
+            b"put (" + re.escape(key) + b")" + _PUT_NUMBERS).match
+    return match
+
+
+def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload: int,
+                     out: list) -> int:
+    """The broker's put loop (``fast_puts`` of ``_speedups.c``), in Python.
+
+    From ``pos``, every whole ``put <topic> <part> <len> <flag> <checksum> <opaque>\\r\\n
+    <payload>`` whose ``b"<topic> <part>"`` maps to a target other than None in ``fast``
+    becomes the tuple ``(target, length, flag, checksum, opaque_token, payload)``
+    appended to ``out`` (the opaque as its decimal bytes, ready to echo); the loop
+    stops at the first request that is anything else (a put cut short, over
+    ``max_payload``, with a number out of the int32 range, with a transaction key, to
+    an unknown partition, another command) and returns where, for the general parser
+    to take it from there.  Numbers of at most 9 digits are in range without a check;
+    after two puts in a row to one partition, a pattern for that partition is tried
+    first (the general one again when it fails).
+    """
+    if not 0 <= pos <= len(buf):
+        raise ValueError("fast_puts: pos outside the data")
+    end = len(buf)
+    get = fast.get
+    append = out.append
+    general = match = _PUT
+    last_key = None
+    while True:
+        m = match(buf, pos)
+        if m is None:
+            if match is general:
+                return pos
+            match = general
+            continue
+        key, length, flag, check, opaque = m.groups()
+        target = get(key)
+        if target is None:
+            return pos
+        start = m.end()
+        stop = start + int(length)
+        if stop > end or stop - start > max_payload:
+            return pos
+        if flag == b"0":
+            flag = 0
+        else:
+            flag = int(flag)
+            if not INT32_MIN <= flag <= INT32_MAX:
+                return pos
+        check = int(check)
+        if check > INT32_MAX or (len(opaque) > 9 and not INT32_MIN <= int(opaque) <= INT32_MAX):
+            return pos
+        append((target, stop - start, flag, check, opaque, buf[start:stop]))
+        pos = stop
+        if match is general:
+            if key == last_key:
+                match = _keyed_put(key)
+            last_key = key
+
+
+#: ``fast_puts(buf, pos, fast, max_payload, out) -> pos``: C when built (``fast`` must then
+#: be a dict), else :func:`py_fast_puts`.
+fast_puts = py_fast_puts if speedups is None else speedups.fast_puts

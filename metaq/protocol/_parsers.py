@@ -22,17 +22,12 @@ and return every complete request or reply.  Bad input raises
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from metaq._errors import ProtocolError
+from metaq.protocol import _fast
 from metaq.protocol._commands import (
-    _INT32_MAX,
-    _INT32_MIN,
-    _INT64_MAX,
-    _INT64_MIN,
-    _NUMERIC,
     BadRequest,
     GetRequest,
     OffsetRequest,
@@ -42,36 +37,36 @@ from metaq.protocol._commands import (
     StatsRequest,
     Value,
     VersionRequest,
-    _name_problem,
-    _opaque_of,
-    _parse_int,
-    _parse_topic,
-    _show,
-    _token_text,
-    _topic_cache,
     check_group,
+    name_problem,
+    parse_int,
+    parse_topic,
+    show,
+    token_text,
+    topic_cache,
 )
-from metaq.protocol._constants import DEFAULT_MAX_BODY, DEFAULT_MAX_PAYLOAD, MAX_LINE
-from metaq.protocol._fast import speedups as _NATIVE
+from metaq.protocol._constants import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_PAYLOAD,
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_LINE,
+)
 
 __all__ = ["RequestParser", "ReplyParser"]
 
-# put <topic> <partition> <len> <flag> <checksum> <opaque>\r\n, the broker's hot path
-_FAST_PUT_NUMBERS = rb" ([0-9]{1,10}) (-?[0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10})\r\n"
-_FAST_PUT = re.compile(rb"put ([^ \r\n]{1,255} -?[0-9]{1,10})" + _FAST_PUT_NUMBERS)
-_KEYED_PUTS: dict[bytes, object] = {}
+#: What the numbers of a put line (and the spaces between them) are made of.
+_NUMERIC = b"-0123456789 "
 
 
-def _keyed_put_match(key: bytes):  # type: ignore[no-untyped-def]
-    """``_FAST_PUT.match`` for puts to one ``b"<topic> <partition>"`` (as matched by
-    it): the same groups, found faster (a literal prefix instead of a scan)."""
-    match = _KEYED_PUTS.get(key)
-    if match is None:
-        if len(_KEYED_PUTS) >= 1024:
-            _KEYED_PUTS.clear()
-        match = _KEYED_PUTS[key] = re.compile(
-            b"put (" + re.escape(key) + b")" + _FAST_PUT_NUMBERS).match
-    return match
+def _opaque_of(tok: bytes) -> int | None:
+    """The opaque of a bad request, to answer it with, when it can be read."""
+    try:
+        return parse_int(tok, "opaque", INT32_MIN, INT32_MAX)
+    except ProtocolError:
+        return None
 
 
 # --------------------------------------------------------------------------- buffering
@@ -122,6 +117,9 @@ class _Buffered:
 
 # --------------------------------------------------------------------------- requests
 
+_new_tuple = tuple.__new__  # a NamedTuple from a tuple, without its __new__'s argument handling
+
+
 class RequestParser(_Buffered):
     """Incremental parser of client requests (broker side).
 
@@ -133,6 +131,16 @@ class RequestParser(_Buffered):
     transaction key whose key is in the mapping comes back as a plain tuple
     ``(target, length, flag, checksum, opaque_token, payload)`` (opaque as its
     decimal bytes, ready to echo) instead of a :class:`PutRequest`.
+
+    Parsing goes in steps, each taking what starts at the current position and
+    returning where the next begins (or -1 once it has stopped the parsing and saved
+    where, to wait for more bytes or because the stream cannot go on):
+
+    - runs of such puts: ``fast_puts`` of :mod:`metaq.protocol._fast` (C or its
+      Python twin, bound once; the broker's hot path), which stops at anything else;
+    - line framing (:meth:`_parse` itself, :meth:`_unframed` for a line without CRLF);
+    - a put line (:meth:`_put_line`, :meth:`_put_head`) and its payload (:meth:`_payload`);
+    - any other command (:meth:`_command`, one parser per command in ``_COMMANDS``).
     """
 
     def __init__(self, *, max_line: int = MAX_LINE,
@@ -142,9 +150,13 @@ class RequestParser(_Buffered):
         self.max_line = max_line
         self.max_payload = max_payload
         self.fast_puts = fast_puts
+        #: the put loop over ``fast_puts``, bound once in ``_fast`` (C when built); the
+        #: Python twin for a mapping that is not a dict (the C loop reads dicts only)
+        self._put_loop: Callable[[bytes, int, Mapping, int, list], int] | None = (
+            None if fast_puts is None else
+            _fast.fast_puts if type(fast_puts) is dict else _fast.py_fast_puts)
         self._skip = 0                       # payload bytes of a rejected put still to drop
         self._put: tuple | None = None       # header of a put waiting for its payload
-        self._match = None                   # the fast pattern of the last partition put to
 
     def feed(self, data: bytes) -> list:
         """Add bytes; return the complete requests. Raises ProtocolError on bad input.
@@ -183,170 +195,149 @@ class RequestParser(_Buffered):
                 return
         if not self._take(data):
             return
+        try:
+            self._parse(out, strict)
+        finally:
+            if self._need == 0:
+                if self._broken is not None:
+                    self._pos = len(self._buf)
+                if self._pos >= len(self._buf):
+                    self._buf = b""
+                    self._pos = 0
+
+    def _parse(self, out: list, strict: bool) -> None:
+        """Every request from ``_pos`` on; saves where it stopped in ``_pos`` (each step
+        saves it before it stops the parsing or reports a bad request)."""
         buf = self._buf
         pos = self._pos
         end = len(buf)
         max_line = self.max_line
         max_payload = self.max_payload
-        topic_cache = _topic_cache
-        new_tuple = tuple.__new__
-        append = out.append
+        put_loop = self._put_loop
         fast = self.fast_puts
-        fast_match = _FAST_PUT.match
-        fast_get = None if fast is None else fast.get
-        # the same loop in C (metaq/protocol/_speedups.c) when built: same tuples, same stops
-        fast_c = _NATIVE.fast_puts if _NATIVE is not None and type(fast) is dict else None
-        last_key = None
-        try:
-            while pos < end or self._put is not None:
-                if fast_c is not None and self._put is None:
-                    pos = fast_c(buf, pos, fast, max_payload, out)
+        while pos < end or self._put is not None:
+            if self._put is not None:
+                pos = self._payload(buf, pos, out)
+            else:
+                if put_loop is not None:
+                    pos = put_loop(buf, pos, fast, max_payload, out)
                     if pos >= end:
                         break
-                elif fast_get is not None and self._put is None:
-                    # The hot loop: runs of valid puts to known partitions.  Numbers of
-                    # fewer than 10 digits are in the int32 range without a check.  After
-                    # two puts in a row to one partition, a pattern for that partition is
-                    # tried first (the general one again when it fails).
-                    match = self._match or fast_match
-                    while True:
-                        m = match(buf, pos)
-                        if m is None:
-                            if match is fast_match:
-                                break
-                            match = fast_match
-                            continue
-                        key, length, flag, check, opaque = m.groups()
-                        target = fast_get(key)
-                        if target is None:
-                            break
-                        start = m.end()
-                        stop = start + int(length)
-                        if stop > end or stop - start > max_payload:
-                            break
-                        if flag == b"0":
-                            flag = 0
-                        else:
-                            flag = int(flag)
-                            if not _INT32_MIN <= flag <= _INT32_MAX:
-                                break
-                        check = int(check)
-                        if check > _INT32_MAX or (len(opaque) > 9 and not (
-                                _INT32_MIN <= int(opaque) <= _INT32_MAX)):
-                            break
-                        append((target, stop - start, flag, check, opaque, buf[start:stop]))
-                        pos = stop
-                        if match is fast_match:
-                            if key == last_key:
-                                match = _keyed_put_match(key)
-                            last_key = key
-                    self._match = None if match is fast_match else match
-                    if pos >= end:
-                        break
-                if self._put is not None:
-                    head = self._put
-                    stop = pos + head[2]
-                    if stop > end:
-                        self._pos = pos
-                        self._wait_for(head[2])
-                        return
-                    self._put = None
-                    append(new_tuple(PutRequest, (*head, buf[pos:stop])))
-                    pos = stop
-                    continue
                 eol = buf.find(b"\r\n", pos, pos + max_line + 2)
                 if eol < 0:
-                    if end - pos >= max_line + 2:
-                        self._pos = end
-                        self._bad(out, strict, ProtocolError(
-                            f"line {_show(buf[pos:pos + max_line])} has no CRLF within "
-                            f"{max_line} bytes"), None, True)
-                        return
-                    self._pos = pos
-                    self._wait_for(end - pos + 1)
+                    self._unframed(buf, pos, out, strict)
                     return
                 line = buf[pos:eol]
-                pos = eol + 2
-                if line[:4] == b"put " and b"  " not in line and line[-1:] != b" ":
-                    # fast path: the common, valid put without transaction key
-                    sp = line.find(b" ", 4)
-                    topic = topic_cache.get(line[4:sp])
-                    tail = line[sp + 1:]
-                    if topic is not None and not tail.translate(None, _NUMERIC):
-                        try:
-                            partition, length, flag, check, opaque = map(int, tail.split())
-                        except ValueError:
-                            length = -1
-                        if (0 <= length <= max_payload and pos + length <= end
-                                and _INT32_MIN <= partition <= _INT32_MAX
-                                and _INT32_MIN <= flag <= _INT32_MAX
-                                and _INT32_MIN <= check <= _INT32_MAX
-                                and _INT32_MIN <= opaque <= _INT32_MAX):
-                            stop = pos + length
-                            append(new_tuple(PutRequest, (
-                                topic, partition, length, flag, check, None, opaque,
-                                buf[pos:stop])))
-                            pos = stop
-                            continue
-                parts = line.split(b" ")
-                cmd = parts[0]
-                if cmd == b"put":
-                    try:
-                        head = self._put_header(parts, line)
-                    except ProtocolError as e:
-                        skip = self._put_skip(parts)
-                        if skip is None:
-                            self._pos = end
-                            self._bad(out, strict, e, _opaque_of(parts[-1]), True)
-                            return
-                        take = min(skip, end - pos)
-                        pos += take
-                        self._skip = skip - take
-                        self._pos = pos
-                        self._bad(out, strict, e, _opaque_of(parts[-1]), False)
-                        if self._skip:
-                            self._pos = end
-                            return
-                        continue
-                    self._put = head
-                    continue
+                if line[:4] == b"put ":
+                    pos = self._put_line(line, buf, eol + 2, out, strict)
+                else:
+                    pos = self._command(line, buf, eol + 2, out, strict)
+            if pos < 0:
+                return
+        self._pos = pos
+
+    def _unframed(self, buf: bytes, pos: int, out: list, strict: bool) -> None:
+        """No CRLF after ``pos``: wait for the rest of the line, or, once it is longer
+        than ``max_line``, give up on the stream (nothing tells where a request starts)."""
+        end = len(buf)
+        max_line = self.max_line
+        if end - pos >= max_line + 2:
+            self._pos = end
+            self._bad(out, strict, ProtocolError(
+                f"line {show(buf[pos:pos + max_line])} has no CRLF within "
+                f"{max_line} bytes"), None, True)
+            return
+        self._pos = pos
+        self._wait_for(end - pos + 1)
+
+    def _payload(self, buf: bytes, pos: int, out: list) -> int:
+        """The payload of the put whose header :meth:`_put_head` kept: the
+        :class:`PutRequest`, or -1 to wait for the rest of it."""
+        head = self._put
+        stop = pos + head[2]
+        if stop > len(buf):
+            self._pos = pos
+            self._wait_for(head[2])
+            return -1
+        self._put = None
+        out.append(_new_tuple(PutRequest, (*head, buf[pos:stop])))
+        return stop
+
+    def _put_line(self, line: bytes, buf: bytes, pos: int, out: list, strict: bool) -> int:
+        """A ``put`` line the put loop did not take (no ``fast_puts``, a partition
+        not in it...): when it is the common valid put without transaction key, to a
+        topic seen before, with its payload all there, the :class:`PutRequest` at once;
+        else :meth:`_put_head`.  ``pos`` is where the payload starts."""
+        if b"  " not in line and line[-1:] != b" ":
+            sp = line.find(b" ", 4)
+            topic = topic_cache.get(line[4:sp])
+            tail = line[sp + 1:]
+            if topic is not None and not tail.translate(None, _NUMERIC):
                 try:
-                    append(self._other(cmd, parts, line))
-                except ProtocolError as e:
-                    self._pos = pos
-                    self._bad(out, strict, e, _opaque_of(parts[-1]) if len(parts) > 1 else None,
-                              False)
-        finally:
-            if self._need == 0:
-                self._pos = pos if self._broken is None else end
-                if self._pos >= len(self._buf):
-                    self._buf = b""
-                    self._pos = 0
+                    partition, length, flag, check, opaque = map(int, tail.split())
+                except ValueError:
+                    length = -1
+                if (0 <= length <= self.max_payload and pos + length <= len(buf)
+                        and INT32_MIN <= partition <= INT32_MAX
+                        and INT32_MIN <= flag <= INT32_MAX
+                        and INT32_MIN <= check <= INT32_MAX
+                        and INT32_MIN <= opaque <= INT32_MAX):
+                    stop = pos + length
+                    out.append(_new_tuple(PutRequest, (
+                        topic, partition, length, flag, check, None, opaque, buf[pos:stop])))
+                    return stop
+        return self._put_head(line.split(b" "), line, buf, pos, out, strict)
+
+    def _put_head(self, parts: list, line: bytes, buf: bytes, pos: int, out: list,
+                  strict: bool) -> int:
+        """Any put line: its header kept for :meth:`_payload`; or, when it is bad,
+        answered, and its payload skipped when its length can be read (else the
+        stream cannot go on)."""
+        try:
+            head = self._put_header(parts, line)
+        except ProtocolError as e:
+            end = len(buf)
+            skip = self._put_skip(parts)
+            if skip is None:
+                self._pos = end
+                self._bad(out, strict, e, _opaque_of(parts[-1]), True)
+                return -1
+            take = min(skip, end - pos)
+            pos += take
+            self._skip = skip - take
+            self._pos = pos
+            self._bad(out, strict, e, _opaque_of(parts[-1]), False)
+            if self._skip:
+                self._pos = end
+                return -1
+            return pos
+        self._put = head
+        return pos
 
     def _put_header(self, parts: list, line: bytes) -> tuple:
         n = len(parts)
         if n == 7:
             tx_key = None
         elif n == 8:
-            tx_key = _token_text(parts[6], "transaction key")
-            if _name_problem(tx_key):
-                raise ProtocolError(f"bad put line {_show(line)}: bad transaction key")
+            tx_key = token_text(parts[6], "transaction key")
+            if name_problem(tx_key):
+                raise ProtocolError(f"bad put line {show(line)}: bad transaction key")
         else:
             raise ProtocolError(
-                f"bad put line {_show(line)}: expected 'put <topic> <partition> <length> "
+                f"bad put line {show(line)}: expected 'put <topic> <partition> <length> "
                 f"<flag> <checksum> [<txKey>] <opaque>'")
         try:
-            topic = _parse_topic(parts[1])
-            partition = _parse_int(parts[2], "partition", _INT32_MIN, _INT32_MAX)
-            length = _parse_int(parts[3], "length", 0, _INT32_MAX)
-            flag = _parse_int(parts[4], "flag", _INT32_MIN, _INT32_MAX)
-            checksum = _parse_int(parts[5], "checksum", _INT32_MIN, _INT32_MAX)
-            opaque = _parse_int(parts[-1], "opaque", _INT32_MIN, _INT32_MAX)
+            topic = parse_topic(parts[1])
+            partition = parse_int(parts[2], "partition", INT32_MIN, INT32_MAX)
+            length = parse_int(parts[3], "length", 0, INT32_MAX)
+            flag = parse_int(parts[4], "flag", INT32_MIN, INT32_MAX)
+            checksum = parse_int(parts[5], "checksum", INT32_MIN, INT32_MAX)
+            opaque = parse_int(parts[-1], "opaque", INT32_MIN, INT32_MAX)
         except ProtocolError as e:
-            raise ProtocolError(f"bad put line {_show(line)}: {e}") from None
+            raise ProtocolError(f"bad put line {show(line)}: {e}") from None
         if length > self.max_payload:
             raise ProtocolError(
-                f"bad put line {_show(line)}: payload length {length} is over the limit "
+                f"bad put line {show(line)}: payload length {length} is over the limit "
                 f"{self.max_payload}")
         return (topic, partition, length, flag, checksum, tx_key, opaque)
 
@@ -356,56 +347,92 @@ class RequestParser(_Buffered):
         if len(parts) not in (7, 8):
             return None
         try:
-            return _parse_int(parts[3], "length", 0, _INT32_MAX)
+            return parse_int(parts[3], "length", 0, INT32_MAX)
         except ProtocolError:
             return None
 
-    def _other(self, cmd: bytes, parts: list, line: bytes) -> NamedTuple:
-        n = len(parts)
+    def _command(self, line: bytes, buf: bytes, pos: int, out: list, strict: bool) -> int:
+        """A line that is not a put's: its request (parsed by ``_COMMANDS``), or a
+        bad request answered (the stream goes on after it).  ``pos`` follows the line."""
+        parts = line.split(b" ")
+        cmd = parts[0]
+        if cmd == b"put":  # "put" alone, or with a tab...: a bad put
+            return self._put_head(parts, line, buf, pos, out, strict)
+        parse = _COMMANDS.get(cmd)
         try:
-            if cmd == b"get":
-                if n != 7 and not (n == 8 and parts[7][:5] == b"hold="):
-                    raise ProtocolError("expected 'get <topic> <group> <partition> <offset> "
-                                        "<maxSize> <opaque> [hold=<ms>]'")
-                return GetRequest(
-                    _parse_topic(parts[1]), check_group(_token_text(parts[2], "group")),
-                    _parse_int(parts[3], "partition", _INT32_MIN, _INT32_MAX),
-                    _parse_int(parts[4], "offset", _INT64_MIN, _INT64_MAX),
-                    _parse_int(parts[5], "maxSize", _INT32_MIN, _INT32_MAX),
-                    _parse_int(parts[6], "opaque", _INT32_MIN, _INT32_MAX),
-                    _parse_int(parts[7][5:], "hold", 0, _INT32_MAX) if n == 8 else 0)
-            if cmd == b"offset":
-                if n != 6:
-                    raise ProtocolError("expected 'offset <topic> <group> <partition> <offset> "
-                                        "<opaque>'")
-                return OffsetRequest(
-                    _parse_topic(parts[1]), check_group(_token_text(parts[2], "group")),
-                    _parse_int(parts[3], "partition", _INT32_MIN, _INT32_MAX),
-                    _parse_int(parts[4], "offset", _INT64_MIN, _INT64_MAX),
-                    _parse_int(parts[5], "opaque", _INT32_MIN, _INT32_MAX))
-            if cmd == b"version":
-                if n != 2:
-                    raise ProtocolError("expected 'version <opaque>'")
-                return VersionRequest(_parse_int(parts[1], "opaque", _INT32_MIN, _INT32_MAX))
-            if cmd == b"stats":
-                if n == 2:
-                    item = None
-                elif n == 3:
-                    item = _token_text(parts[1], "stats item")
-                    problem = _name_problem(item)
-                    if problem:
-                        raise ProtocolError(f"stats item {problem}")
-                else:
-                    raise ProtocolError("expected 'stats [<item>] <opaque>'")
-                return StatsRequest(item, _parse_int(parts[-1], "opaque", _INT32_MIN, _INT32_MAX))
-            if cmd == b"quit":
-                if n != 1:
-                    raise ProtocolError("expected 'quit'")
-                return QuitRequest()
+            if parse is None:
+                raise ProtocolError(f"unknown command {show(cmd)} in line {show(line)}")
+            try:
+                out.append(parse(parts))
+            except ProtocolError as e:
+                raise ProtocolError(
+                    f"bad {token_text(cmd, 'command')} line {show(line)}: {e}") from None
         except ProtocolError as e:
-            raise ProtocolError(f"bad {_token_text(cmd, 'command')} line {_show(line)}: {e}") \
-                from None
-        raise ProtocolError(f"unknown command {_show(cmd)} in line {_show(line)}")
+            self._pos = pos
+            self._bad(out, strict, e, _opaque_of(parts[-1]) if len(parts) > 1 else None, False)
+        return pos
+
+
+# The other commands, from their tokens (the command's first): each raises ProtocolError
+# saying what is wrong, which :meth:`RequestParser._command` puts in context.
+
+def _get_request(parts: list) -> GetRequest:
+    n = len(parts)
+    if n != 7 and not (n == 8 and parts[7][:5] == b"hold="):
+        raise ProtocolError("expected 'get <topic> <group> <partition> <offset> "
+                            "<maxSize> <opaque> [hold=<ms>]'")
+    return GetRequest(
+        parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
+        parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
+        parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
+        parse_int(parts[5], "maxSize", INT32_MIN, INT32_MAX),
+        parse_int(parts[6], "opaque", INT32_MIN, INT32_MAX),
+        parse_int(parts[7][5:], "hold", 0, INT32_MAX) if n == 8 else 0)
+
+
+def _offset_request(parts: list) -> OffsetRequest:
+    if len(parts) != 6:
+        raise ProtocolError("expected 'offset <topic> <group> <partition> <offset> <opaque>'")
+    return OffsetRequest(
+        parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
+        parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
+        parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
+        parse_int(parts[5], "opaque", INT32_MIN, INT32_MAX))
+
+
+def _version_request(parts: list) -> VersionRequest:
+    if len(parts) != 2:
+        raise ProtocolError("expected 'version <opaque>'")
+    return VersionRequest(parse_int(parts[1], "opaque", INT32_MIN, INT32_MAX))
+
+
+def _stats_request(parts: list) -> StatsRequest:
+    n = len(parts)
+    if n == 2:
+        item = None
+    elif n == 3:
+        item = token_text(parts[1], "stats item")
+        problem = name_problem(item)
+        if problem:
+            raise ProtocolError(f"stats item {problem}")
+    else:
+        raise ProtocolError("expected 'stats [<item>] <opaque>'")
+    return StatsRequest(item, parse_int(parts[-1], "opaque", INT32_MIN, INT32_MAX))
+
+
+def _quit_request(parts: list) -> QuitRequest:
+    if len(parts) != 1:
+        raise ProtocolError("expected 'quit'")
+    return QuitRequest()
+
+
+_COMMANDS: dict[bytes, Callable[[list], NamedTuple]] = {
+    b"get": _get_request,
+    b"offset": _offset_request,
+    b"version": _version_request,
+    b"stats": _stats_request,
+    b"quit": _quit_request,
+}
 
 
 # --------------------------------------------------------------------------- replies
@@ -451,7 +478,7 @@ class ReplyParser(_Buffered):
                 eol = buf.find(b"\r\n", pos, pos + max_line + 2)
                 if eol < 0:
                     if end - pos >= max_line + 2:
-                        self._fail(f"reply line {_show(buf[pos:pos + max_line])} has no CRLF "
+                        self._fail(f"reply line {show(buf[pos:pos + max_line])} has no CRLF "
                                    f"within {max_line} bytes")
                     self._pos = pos
                     self._wait_for(end - pos + 1)
@@ -462,18 +489,18 @@ class ReplyParser(_Buffered):
                 try:
                     if parts[0] == b"result" and len(parts) == 4:
                         self._head = (
-                            False, _parse_int(parts[1], "code", 0, 999),
-                            _parse_int(parts[2], "body length", 0, self.max_body),
-                            _parse_int(parts[3], "opaque", _INT32_MIN, _INT32_MAX))
+                            False, parse_int(parts[1], "code", 0, 999),
+                            parse_int(parts[2], "body length", 0, self.max_body),
+                            parse_int(parts[3], "opaque", INT32_MIN, INT32_MAX))
                     elif parts[0] == b"value" and len(parts) == 3:
                         self._head = (
-                            True, 200, _parse_int(parts[1], "value length", 0, self.max_body),
-                            _parse_int(parts[2], "opaque", _INT32_MIN, _INT32_MAX))
+                            True, 200, parse_int(parts[1], "value length", 0, self.max_body),
+                            parse_int(parts[2], "opaque", INT32_MIN, INT32_MAX))
                     else:
                         raise ProtocolError("expected 'result <code> <length> <opaque>' or "
                                             "'value <length> <opaque>'")
                 except ProtocolError as e:
-                    self._fail(f"bad reply line {_show(line)}: {e}")
+                    self._fail(f"bad reply line {show(line)}: {e}")
         finally:
             if self._need == 0:
                 self._pos = pos

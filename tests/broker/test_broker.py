@@ -199,6 +199,62 @@ def test_one_pipelined_batch_over_many_partitions(broker, client):
     assert broker.offsets("wide", 3) == (0, 0)
 
 
+def test_puts_of_both_parser_paths_are_one_step(broker, client):
+    """Puts the parser's put loop takes (tuples) and puts it leaves to the general
+    parser (PutRequests: a partition written with a leading zero, a transaction key,
+    a partition below -1...) mixed in one pipelined batch: each answered by the same
+    rules, partition -1 picked in request order, stored back to back per partition."""
+    broker.add_topic("mix", 3)
+    broker.set_partition_closed("mix", 2)
+    rng = random.Random(11)
+    reqs, want = [], []
+    turn = 0  # partition -1's round robin over the open partitions 0 and 1
+    for i in range(300):
+        part = rng.choice([0, 0, 1, 1, 2, -1, -1, 5, -2])
+        form = rng.choice(["loop", "loop", "general", "tx"])
+        good = rng.random() > 0.1
+        payload = b"%04d" % i
+        line = encode_put("mix", part, payload, 0, checksum(payload) ^ (0 if good else 1), i,
+                          tx_key="k" if form == "tx" else None)
+        if form == "general":
+            line = line.replace(b"mix %d " % part, b"mix %s0%d " % (
+                b"-" if part < 0 else b"", abs(part)), 1)
+        reqs.append(line)
+        if part == -2:
+            want.append((400, b"bad partition -2"))
+            continue
+        if part == 5:
+            want.append((404, b"topic mix partition 5 not found"))
+            continue
+        if part == -1:
+            part, turn = turn, 1 - turn
+        if not good:
+            want.append((400, b"checksum mismatch"))
+        elif part == 2:
+            want.append((403, b"partition mix-2 is closed"))
+        elif form == "tx":
+            want.append((400, b"transactions are not supported"))
+        else:
+            want.append((200, part))
+    client.send(b"".join(reqs))
+    got = client.replies(300)
+    assert [r.opaque for r in got] == list(range(300))
+    placed: dict[int, list[int]] = {0: [], 1: []}
+    for (code, what), r in zip(want, got, strict=True):
+        if code != 200:
+            assert (r.code, r.body) == (code, what), r
+            continue
+        assert r.code == 200, r
+        _m, p, off = parse_put_result(r.body)
+        assert p == what
+        assert off == 24 * len(placed[p])
+        placed[p].append(r.opaque)
+    for p, opaques in placed.items():
+        v = client.call(encode_get("mix", "g", p, 0, 1 << 20, 9999))
+        assert [m.payload for m in iter_messages(v.body, 0)] == [b"%04d" % o for o in opaques]
+    assert broker.offsets("mix", 2) == (0, 0)
+
+
 def test_get_result_rules(tmp_path):
     cfg = make_config(tmp_path, max_segment_size=4096)
     with Broker(cfg) as broker:

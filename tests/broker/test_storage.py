@@ -236,6 +236,27 @@ def test_recovery_does_not_take_a_zeroed_tail_for_messages(tmp_path):
         assert [m.msg_id for m in _valid_messages(plog)] == list(range(10))
 
 
+@pytest.mark.parametrize("zero_bodies", [3, 40])  # the hole search, and its header walk
+def test_recovery_finds_a_hole_among_messages_full_of_zero_bytes(tmp_path, zero_bodies):
+    """Zero-filled bodies hold runs of zero bytes that are not headers: only an all-zero
+    header where a message starts is a hole (the messages after it are kept)."""
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(zero_bodies):
+            plog.append(encode_message(i + 1, 0, bytes(50)), 1)
+        hole = plog.end
+        path = plog.dir / seg_files(plog)[-1]
+    after = b"".join(rec(100 + i) for i in range(10))
+    with open(path, "ab") as f:
+        f.write(bytes(40) + after)
+    with Storage(tmp_path) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert [(a, b) for a, b, _ in plog.damaged] == [(hole, hole + 40)]
+        assert plog.end == hole + 40 + len(after)
+        assert [m.msg_id for m in _valid_messages(plog)] == (
+            [i + 1 for i in range(zero_bodies)] + [100 + i for i in range(10)])
+
+
 def test_recovery_of_a_message_bigger_than_the_scan_chunk(tmp_path, monkeypatch):
     import metaq.broker._segment as segmod
     monkeypatch.setattr(segmod, "_SCAN_CHUNK", 1000)

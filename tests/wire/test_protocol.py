@@ -277,16 +277,16 @@ fast_puts = st.builds(
 
 @pytest.fixture(params=["c", "python"])
 def put_loop(request, monkeypatch):
-    """The broker's fast put loop in C (metaq/protocol/_speedups.c) and in Python (regexes)."""
+    """The broker's fast put loop in C (metaq/protocol/_speedups.c) and its Python twin
+    (``py_fast_puts``), as ``_fast`` binds one of them for the parser."""
     from metaq.protocol import _fast as _native
-    from metaq.protocol import _parsers as _protocol
 
     if request.param == "c":
         if _native.speedups is None:  # tests/test_speedups.py fails if a compiler was there
             pytest.skip("the C speedups are not built")
-        monkeypatch.setattr(_protocol, "_NATIVE", _native.speedups)
+        monkeypatch.setattr(_native, "fast_puts", _native.speedups.fast_puts)
     else:
-        monkeypatch.setattr(_protocol, "_NATIVE", None)
+        monkeypatch.setattr(_native, "fast_puts", _native.py_fast_puts)
     return request.param
 
 
@@ -321,6 +321,16 @@ def test_fast_put_path_exact_bytes():
     parser = RequestParser(fast_puts=FAST)
     with pytest.raises(metaq.ProtocolError, match="opaque 2147483648 is out of range"):
         parser.feed(b"put t 0 1 0 0 2147483648\r\nz")
+
+
+def test_fast_puts_from_a_mapping_that_is_not_a_dict():
+    """The C loop reads dicts only: another mapping gets the Python twin, same requests."""
+    from types import MappingProxyType
+
+    data = b"put t 12 3 1 99 -7\r\nabcput t 0 0 0 0 5\r\nput t 9 1 0 0 6\r\nxversion 3\r\n"
+    want = RequestParser(fast_puts=FAST).feed(data)
+    assert want[:2] == [("T12", 3, 1, 99, b"-7", b"abc"), ("T0", 0, 0, 0, b"5", b"")]
+    assert RequestParser(fast_puts=MappingProxyType(FAST)).feed(data) == want
 
 
 # Put lines built token by token, with the edge cases of the fast path's grammar
@@ -358,14 +368,13 @@ def _edge_put(item) -> bytes:
        st.integers(0, 100))
 def test_the_c_put_loop_parses_exactly_as_the_python_loop(items, cuts, max_payload):
     from metaq.protocol import _fast as _native
-    from metaq.protocol import _parsers as _protocol
 
     if _native.speedups is None:
         pytest.skip("the C speedups are not built")
     data = b"".join(map(_edge_put, items))
     got = {}
-    for name, native in (("c", _native.speedups), ("python", None)):
-        saved, _protocol._NATIVE = _protocol._NATIVE, native
+    for name, loop in (("c", _native.speedups.fast_puts), ("python", _native.py_fast_puts)):
+        saved, _native.fast_puts = _native.fast_puts, loop
         try:
             parser = RequestParser(fast_puts=dict(_EDGE_FAST), max_payload=max_payload)
             out = []
@@ -378,5 +387,5 @@ def test_the_c_put_loop_parses_exactly_as_the_python_loop(items, cuts, max_paylo
             got[name] = [(type(r.error), str(r.error), r.opaque, r.fatal)
                          if isinstance(r, BadRequest) else r for r in out]
         finally:
-            _protocol._NATIVE = saved
+            _native.fast_puts = saved
     assert got["c"] == got["python"]

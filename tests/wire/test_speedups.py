@@ -750,3 +750,62 @@ def test_encode_puts_hands_numbers_that_are_not_ints_to_the_twin():
         s.encode_puts(b"put t 0 ", 0, [b"a"], [1], [Index()])
     assert _fast.encode_puts(b"put t 0 ", 0, [b"a", b"b"], [1, Index()], [3, True]) == (
         b"put t 0 1 0 1 3\r\naput t 0 1 0 5 1\r\nb", [18, 18])
+
+
+# -- the broker's put loop: C against its Python twin (metaq/protocol/_fast.py) -------------
+
+_PUT_KEYS = {f"{t} {p}".encode(): f"{t[:3]}/{p}" for t in ("t", "ü", "a" * 255)
+             for p in ("0", "12", "-1", "3")}
+_PUT_KEYS.update({b"t 00": "T00", b"a" * 256 + b" 0": "A256", b"t 5": None})
+
+
+def _token(common: list[str], edges: list[str]) -> st.SearchStrategy[str]:
+    """Mostly a valid token (so that runs of puts are taken), else an edge case."""
+    return st.sampled_from(common * 40 + edges)
+
+
+_put_fields = st.tuples(
+    _token(["t", "ü", "a" * 255], ["x", "a" * 256, "t\t", "", "t\r"]),
+    _token(["0", "12", "-1", "3"], ["00", "5", "-0", "012", "99999999999", "1x"]),
+    _token(["len"], ["0len", "-1", "99999999999", "+1"]),
+    _token(["0", "1", "-1"], ["00", "-0", "2147483647", "2147483648", "-2147483648",
+                              "-2147483649", "9999999999", "99999999999"]),
+    _token(["0", "5", "2147483647"], ["2147483648", "-1", "9999999999", "00"]),
+    _token(["1", "-7", "2147483647"], ["2147483648", "-2147483648", "-2147483649",
+                                       "0000000001", "-000000001", "12345678901", "", "-"]),
+    _token([" "], ["  ", "\t"]),
+    _token(["\r\n"], ["\n", " \r\n", "\r"]),
+    st.binary(max_size=12))
+
+
+def _put_bytes(fields: tuple) -> bytes:
+    topic, part, length, flag, check, opaque, sep, eol, payload = fields
+    length = length.replace("len", str(len(payload)))
+    return (sep.join(["put", topic, part, length, flag, check, opaque]) + eol).encode() + payload
+
+
+@needs_c
+@settings(max_examples=500)
+@given(st.lists(_put_fields, max_size=10), st.binary(max_size=20), st.integers(0, 100),
+       st.integers(0, 2000), st.integers(0, 2000))
+def test_fast_puts_equals_its_python_twin(items, junk, max_payload, start, cut):
+    data = b"".join(map(_put_bytes, items)) + junk
+    data = data[:cut % (len(data) + 1)]
+    pos = start % (len(data) + 1)
+    got_c: list = []
+    got_py: list = []
+    stop_c = s.fast_puts(data, pos, _PUT_KEYS, max_payload, got_c)
+    stop_py = _fast.py_fast_puts(data, pos, _PUT_KEYS, max_payload, got_py)
+    assert (stop_c, got_c) == (stop_py, got_py)
+    assert all(type(v) is bytes for t in got_py for v in (t[4], t[5]))
+
+
+def test_fast_puts_python_contract():
+    out: list = []
+    assert _fast.py_fast_puts(b"put t 0 1 0 5 7\r\nxput t 0 1 0 5 7\r\n", 0,
+                                    {b"t 0": "T"}, 10, out) == 18
+    assert out == [("T", 1, 0, 5, b"7", b"x")]
+    with pytest.raises(ValueError, match="pos outside the data"):
+        _fast.py_fast_puts(b"put", 4, {}, 10, [])
+    # the binding: C when built, else the twin
+    assert _fast.fast_puts is (_fast.py_fast_puts if s is None else s.fast_puts)

@@ -1,0 +1,280 @@
+"""Storing puts: one step from a read's parsed puts to appended messages and
+their replies, in request order.
+
+The request parser hands the broker puts in two forms: the tuples of its put
+loop, ``(target, length, flag, checksum, opaque_token, payload)`` (valid puts to
+served partitions, the broker's hot path; targets are described in ``_topics``),
+and :class:`~metaq.protocol.PutRequest` for any other put.  A run of puts, of
+either form or both, goes through the same steps:
+
+1. gives each put its target: a tuple's is in it; a PutRequest's is looked up
+   (400 for a partition below -1, 404 for one not served, the topic created when
+   ``auto_create_topics`` says so); a put to partition -1 gets the next partition
+   of its topic's round robin, in request order; a PutRequest the broker refuses
+   whatever its payload (over ``max_message_size``, a transaction key) gets a
+   target that says why (a third field);
+2. groups the puts by target: one group when all go to one partition, one per
+   run when they come in runs (batches), else one per partition;
+3. stores each group (:func:`put_group`): every checksum checked (400), then the
+   partition's state (403 when closed) and the target's refusal (400), the
+   messages packed and appended with one write, the replies formatted together
+   (:func:`~metaq.broker._replies.put_results`).
+
+:func:`store` is steps 2 and 3 (a run of tuples only, the usual read, goes straight
+to it); :func:`store_requests` is step 1 before it, for a run holding PutRequests.
+A run of puts costs whole-list operations per group, not Python work per put,
+wherever it can (:func:`put_group`'s columnar path).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from metaq._errors import StorageError
+from metaq.broker._replies import checksum_mismatch, put_results, result
+from metaq.protocol import CHECKSUM_MASK, HEADER, HEADER_SIZE, crc32
+
+if TYPE_CHECKING:
+    from metaq.broker._storage import PartitionLog
+    from metaq.broker._topics import Topics
+
+__all__ = ["store", "store_requests", "put_group", "runs", "target_of", "opaque_of"]
+
+log = logging.getLogger(__name__)
+
+#: A put tuple's target and opaque token (see the module docstring).
+target_of = operator.itemgetter(0)
+opaque_of = operator.itemgetter(4)
+#: ``put_group(target, puts, msg_ids) -> (replies, how many failed, whether it wrote)``
+PutGroup = Callable[[tuple, list, list[int]], tuple[list[bytes], int, bool]]
+
+_pack = HEADER.pack
+_PLUS_HEADER = HEADER_SIZE.__add__  # a message's bytes in the log: header + payload
+#: Smallest group worth the columnar path (each whole-list step costs about a microsecond).
+_COLUMNAR_MIN = 8
+
+
+def store(puts: list, targets: list[tuple], ids: list[int], put_group: PutGroup,
+          topics: Topics) -> tuple[list[bytes], int, list[PartitionLog]]:
+    """The put step for put tuples (``targets``: theirs), msgIds ``ids``: ``(replies in
+    request order, how many failed, the logs written)`` (steps 2 and 3 above)."""
+    n = len(puts)
+    first = targets[0]
+    bad = 0
+    written: list[PartitionLog] = []
+    if first[0] is not None and targets.count(first) == n:
+        replies, bad, wrote = put_group(first, puts, ids)
+        if wrote:
+            written.append(first[0])
+    elif (found := runs(targets)) is not None:  # a few runs (batches): one group each
+        replies = []
+        start = 0
+        for target, count in found:
+            stop = start + count
+            group, group_bad, wrote = put_group(target, puts[start:stop], ids[start:stop])
+            replies += group
+            bad += group_bad
+            if wrote and target[0] not in written:
+                written.append(target[0])
+            start = stop
+    else:
+        replies = [None] * n
+        buckets: dict[tuple, list[int]] = {}
+        for k, t in enumerate(targets):
+            if t[0] is None:  # partition -1: the broker picks
+                t = topics.pick(t[1])
+                if t is None:
+                    replies[k] = result(404, f"topic {puts[k][0][1]} not found",
+                                        int(puts[k][4]))
+                    bad += 1
+                    continue
+            b = buckets.get(t)
+            if b is None:
+                buckets[t] = [k]
+            else:
+                b.append(k)
+        for target, idxs in buckets.items():
+            group, group_bad, wrote = put_group(
+                target, [puts[k] for k in idxs], [ids[k] for k in idxs])
+            for k, reply in zip(idxs, group, strict=True):
+                replies[k] = reply
+            bad += group_bad
+            if wrote:
+                written.append(target[0])
+    return replies, bad, written
+
+
+def store_requests(puts: list, ids: list[int], put_group: PutGroup, topics: Topics,
+                   max_size: int) -> tuple[list[bytes], int, list[PartitionLog]]:
+    """:func:`store` for a run of puts holding PutRequests: each given its target
+    first (step 1 above), in request order."""
+    replies: list = [None] * len(puts)
+    todo, targets, where = _targets(puts, topics, max_size, replies)
+    failed = len(puts) - len(where)
+    if not todo:
+        return replies, failed, []
+    got, bad, written = store(todo, targets, [ids[k] for k in where], put_group, topics)
+    for k, reply in zip(where, got, strict=True):
+        replies[k] = reply
+    return replies, failed + bad, written
+
+
+def _targets(puts: list, topics: Topics, max_size: int,
+             replies: list) -> tuple[list[tuple], list[tuple], list[int]]:
+    """Step 1, for a run that holds PutRequests: every put as a tuple with its target
+    resolved (partition -1 included), in request order; the replies of those that
+    have none are set in ``replies``.  Returns ``(tuples, targets, their indexes)``."""
+    todo: list[tuple] = []
+    targets: list[tuple] = []
+    where: list[int] = []
+    for k, put in enumerate(puts):
+        if type(put) is tuple:
+            target = put[0]
+            if target[0] is None:  # partition -1
+                target = topics.pick(target[1])
+                if target is None:
+                    replies[k] = result(404, f"topic {put[0][1]} not found", int(put[4]))
+                    continue
+        else:
+            topic, partition, length, flag, check, tx_key, opaque, payload = put
+            if partition >= 0:
+                target = topics.target(topic, partition)
+                if target is None:
+                    replies[k] = result(404, f"topic {topic} partition {partition} not found",
+                                        opaque)
+                    continue
+            elif partition == -1:
+                target = topics.pick(topic)
+                if target is None:
+                    replies[k] = result(404, f"topic {topic} not found", opaque)
+                    continue
+            else:
+                replies[k] = result(400, f"bad partition {partition}", opaque)
+                continue
+            if length > max_size:
+                target = (*target, f"message of {length} bytes is over the limit {max_size}")
+            elif tx_key is not None:
+                target = (*target, "transactions are not supported")
+            put = (target, length, flag, check, b"%d" % opaque, payload)
+        todo.append(put)
+        targets.append(target)
+        where.append(k)
+    return todo, targets, where
+
+
+def runs(targets: list[tuple]) -> list[tuple[tuple, int]] | None:
+    """``[(target, count), ...]`` of the runs of equal targets, when there are few
+    (at most one per 64 puts) and none is "partition -1"; else None."""
+    found = [(t, len(list(g))) for t, g in itertools.groupby(targets)]
+    if len(found) * 64 > len(targets) or any(t[0] is None for t, _ in found):
+        return None
+    return found
+
+
+def put_group(target: tuple, puts: list, ids: list[int]) -> tuple[list[bytes], int, bool]:
+    """Store ``puts`` (tuples, all to ``target``) with msgIds ``ids``: ``(replies in
+    order, how many failed, whether anything was written)``.
+
+    Every put's checksum is checked first (400), then the partition (403 when
+    closed) and the target's refusal (400); the rest is appended with one write.
+    A group of at least ``_COLUMNAR_MIN`` puts is transposed into columns: every
+    CRC32 verified in one pass (:func:`_put_group_checked`, one put at a time, when
+    any is wrong), the 20-byte headers packed with one ``map``, the replies built
+    together.
+    """
+    plog = target[0]
+    m = len(puts)
+    if plog.closed or len(target) > 2:
+        return _refused(target, puts), m, False
+    if m < _COLUMNAR_MIN:  # a few puts: whole-list steps would cost more than a loop
+        return _put_group_checked(plog, target[1], puts, ids)
+    _t, lengths, flags, checks, opaques, payloads = zip(*puts, strict=True)
+    if list(map(CHECKSUM_MASK.__and__, map(crc32, payloads))) != list(checks):
+        return _put_group_checked(plog, target[1], puts, ids)
+    base = plog.end
+    parts: list = [None] * (2 * m)
+    parts[0::2] = map(_pack, lengths, checks, ids, flags)
+    parts[1::2] = payloads
+    offsets = list(itertools.accumulate(map(_PLUS_HEADER, lengths), initial=base))
+    offsets.pop()
+    try:
+        start = plog.append(b"".join(parts), m)
+        if start != base:  # cannot happen: offsets are only assigned here
+            raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
+    except StorageError as e:
+        log.error("put failed: %s", e)
+        return [result(500, f"write failed: {e}", int(o)) for o in opaques], m, False
+    return put_results(target[1], opaques, ids, offsets), 0, True
+
+
+def _refused(target: tuple, puts: list) -> list[bytes]:
+    """The replies of a group that stores nothing: a closed partition's (403), or a
+    refused put's (400, ``target[2]``), unless the checksum is wrong already (400)."""
+    plog = target[0]
+    if plog.closed:
+        code, why = 403, f"partition {plog.topic}-{plog.partition} is closed"
+    else:
+        code, why = 400, target[2]
+    return [checksum_mismatch(opaque) if crc32(payload) & CHECKSUM_MASK != check else
+            result(code, why, int(opaque))
+            for _t, _l, _f, check, opaque, payload in puts]
+
+
+def _put_group_checked(plog: PartitionLog, partition: bytes, puts: list,
+                       ids: list[int]) -> tuple[list[bytes], int, bool]:
+    """:func:`put_group` one put at a time: for a small group, or one with bad checksums."""
+    parts: list = []
+    add = parts.append
+    offsets: list[int] = []
+    offset = offsets.append
+    opaques: list[bytes] = []
+    opaque_add = opaques.append
+    bad: list[int] | None = None  # the puts whose checksum is wrong
+    base = plog.end
+    size = 0
+    for k, (_t, length, flag, check, opaque, payload) in enumerate(puts):
+        if crc32(payload) & CHECKSUM_MASK != check:
+            if bad is None:
+                bad = [k]
+            else:
+                bad.append(k)
+            continue
+        add(_pack(length, check, ids[k], flag))
+        add(payload)
+        offset(base + size)
+        opaque_add(opaque)
+        size += HEADER_SIZE + length
+    if bad is None:
+        try:
+            start = plog.append(b"".join(parts), len(puts))
+            if start != base:  # cannot happen: offsets are only assigned here
+                raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
+        except StorageError as e:
+            log.error("put failed: %s", e)
+            return [result(500, f"write failed: {e}", int(o)) for o in opaques], len(puts), False
+        return put_results(partition, opaques, ids, offsets), 0, True
+    replies: list = [None] * len(puts)
+    for k in bad:
+        replies[k] = checksum_mismatch(puts[k][4])
+    if not parts:
+        return replies, len(bad), False
+    skip = set(bad)
+    good = [k for k in range(len(puts)) if k not in skip]
+    try:
+        start = plog.append(b"".join(parts), len(good))
+        if start != base:  # cannot happen: offsets are only assigned here
+            raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
+    except StorageError as e:
+        log.error("put failed: %s", e)
+        oks = [result(500, f"write failed: {e}", int(o)) for o in opaques]
+        wrote = False
+    else:
+        oks = put_results(partition, opaques, [ids[k] for k in good], offsets)
+        wrote = True
+    for k, reply in zip(good, oks, strict=True):
+        replies[k] = reply
+    return replies, len(bad) if wrote else len(puts), wrote
