@@ -249,13 +249,9 @@ def _put_group_checked(plog: PartitionLog, partition: bytes, puts: list,
         opaque_add(opaque)
         size += HEADER_SIZE + length
     if bad is None:
-        try:
-            start = plog.append(b"".join(parts), len(puts))
-            if start != base:  # cannot happen: offsets are only assigned here
-                raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
-        except StorageError as e:
-            log.error("put failed: %s", e)
-            return [result(500, f"write failed: {e}", int(o)) for o in opaques], len(puts), False
+        failed = _append(plog, parts, len(puts), base)
+        if failed is not None:
+            return [result(500, failed, int(o)) for o in opaques], len(puts), False
         return put_results(partition, opaques, ids, offsets), 0, True
     replies: list = [None] * len(puts)
     for k in bad:
@@ -264,17 +260,24 @@ def _put_group_checked(plog: PartitionLog, partition: bytes, puts: list,
         return replies, len(bad), False
     skip = set(bad)
     good = [k for k in range(len(puts)) if k not in skip]
+    failed = _append(plog, parts, len(good), base)
+    wrote = failed is None
+    if failed is not None:
+        oks = [result(500, failed, int(o)) for o in opaques]
+    else:
+        oks = put_results(partition, opaques, [ids[k] for k in good], offsets)
+    for k, reply in zip(good, oks, strict=True):
+        replies[k] = reply
+    return replies, len(bad) if wrote else len(puts), wrote
+
+
+def _append(plog: PartitionLog, parts: list, count: int, base: int) -> str | None:
+    """Append a group's messages with one write; the reply text when it failed."""
     try:
-        start = plog.append(b"".join(parts), len(good))
+        start = plog.append(b"".join(parts), count)
         if start != base:  # cannot happen: offsets are only assigned here
             raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
     except StorageError as e:
         log.error("put failed: %s", e)
-        oks = [result(500, f"write failed: {e}", int(o)) for o in opaques]
-        wrote = False
-    else:
-        oks = put_results(partition, opaques, [ids[k] for k in good], offsets)
-        wrote = True
-    for k, reply in zip(good, oks, strict=True):
-        replies[k] = reply
-    return replies, len(bad) if wrote else len(puts), wrote
+        return f"write failed: {e}"
+    return None
