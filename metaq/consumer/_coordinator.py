@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
 from metaq._errors import CoordinationError, MemberFailedError, MetaqError
@@ -143,6 +143,10 @@ class Coordinator:
         self.generation = 0
         self.rebalances = 0
         self._claims: dict[tuple[str, str], _Claim] = {}
+        #: owner nodes of partitions released locally whose delete did not get through
+        #: (the connection dropped mid-release, in a session that then went on): deleted
+        #: at the next rebalance, or another member would wait for them for good
+        self._orphans: dict[tuple[str, str], Ownership] = {}
         self._cond = threading.Condition()
         self._want_rebalance = False
         self._lost = False
@@ -326,17 +330,17 @@ class Coordinator:
     def _leave(self) -> None:
         """Give up every partition and the registration, committing nothing (our
         progress may be what failed); owner nodes go in this session, fenced."""
-        dropped = self._subs.drop_all()
+        owned = [pf.ownership for pf in self._subs.drop_all()] + list(self._orphans.values())
+        self._orphans.clear()
         self._claims.clear()
         self._registered_session = None
         if not self._client.connected:
             return
-        for pf in dropped:
+        for ownership in owned:
             with self.fence.lock:
-                if pf.ownership is None or self.fence.epoch != pf.ownership.epoch:
+                if ownership is None or self.fence.epoch != ownership.epoch:
                     continue
-                pending = self._client.delete_async(pf.ownership.owner_path,
-                                                    pf.ownership.version)
+                pending = self._client.delete_async(ownership.owner_path, ownership.version)
             try:
                 pending.get(timeout=self._cfg.zk_connect_timeout)
             except (NoNodeError, KazooException):
@@ -421,6 +425,7 @@ class Coordinator:
         for pf in owned:
             self._fetcher.remove(pf, timeout=self._cfg.close_timeout)
         self._subs.drop_all()
+        self._orphans.clear()  # ephemeral: they ended with the session
         self._claims.clear()
         self._registered_session = None
         self.settled.clear()
@@ -457,8 +462,29 @@ class Coordinator:
         log.info("group %s consumer %s: registered in session 0x%x", self._group,
                  self.consumer_id, session or 0)
 
+    def _delete_orphans(self) -> None:
+        """Delete the owner nodes a failed release left behind, in the session that
+        made them (fenced by its epoch: after a session loss they are gone already)."""
+        for key, ownership in list(self._orphans.items()):
+            with self.fence.lock:
+                if self.fence.epoch != ownership.epoch:
+                    pending = None
+                else:
+                    pending = self._client.delete_async(ownership.owner_path,
+                                                        ownership.version)
+            if pending is not None:
+                try:
+                    pending.get(timeout=self._cfg.zk_connect_timeout)
+                except (NoNodeError, BadVersionError):
+                    pass  # gone, or no longer the node we made
+            del self._orphans[key]
+            log.info("group %s consumer %s gen %d: released %s/%s (its owner node, left by "
+                     "a release cut short)", self._group, self.consumer_id, self.generation,
+                     *key)
+
     def _rebalance(self) -> None:
         self._register()
+        self._delete_orphans()
         self.generation += 1
         self.rebalances += 1
         gen = self.generation
@@ -529,6 +555,10 @@ class Coordinator:
                 pending.get(timeout=self._cfg.zk_connect_timeout)
             except NoNodeError:
                 pass
+            except Exception:
+                assert ownership is not None
+                self._orphans[key] = ownership  # retried by the next rebalance
+                raise
         log.debug("group %s consumer %s gen %d: released %s/%s", self._group,
                   self.consumer_id, gen, *key)
 
@@ -639,6 +669,10 @@ class Coordinator:
                     self._release(key, self.generation)
                 except (KazooException, MetaqError) as e:
                     log.warning("releasing %s/%s at close failed: %r", *key, e)
+            try:
+                self._delete_orphans()
+            except KazooException as e:
+                log.warning("deleting owner nodes left by failed releases at close: %r", e)
             try:
                 self._client.delete(self._layout.consumer_id(self._group, self.consumer_id))
             except (NoNodeError, KazooException):

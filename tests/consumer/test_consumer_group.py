@@ -201,6 +201,38 @@ def test_broker_partitions_appearing_and_vanishing_rebalance(zk_connect, zk_clie
             sorted(zk_client.get_children(L.owners_dir("g1", TOPIC))) == ["1-0", "1-1"]
 
 
+def test_an_owner_node_left_by_a_release_cut_short_is_deleted_by_the_next_rebalance(
+        zk_connect, zk_client):
+    """The connection drops while a release deletes the owner node, and comes back in the
+    same session: the node must still go, or the member the partition moves to waits
+    for it for good (chaos seed 1919940869 found a group stalled so)."""
+    from kazoo.exceptions import ConnectionLoss
+
+    publish(zk_client, TOPIC, 0, 2)
+    publish(zk_client, TOPIC, 1, 2)
+    with make(zk_connect, "a") as c:
+        c.start()
+        wait_until(lambda: settled([c], all_parts(parts=2)), timeout=20, what="settled")
+        client = c._client
+        real, cut = client.delete_async, []
+
+        def delete_async(path, version=-1):
+            if "/owners/" in path and not cut:
+                cut.append(path)  # this one fails as if the connection dropped mid-call
+                result = client.handler.async_result()
+                result.set_exception(ConnectionLoss())
+                return result
+            return real(path, version)
+
+        client.delete_async = delete_async
+        zk_client.delete(L.topic_sub(TOPIC, 0))
+        wait_until(lambda: cut, timeout=20, what="a release cut short")
+        wait_until(lambda: sorted(zk_client.get_children(L.owners_dir("g1", TOPIC)))
+                   == ["1-0", "1-1"], timeout=20,
+                   what="the owner node the cut release left deleted")
+        wait_until(lambda: settled([c], ["1-0", "1-1"]), timeout=20, what="settled again")
+
+
 def test_session_expiry_drops_ownership_and_rejoins(zk_connect, zk_client, zk_server):
     publish(zk_client, TOPIC, 0, 4)
     client = KazooClient(hosts=zk_connect, timeout=4.0)
