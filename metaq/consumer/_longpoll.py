@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from metaq._errors import MetaqError
 from metaq.consumer._subscription import PartitionState
-from metaq.protocol import ReplyParser, Value, encode_get
+from metaq.protocol import OPAQUE_MASK, ReplyParser, Value, encode_get
 
 __all__ = ["LongPoller", "Parked"]
 
@@ -220,7 +220,7 @@ class LongPoller:
             self._woken(parked, None, True)
             return
         pf = parked.pf
-        opaque = next(self._opaque) & 0x7FFFFFFF
+        opaque = next(self._opaque) & OPAQUE_MASK
         try:
             conn.out += encode_get(pf.topic, self._group, pf.index, parked.offset,
                                    pf.max_size, opaque, self._hold_ms)
