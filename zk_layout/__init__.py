@@ -17,7 +17,9 @@ Does not import ``metaq``.
 """
 
 from zk_layout._codecs import (
+    MAX_STATIC_GRACE_MS,
     BrokerUri,
+    StaticMember,
     StoredOffset,
     TopicBroker,
     build_consumer_id,
@@ -25,12 +27,14 @@ from zk_layout._codecs import (
     decode_num_parts,
     decode_offset,
     decode_owner,
+    decode_static_member,
     decode_topic_broker,
     decode_topic_list,
     encode_broker_uri,
     encode_num_parts,
     encode_offset,
     encode_owner,
+    encode_static_member,
     encode_topic_broker,
     encode_topic_list,
     local_ip,
@@ -72,6 +76,7 @@ from zk_layout._topology import (
     read_members,
     read_owners,
     read_partitions,
+    read_static_members,
     read_topology,
 )
 
@@ -81,6 +86,7 @@ __all__ = [
     "read_members",
     "read_partitions",
     "read_owners",
+    "read_static_members",
     "broker_address",
     # errors
     "NodeDataError",
@@ -106,6 +112,8 @@ __all__ = [
     "sort_partitions",
     # codecs
     "BrokerUri",
+    "MAX_STATIC_GRACE_MS",
+    "StaticMember",
     "StoredOffset",
     "TopicBroker",
     "build_consumer_id",
@@ -115,12 +123,14 @@ __all__ = [
     "decode_num_parts",
     "decode_offset",
     "decode_owner",
+    "decode_static_member",
     "decode_topic_broker",
     "decode_topic_list",
     "encode_broker_uri",
     "encode_num_parts",
     "encode_offset",
     "encode_owner",
+    "encode_static_member",
     "encode_topic_broker",
     "encode_topic_list",
     # snapshot of a live tree

@@ -7,12 +7,14 @@ from collections.abc import Callable, Iterable, Mapping
 
 from zk_layout._codecs import (
     BrokerUri,
+    StaticMember,
     StoredOffset,
     TopicBroker,
     decode_broker_uri,
     decode_num_parts,
     decode_offset,
     decode_owner,
+    decode_static_member,
     decode_topic_broker,
     decode_topic_list,
     node_text,
@@ -30,7 +32,8 @@ log = logging.getLogger(__name__)
 #: would exhaust memory (Metaq itself has no limit).
 DEFAULT_MAX_PARTS_PER_BROKER = 100_000
 
-NodeValue = BrokerUri | TopicBroker | StoredOffset | tuple[str, ...] | str | int | None
+NodeValue = (BrokerUri | TopicBroker | StoredOffset | StaticMember | tuple[str, ...] | str | int
+             | None)
 
 
 def _check_topic_broker(value: TopicBroker, child: BrokerChild, path: str, data: object) -> None:
@@ -73,6 +76,8 @@ def decode_node(ref: NodeRef, data: bytes | str | None) -> NodeValue:
         return decode_owner(data, path)
     if kind is NodeKind.OFFSET:
         return decode_offset(data, path)
+    if kind is NodeKind.STATIC_MEMBER:
+        return decode_static_member(data, path)
     return None
 
 

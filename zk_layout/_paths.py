@@ -12,6 +12,8 @@
     <root>/consumers/<group>/ids/<consumerId>            topics, comma-joined
     <root>/consumers/<group>/owners/<topic>/<b>-<p>      owner's consumer id
     <root>/consumers/<group>/offsets/<topic>/<b>-<p>     <msgId>-<offset>
+    <root>/consumers/<group>/static/<consumerId>         static member record (metaq-py
+                                                         only, persistent; Java ignores it)
 
 :class:`Layout` builds them for a configurable root (default ``/meta``);
 :meth:`Layout.classify` turns a path back into a :class:`NodeRef` saying which
@@ -79,6 +81,8 @@ class NodeKind(enum.Enum):
     OFFSETS = "offsets"
     OFFSETS_DIR = "offsets_dir"
     OFFSET = "offset"
+    STATIC_MEMBERS = "static_members"
+    STATIC_MEMBER = "static_member"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -214,6 +218,12 @@ class Layout:
     def offset(self, group: str, topic: str, partition: Partition | str) -> str:
         return self.offsets_dir(group, topic) + "/" + str(as_partition(partition))
 
+    def static_members(self, group: str) -> str:
+        return self.group(group) + "/static"
+
+    def static_member(self, group: str, consumer_id: str) -> str:
+        return self.static_members(group) + "/" + check_consumer_id(consumer_id)
+
     # -- parsing ---------------------------------------------------------------------------
     def relative(self, path: str) -> list[str] | None:
         """The segments of ``path`` below the root, or ``None`` when outside it."""
@@ -273,6 +283,13 @@ def _classify(path: str, seg: list[str]) -> NodeRef | None:
             return NodeRef(kind=NodeKind.CONSUMER_IDS, path=path, group=group)
         if n == 4:
             return NodeRef(kind=NodeKind.CONSUMER_ID, path=path, group=group,
+                           consumer_id=check_consumer_id(seg[3]))
+        return None
+    if sub == "static":
+        if n == 3:
+            return NodeRef(kind=NodeKind.STATIC_MEMBERS, path=path, group=group)
+        if n == 4:
+            return NodeRef(kind=NodeKind.STATIC_MEMBER, path=path, group=group,
                            consumer_id=check_consumer_id(seg[3]))
         return None
     kinds = {"owners": (NodeKind.OWNERS, NodeKind.OWNERS_DIR, NodeKind.OWNER),

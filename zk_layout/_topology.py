@@ -20,14 +20,20 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from zk_layout._codecs import decode_broker_uri, decode_owner, decode_topic_list
+from zk_layout._codecs import (
+    StaticMember,
+    decode_broker_uri,
+    decode_owner,
+    decode_static_member,
+    decode_topic_list,
+)
 from zk_layout._errors import NodeDataError
 from zk_layout._names import parse_broker_child, sort_consumer_ids
 from zk_layout._nodes import partitions_for_topic
 from zk_layout._paths import Layout
 
 __all__ = ["Topology", "read_topology", "read_members", "read_partitions", "read_owners",
-           "broker_address"]
+           "read_static_members", "broker_address"]
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +57,21 @@ def _children(client: KazooClient, path: str, watch: Watch | None) -> list[str]:
         return []
 
 
-def _data(client: KazooClient, path: str) -> bytes | None:
+def _data(client: KazooClient, path: str, watch: Watch | None = None) -> bytes | None:
+    """A node's data, or None when absent; with ``watch``, armed either way (on the
+    node's change or deletion, or on its creation)."""
     try:
-        return client.get(path)[0]
+        return client.get(path, watch=watch)[0]
     except NoNodeError:
+        if watch is not None and client.exists(path, watch=watch) is not None:
+            return _data(client, path, watch)  # created meanwhile
         return None
 
 
-def _data_many(client: KazooClient, paths: list[str]) -> list[bytes | None]:
+def _data_many(client: KazooClient, paths: list[str],
+               watch: Watch | None = None) -> list[bytes | None]:
     """Read many nodes pipelined on the one connection (not one round trip each)."""
-    pending = [client.get_async(p) for p in paths]
+    pending = [client.get_async(p, watch=watch) for p in paths]
     out: list[bytes | None] = []
     for r in pending:
         try:
@@ -94,30 +105,33 @@ def read_members(client: KazooClient, layout: Layout, group: str,
 
 def read_partitions(client: KazooClient, layout: Layout, topic: str,
                     watch: Watch | None = None) -> list[str]:
-    """A topic's partition names in Metaq's order, from ``topics-sub``."""
+    """A topic's partition names in Metaq's order, from ``topics-sub``.  With
+    ``watch``, armed on the broker list and on each broker's partition count."""
     sub_dir = layout.topic_sub_dir(topic)
     names = _children(client, sub_dir, watch)
-    datas = _data_many(client, [f"{sub_dir}/{n}" for n in names])
+    datas = _data_many(client, [f"{sub_dir}/{n}" for n in names], watch)
     children = {n: d for n, d in zip(names, datas, strict=True) if d is not None}
     return [str(p) for p in partitions_for_topic(children, dir_path=sub_dir, on_damaged=_skip)]
 
 
-def broker_address(client: KazooClient, layout: Layout, broker_id: int) -> tuple[str, int] | None:
-    """The address to fetch from: the master, else the lowest-numbered slave."""
+def broker_address(client: KazooClient, layout: Layout, broker_id: int,
+                   watch: Watch | None = None) -> tuple[str, int] | None:
+    """The address to fetch from: the master, else the lowest-numbered slave.  With
+    ``watch``, armed on the master node and the broker's children (its slaves)."""
     master = layout.broker_master(broker_id)
-    data = _data(client, master)
+    data = _data(client, master, watch)
     if data is not None:
         try:
             return decode_broker_uri(data, master).address
         except NodeDataError as e:
             _skip(e)
     slaves = []
-    for name in _children(client, layout.broker_id(broker_id), None):
+    for name in _children(client, layout.broker_id(broker_id), watch):
         if name.startswith("slave") and name[5:].isdigit():
             slaves.append(int(name[5:]))
     for n in sorted(slaves):
         path = layout.broker_slave(broker_id, n)
-        data = _data(client, path)
+        data = _data(client, path, watch)
         if data is not None:
             try:
                 return decode_broker_uri(data, path).address
@@ -139,6 +153,29 @@ def read_owners(client: KazooClient, layout: Layout, group: str, topic: str,
             continue
         try:
             out[part] = decode_owner(data, path)
+        except NodeDataError as e:
+            _skip(e)
+    return out
+
+
+def read_static_members(client: KazooClient, layout: Layout, group: str,
+                        watch: Watch | None = None,
+                        only: Iterable[str] | None = None) -> dict[str, StaticMember]:
+    """consumer id -> :class:`StaticMember` record of the group's static members.  With
+    ``watch``, armed on the list and on each record read; ``only``: read just these
+    ids' records (a caller's cache holds the others), the list itself always."""
+    static_dir = layout.static_members(group)
+    out: dict[str, StaticMember] = {}
+    cids = _children(client, static_dir, watch)
+    if only is not None:
+        wanted = set(only)
+        cids = [c for c in cids if c in wanted]
+    for cid, data in zip(cids, _data_many(client, [layout.static_member(group, c) for c in cids],
+                                          watch), strict=True):
+        if data is None:
+            continue  # deleted while we read
+        try:
+            out[cid] = decode_static_member(data, layout.static_member(group, cid))
         except NodeDataError as e:
             _skip(e)
     return out
