@@ -32,7 +32,8 @@ builtin type.
         ├── ConsumerClosedError             the consumer was used after close()
         ├── DataLossError                   wanted messages are gone (retention, short log)
         ├── OffsetOutOfRangeError           a position outside the log (offset_reset)
-        └── MemberFailedError               a member's coordinator failed and gave up
+        ├── MemberFailedError               a member's coordinator failed and gave up
+        └── DuplicateInstanceError          another live process has this instance_id
 
 ``zk_layout`` does not import ``metaq``, so its :class:`zk_layout.NodeDataError`
 (a ``ValueError``) is registered here as a virtual subclass of
@@ -73,6 +74,7 @@ __all__ = [
     "DamagedMessageError",
     "OffsetOutOfRangeError",
     "MemberFailedError",
+    "DuplicateInstanceError",
 ]
 
 
@@ -220,6 +222,11 @@ class MemberFailedError(ConsumerError):
     """An unexpected failure in a member's coordinator: the member gave up its
     partitions and its registration (the group rebalances without it), and either
     rejoins after a backoff or, after repeated failures, closes."""
+
+
+class DuplicateInstanceError(ConsumerError):
+    """A static member's ``instance_id`` is held by another live process of the group:
+    this member stays out (it owns nothing) and closes; the other keeps its partitions."""
 
 
 CoordinationError.register(NodeDataError)

@@ -73,11 +73,16 @@ from zk_layout._snapshot import (
 from zk_layout._topology import (
     Topology,
     broker_address,
+    member_ids,
+    member_topics,
+    partition_broker_id,
     read_members,
     read_owners,
     read_partitions,
     read_static_members,
     read_topology,
+    static_member_ids,
+    static_records,
 )
 
 __all__ = [
@@ -87,6 +92,11 @@ __all__ = [
     "read_partitions",
     "read_owners",
     "read_static_members",
+    "member_ids",
+    "member_topics",
+    "static_member_ids",
+    "static_records",
+    "partition_broker_id",
     "broker_address",
     # errors
     "NodeDataError",

@@ -32,8 +32,9 @@ from zk_layout._names import parse_broker_child, sort_consumer_ids
 from zk_layout._nodes import partitions_for_topic
 from zk_layout._paths import Layout
 
-__all__ = ["Topology", "read_topology", "read_members", "read_partitions", "read_owners",
-           "read_static_members", "broker_address"]
+__all__ = ["Topology", "read_topology", "read_members", "member_ids", "member_topics",
+           "read_partitions", "read_owners", "read_static_members", "static_member_ids",
+           "static_records", "broker_address", "partition_broker_id"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,15 @@ class Topology:
     partitions: dict[str, list[str]] = field(default_factory=dict)  # topic -> sorted names
     brokers: dict[int, tuple[str, int] | None] = field(default_factory=dict)
     owners: dict[str, dict[str, str]] = field(default_factory=dict)  # topic -> part -> owner
+    #: consumer id -> subscribed topics of every live member
+    member_topics: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: consumer id -> (static member record, node version); only when asked for
+    static: dict[str, tuple[StaticMember, int]] = field(default_factory=dict)
+
+
+def partition_broker_id(partition: str) -> int:
+    """The broker id of a partition name (``"3-0"`` -> 3)."""
+    return parse_broker_child(partition.split("-", 1)[0] + "-m").broker_id
 
 
 def _children(client: KazooClient, path: str, watch: Watch | None) -> list[str]:
@@ -85,15 +95,21 @@ def _skip(e: NodeDataError) -> None:
     log.warning("skipping damaged node: %s", e)
 
 
-def read_members(client: KazooClient, layout: Layout, group: str,
-                 watch: Watch | None = None) -> dict[str, tuple[str, ...]]:
-    """consumer id -> subscribed topics, for every live member of ``group``."""
-    ids_dir = layout.consumer_ids(group)
+def member_ids(client: KazooClient, layout: Layout, group: str,
+               watch: Watch | None = None) -> list[str]:
+    """The ids of the group's live members (the children of ``consumers/<group>/ids``)."""
+    return _children(client, layout.consumer_ids(group), watch)
+
+
+def member_topics(client: KazooClient, layout: Layout, group: str, cids: Iterable[str],
+                  watch: Watch | None = None) -> dict[str, tuple[str, ...]]:
+    """consumer id -> subscribed topics for these ids, read pipelined; with ``watch``,
+    armed on each node (its change or deletion).  Ids gone meanwhile and damaged
+    nodes (logged) are left out."""
+    cids = list(cids)
+    paths = [layout.consumer_id(group, c) for c in cids]
     out: dict[str, tuple[str, ...]] = {}
-    cids = _children(client, ids_dir, watch)
-    for cid, data in zip(cids, _data_many(client, [f"{ids_dir}/{c}" for c in cids]),
-                         strict=True):
-        path = f"{ids_dir}/{cid}"
+    for cid, path, data in zip(cids, paths, _data_many(client, paths, watch), strict=True):
         if data is None:
             continue  # left while we read
         try:
@@ -101,6 +117,12 @@ def read_members(client: KazooClient, layout: Layout, group: str,
         except NodeDataError as e:
             _skip(e)
     return out
+
+
+def read_members(client: KazooClient, layout: Layout, group: str,
+                 watch: Watch | None = None) -> dict[str, tuple[str, ...]]:
+    """consumer id -> subscribed topics, for every live member of ``group``."""
+    return member_topics(client, layout, group, member_ids(client, layout, group, watch))
 
 
 def read_partitions(client: KazooClient, layout: Layout, topic: str,
@@ -158,41 +180,52 @@ def read_owners(client: KazooClient, layout: Layout, group: str, topic: str,
     return out
 
 
-def read_static_members(client: KazooClient, layout: Layout, group: str,
-                        watch: Watch | None = None,
-                        only: Iterable[str] | None = None) -> dict[str, StaticMember]:
-    """consumer id -> :class:`StaticMember` record of the group's static members.  With
-    ``watch``, armed on the list and on each record read; ``only``: read just these
-    ids' records (a caller's cache holds the others), the list itself always."""
-    static_dir = layout.static_members(group)
-    out: dict[str, StaticMember] = {}
-    cids = _children(client, static_dir, watch)
-    if only is not None:
-        wanted = set(only)
-        cids = [c for c in cids if c in wanted]
-    for cid, data in zip(cids, _data_many(client, [layout.static_member(group, c) for c in cids],
-                                          watch), strict=True):
-        if data is None:
+def static_member_ids(client: KazooClient, layout: Layout, group: str,
+                      watch: Watch | None = None) -> list[str]:
+    """The consumer ids that have a static member record in the group."""
+    return _children(client, layout.static_members(group), watch)
+
+
+def static_records(client: KazooClient, layout: Layout, group: str, cids: Iterable[str],
+                   watch: Watch | None = None) -> dict[str, tuple[StaticMember, int]]:
+    """consumer id -> (record, node version) for these ids, read pipelined; with
+    ``watch``, armed on each record.  Gone and damaged (logged) ones are left out."""
+    cids = list(cids)
+    paths = [layout.static_member(group, c) for c in cids]
+    pending = [client.get_async(p, watch=watch) for p in paths]
+    out: dict[str, tuple[StaticMember, int]] = {}
+    for cid, path, r in zip(cids, paths, pending, strict=True):
+        try:
+            data, stat = r.get()
+        except NoNodeError:
             continue  # deleted while we read
         try:
-            out[cid] = decode_static_member(data, layout.static_member(group, cid))
+            out[cid] = (decode_static_member(data, path), stat.version)
         except NodeDataError as e:
             _skip(e)
     return out
+
+
+def read_static_members(client: KazooClient, layout: Layout, group: str,
+                        watch: Watch | None = None) -> dict[str, StaticMember]:
+    """consumer id -> :class:`StaticMember` record of the group's static members."""
+    cids = static_member_ids(client, layout, group, watch)
+    return {c: rec for c, (rec, _) in static_records(client, layout, group, cids,
+                                                      watch).items()}
 
 
 def read_topology(client: KazooClient, layout: Layout, group: str, topics: Iterable[str],
                   *, watch: Watch | None = None, with_owners: bool = False) -> Topology:
     topo = Topology()
     members = read_members(client, layout, group, watch)
+    topo.member_topics = members
     broker_ids: set[int] = set()
     for topic in topics:
         topo.members[topic] = sort_consumer_ids(
             cid for cid, subscribed in members.items() if topic in subscribed)
         parts = read_partitions(client, layout, topic, watch)
         topo.partitions[topic] = parts
-        broker_ids.update(parse_broker_child(p.split("-", 1)[0] + "-m").broker_id
-                          for p in parts)
+        broker_ids.update(partition_broker_id(p) for p in parts)
         if with_owners:
             # A plan that depends on the owners must be redone whenever they change,
             # or members that planned at different moments can disagree for good.

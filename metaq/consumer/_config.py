@@ -41,6 +41,16 @@ class ConsumerConfig:
     group: str
     #: The part after ``<group>_`` in the consumer id; ``None`` builds ``ip-pid-uuid``.
     consumer_id: str | None = None
+    #: Static membership: a name stable across restarts (a pod or host name).  The
+    #: consumer id becomes ``<group>_<instance_id>``; when this member goes away without
+    #: ``close(leave=True)`` (a restart, a crash, a pause past its session), its
+    #: partitions are held for it, fetched by nobody, for ``static_grace`` seconds; back
+    #: within them, it takes the same partitions again and no other member moves.  A
+    #: second live process with the same instance id is refused.  ``None``: a dynamic
+    #: member (today's Metaq behaviour).  Not with ``consumer_id`` or ``broadcast``.
+    instance_id: str | None = None
+    #: How long a static member's partitions are held for it while it is away [30 s].
+    static_grace: float = 30.0
     #: ZooKeeper root of the Metaq tree [``/meta``].
     zk_root: str = "/meta"
     #: ZooKeeper credentials, ACLs for the nodes we create, and TLS (default: open).
@@ -123,6 +133,20 @@ class ConsumerConfig:
         ):
             raise ConfigError(
                 f"consumer_id must be 1-200 of [A-Za-z0-9_.%-], got {self.consumer_id!r}")
+        if self.instance_id is not None:
+            if not isinstance(self.instance_id, str) or not _NAME.match(self.instance_id):
+                raise ConfigError(
+                    f"instance_id must be 1-200 of [A-Za-z0-9_.%-], got {self.instance_id!r}")
+            if self.consumer_id is not None:
+                raise ConfigError("give instance_id or consumer_id, not both: a static "
+                                  "member's consumer id is <group>_<instance_id>")
+            if self.broadcast:
+                raise ConfigError("instance_id (static membership) does not apply to "
+                                  "broadcast consumers: they own no partitions")
+        if isinstance(self.static_grace, bool) or not isinstance(
+                self.static_grace, (int, float)) or not 0 < self.static_grace <= 7 * 24 * 3600:
+            raise ConfigError(f"static_grace must be a number of seconds in (0, 604800], "
+                              f"got {self.static_grace!r}")
         if not isinstance(self.zk_root, str) or not self.zk_root.startswith("/") or (
             self.zk_root != "/" and self.zk_root.endswith("/")
         ):

@@ -97,7 +97,8 @@ class MessageConsumer:
         self.layout = Layout(self.config.zk_root)
         #: the group as registered in ZooKeeper (``<group>-<ip>`` in broadcast mode)
         self.zk_group = f"{group}-{_local_ip()}" if self.config.broadcast else group
-        self.consumer_id = build_consumer_id(self.zk_group, self.config.consumer_id)
+        self.consumer_id = build_consumer_id(
+            self.zk_group, self.config.instance_id or self.config.consumer_id)
         self.offset_store = self.config.offset_store
         if self.config.broadcast and self.offset_store is None:
             path = self.config.offset_file or str(
@@ -184,15 +185,20 @@ class MessageConsumer:
         self._coordinator.start()
         return self
 
-    def close(self) -> None:
-        """Stop fetching, commit, release partitions, unregister; idempotent."""
+    def close(self, *, leave: bool = False) -> None:
+        """Stop fetching, commit, release partitions, unregister; idempotent.
+
+        A static member (``instance_id``) leaves its partitions held for it for
+        ``static_grace`` seconds, to be taken again when it comes back; with
+        ``leave=True`` it leaves for good and the group rebalances at once.  For a
+        dynamic member ``leave`` changes nothing: it always leaves for good."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         timeout = self.config.close_timeout
         if self._started:
-            self._coordinator.close(timeout)
+            self._coordinator.close(timeout, leave=leave)
         self.fetcher.close(timeout)
         if self._dispatcher is not None:
             self._dispatcher.close(timeout)

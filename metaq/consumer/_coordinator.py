@@ -43,17 +43,24 @@ from __future__ import annotations
 import enum
 import logging
 import random
+import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from metaq._errors import CoordinationError, MemberFailedError, MetaqError
+from metaq._errors import (
+    CoordinationError,
+    DuplicateInstanceError,
+    MemberFailedError,
+    MetaqError,
+)
 from metaq.consumer._assignors import get_strategy
 from metaq.consumer._config import ConsumerConfig
 from metaq.consumer._lease import Lease
@@ -65,7 +72,15 @@ from metaq.consumer._offsets import (
     ZkOffsetStore,
 )
 from metaq.consumer._subscription import PartitionState, SubscriptionState
-from zk_layout import Layout, encode_topic_list, read_topology
+from metaq.consumer._view import GroupView
+from zk_layout import (
+    Layout,
+    StaticMember,
+    Topology,
+    encode_static_member,
+    encode_topic_list,
+    partition_broker_id,
+)
 
 __all__ = ["Coordinator", "Fetching", "State", "MAX_FAILURES"]
 
@@ -96,6 +111,9 @@ class Fetching(Protocol):
 
     def remove(self, pf: PartitionState, timeout: float | None = None) -> bool:
         """Stop fetching it; True once no runner holds it (its progress is final)."""
+
+    def remove_many(self, pfs: list[PartitionState], timeout: float | None = None) -> bool:
+        """Stop fetching all of them at once; True once no runner holds any."""
 
     def suspend(self) -> None:
         """Hand out no partition (the ZooKeeper connection is uncertain)."""
@@ -143,6 +161,19 @@ class Coordinator:
         self.generation = 0
         self.rebalances = 0
         self._claims: dict[tuple[str, str], _Claim] = {}
+        self._view = GroupView(client, layout, group, on_change=self.request_rebalance,
+                               with_owners=self._strategy.uses_previous)
+        #: the last plan: partition -> broker id, and the brokers' addresses (claim retries
+        #: between rebalances use them; only a watch on the group changes them)
+        self._target: dict[tuple[str, str], int] = {}
+        self._brokers: dict[int, tuple[str, int] | None] = {}
+        #: static membership (config.instance_id): our record, the away members whose
+        #: partitions we hold back, and when the first of those holds ends (monotonic)
+        self._static = config.instance_id is not None
+        self._held: dict[str, int] = {}  # consumer id -> held until (epoch ms)
+        self._next_hold_check = 0.0
+        self._conflict_since: float | None = None
+        self._leave_for_good = False
         #: owner nodes of partitions released locally whose delete did not get through
         #: (the connection dropped mid-release, in a session that then went on): deleted
         #: at the next rebalance, or another member would wait for them for good
@@ -188,10 +219,10 @@ class Coordinator:
             self._cond.notify()
 
     def _on_owner_event(self, *_: object) -> None:
-        """Watch on an owner node we wait for: try the claims now."""
+        """Watch on an owner node we wait for: try the claims now (no re-plan: the
+        plan changes only when the group does, and the group's watches say so)."""
         with self._cond:
             self._claims_due = True
-            self._want_rebalance = True
             self._cond.notify()
 
     def _on_state(self, state: str) -> None:
@@ -210,9 +241,12 @@ class Coordinator:
             setattr(self, flag, True)
             self._cond.notify()
 
-    def close(self, timeout: float) -> None:
+    def close(self, timeout: float, *, leave: bool = False) -> None:
+        """Release everything and unregister.  A static member's partitions stay held
+        for it for ``static_grace`` unless ``leave`` (then it leaves for good)."""
         with self._cond:
             self._closing = True
+            self._leave_for_good = leave or not self._static
             self._cond.notify()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -239,6 +273,9 @@ class Coordinator:
             try:
                 if self._turn():
                     return
+            except DuplicateInstanceError as e:
+                self._refuse(e)
+                return
             except Exception as e:  # noqa: BLE001 - never a live session owning partitions
                 if self._give_up(e):  # with nobody behind them
                     return
@@ -280,11 +317,14 @@ class Coordinator:
         if time.monotonic() >= self._next_heartbeat and self._client.connected:
             self._heartbeat()
         now = time.monotonic()
-        if any(c.next_try <= now for c in self._claims.values()):
-            rebalance = True
+        if now >= self._next_hold_check > 0:
+            rebalance = True  # a static member's hold ends: plan without it
         if (rebalance or now >= self._next_zk_retry > 0) and self._client.connected \
                 and now >= self._rejoin_at:
             self._guarded(self._rebalance)
+        elif any(c.next_try <= now for c in self._claims.values()) \
+                and self._client.connected and self.state is State.CLAIMING:
+            self._guarded(self._retry_claims)
         if time.monotonic() >= self._next_commit:
             self._next_commit = time.monotonic() + self._cfg.commit_period
             if self._client.connected:
@@ -309,8 +349,8 @@ class Coordinator:
             f"({error!r}); " + (f"closed after {self._failures} failures in a row"
                                 if final else "left the group, rejoining"))
         err.__cause__ = error
-        for pf in self._subs.assigned():
-            self._fetcher.remove(pf, timeout=self._cfg.close_timeout)
+        self._fetcher.remove_many(self._subs.assigned(), timeout=self._cfg.close_timeout)
+        self._view.reset()
         try:
             self._leave()
         except Exception as e:  # noqa: BLE001 - the session may be the problem too
@@ -333,7 +373,7 @@ class Coordinator:
         owned = [pf.ownership for pf in self._subs.drop_all()] + list(self._orphans.values())
         self._orphans.clear()
         self._claims.clear()
-        self._registered_session = None
+        registered, self._registered_session = self._registered_session, None
         if not self._client.connected:
             return
         for ownership in owned:
@@ -345,9 +385,18 @@ class Coordinator:
                 pending.get(timeout=self._cfg.zk_connect_timeout)
             except (NoNodeError, KazooException):
                 pass
+        if registered is not None:
+            self._delete_own_id(registered)
+
+    def _delete_own_id(self, session: int | None) -> None:
+        """Delete our id node if this session holds it (never a duplicate's, nor a
+        predecessor's still alive)."""
+        path = self._layout.consumer_id(self._group, self.consumer_id)
         try:
-            self._client.delete(self._layout.consumer_id(self._group, self.consumer_id))
-        except (NoNodeError, KazooException):
+            _, stat = self._client.get(path)
+            if session is not None and stat.ephemeralOwner == session:
+                self._client.delete(path, stat.version)
+        except (NoNodeError, BadVersionError, KazooException):
             pass
 
     def _resume_after_reconnect(self) -> None:
@@ -363,7 +412,7 @@ class Coordinator:
     def _has_work(self) -> bool:
         if self._closing or self._lost or self._suspended or self._reconnected:
             return True
-        if self._want_rebalance:
+        if self._want_rebalance or self._claims_due:
             return True
         return self._timeout() <= 0
 
@@ -384,6 +433,8 @@ class Coordinator:
         due.extend(c.next_try for c in self._claims.values())
         if self._next_zk_retry > 0:
             due.append(self._next_zk_retry)
+        if self._next_hold_check > 0:
+            due.append(self._next_hold_check)
         return max(0.0, min(due) - now)
 
     def _guarded(self, step: Callable[[], None], *, retry: bool = True) -> None:
@@ -395,6 +446,8 @@ class Coordinator:
             if retry:
                 self._zk_failures = 0
                 self._next_zk_retry = 0.0
+        except DuplicateInstanceError:
+            raise
         except (KazooException, CoordinationError, MetaqError, OSError) as e:
             if not retry:
                 log.warning("group %s consumer %s gen %d: %s failed (%r); next period retries",
@@ -422,9 +475,9 @@ class Coordinator:
         log.warning("group %s consumer %s gen %d: ZooKeeper session lost; dropping %d "
                     "partitions without committing", self._group, self.consumer_id,
                     self.generation, len(owned))
-        for pf in owned:
-            self._fetcher.remove(pf, timeout=self._cfg.close_timeout)
+        self._fetcher.remove_many(owned, timeout=self._cfg.close_timeout)
         self._subs.drop_all()
+        self._view.reset()  # the session's watches ended with it
         self._orphans.clear()  # ephemeral: they ended with the session
         self._claims.clear()
         self._registered_session = None
@@ -454,13 +507,119 @@ class Coordinator:
                 # a predecessor's session (e.g. this process restarted after kill -9) still
                 # holds our id: rebalance the moment its node goes, backoff retries meanwhile
                 self._client.exists(path, watch=self.request_rebalance)
+                self._check_duplicate(stat.ephemeralOwner)
                 raise CoordinationError(
                     f"consumer id {self.consumer_id} is registered by another session "
                     f"(0x{stat.ephemeralOwner:x}); waiting for it to expire") from None
             self._client.set(path, data)
+        self._conflict_since = None
         self._registered_session = session
-        log.info("group %s consumer %s: registered in session 0x%x", self._group,
-                 self.consumer_id, session or 0)
+        if self._static:
+            self._write_static_record(away_since_ms=None)
+        log.info("group %s consumer %s: registered in session 0x%x%s", self._group,
+                 self.consumer_id, session or 0,
+                 f" (static member {self._cfg.instance_id})" if self._static else "")
+
+    # -- static membership --------------------------------------------------------
+
+    def _static_record(self, away_since_ms: int | None) -> StaticMember:
+        assert self._cfg.instance_id is not None
+        return StaticMember(
+            instance_id=self._cfg.instance_id, consumer_id=self.consumer_id,
+            topics=tuple(self._subs.topics()),
+            grace_ms=int(self._cfg.static_grace * 1000),
+            session_timeout_ms=int(self._cfg.zk_session_timeout * 1000),
+            away_since_ms=away_since_ms, host=_HOST)
+
+    def _write_static_record(self, away_since_ms: int | None) -> None:
+        """Create or overwrite our static member record (persistent)."""
+        path = self._layout.static_member(self._group, self.consumer_id)
+        data = encode_static_member(self._static_record(away_since_ms))
+        try:
+            self._client.set(path, data)
+        except NoNodeError:
+            try:
+                self._client.create(path, data, makepath=True)
+            except NodeExistsError:
+                self._client.set(path, data)
+        self._view.forget_static(self.consumer_id)
+
+    def _check_duplicate(self, holder_session: int) -> None:
+        """Our static id is held by another session.  A predecessor of ours (this
+        instance killed and restarted) lets go within its session timeout; a node
+        held longer belongs to a live process with the same instance id: refuse."""
+        if not self._static:
+            return
+        now = time.monotonic()
+        if self._conflict_since is None:
+            self._conflict_since = now
+        record = self._view.read(self._subs.topics()).static.get(self.consumer_id)
+        their_timeout = record[0].session_timeout_ms / 1000 if record else 0.0
+        # ZooKeeper raises a session timeout below 2 ticks (4 s by default) to that
+        limit = max(their_timeout, self._cfg.zk_session_timeout, 4.0) + 2.0
+        if now - self._conflict_since > limit:
+            raise DuplicateInstanceError(
+                f"instance_id {self._cfg.instance_id!r} of group {self._group} is in use: "
+                f"consumer id {self.consumer_id} has been held by another live ZooKeeper "
+                f"session (0x{holder_session:x}) for {now - self._conflict_since:.1f}s, "
+                f"longer than its session timeout; this member stays out (it owns nothing). "
+                f"Give each process its own instance_id.")
+
+    def _refuse(self, error: DuplicateInstanceError) -> None:
+        """A duplicate static member: own nothing, touch nothing of the other's, close."""
+        log.error("group %s consumer %s: %s", self._group, self.consumer_id, error)
+        self._fetcher.remove_many(self._subs.assigned(), timeout=self._cfg.close_timeout)
+        self._subs.drop_all()
+        self._claims.clear()
+        self.failed = error
+        self.settled.clear()
+        self._set_state(State.CLOSED)
+        self._on_error(error)
+
+    def _holds(self, topo: Topology, gen: int) -> dict[str, StaticMember]:
+        """The away static members whose partitions stay held for them now.
+
+        A record whose member has no id node is away: since the time written in it,
+        or, when none is written yet (the member died), since now, which we write
+        (conditional on the version we read: the member coming back, or another
+        member writing first, wins).  Past its grace a record is deleted (also
+        conditional): every member watches the records, so all plan without it at
+        once.  Our own record, marked away while we are here, is put right."""
+        now_ms = int(time.time() * 1000)
+        held: dict[str, StaticMember] = {}
+        until_min: int | None = None
+        for cid, (rec, version) in topo.static.items():
+            path = self._layout.static_member(self._group, cid)
+            if cid in topo.member_topics:
+                if cid == self.consumer_id and rec.away_since_ms is not None:
+                    self._write_static_record(away_since_ms=None)
+                continue
+            if cid == self.consumer_id:
+                continue
+            if rec.away_since_ms is None:
+                rec = StaticMember(**{**rec.__dict__, "away_since_ms": now_ms})
+                self._client.set_async(path, encode_static_member(rec), version)
+            until = rec.held_until_ms
+            assert until is not None
+            if now_ms < until:
+                held[cid] = rec
+                until_min = until if until_min is None else min(until_min, until)
+                if self._held.get(cid) != until:
+                    log.info("group %s consumer %s gen %d: static member %s is away; its "
+                             "partitions are held for it until %s", self._group,
+                             self.consumer_id, gen, cid, _iso(until))
+            else:
+                if cid in self._held:
+                    log.info("group %s consumer %s gen %d: static member %s did not come "
+                             "back by %s; the group plans without it", self._group,
+                             self.consumer_id, gen, cid, _iso(until))
+                self._client.delete_async(path, version)
+        self._held = {cid: rec.held_until_ms or 0 for cid, rec in held.items()}
+        self._next_hold_check = 0.0 if until_min is None else \
+            time.monotonic() + max(0.0, (until_min - now_ms) / 1000) + 0.005
+        return held
+
+    # -- rebalance ----------------------------------------------------------------
 
     def _delete_orphans(self) -> None:
         """Delete the owner nodes a failed release left behind, in the session that
@@ -490,12 +649,14 @@ class Coordinator:
         gen = self.generation
         self._set_state(State.REBALANCING)
         topics = self._subs.topics()
-        topo = read_topology(self._client, self._layout, self._group, topics,
-                             watch=self.request_rebalance,
-                             with_owners=self._strategy.uses_previous)
+        topo = self._view.read(self._subs.topics())
+        held = self._holds(topo, gen) if topo.static else {}
+        if not held:
+            self._next_hold_check = 0.0
         target: dict[tuple[str, str], int] = {}  # (topic, partition) -> broker id
         for topic in topics:
             members = topo.members.get(topic, [])
+            members = members + [c for c, rec in held.items() if topic in rec.topics]
             parts = topo.partitions.get(topic, [])
             if self._broadcast:
                 share = parts  # every member consumes every partition, owning none
@@ -503,13 +664,13 @@ class Coordinator:
                 share = self._strategy(members, parts, me=self.consumer_id,
                                        previous=topo.owners.get(topic) or None)
             for p in share:
-                target[(topic, p)] = int(p.split("-", 1)[0])
+                target[(topic, p)] = partition_broker_id(p)
+        self._target, self._brokers = target, topo.brokers
         owned = self._subs.assigned_keys()
         release = [k for k in owned if k not in target]
         owning = set(owned)
         claim = [k for k in target if k not in owning]
-        for key in release:
-            self._release(key, gen)
+        self._release_many(release, gen)
         for key in list(self._claims):
             if key not in target:
                 del self._claims[key]
@@ -522,12 +683,7 @@ class Coordinator:
             addr = topo.brokers.get(pf.broker_id)
             if addr != pf.broker_address:
                 pf.broker_moved(addr)
-        if self._claims:
-            self._set_state(State.CLAIMING)
-            self.settled.clear()
-        else:
-            self._set_state(State.STABLE)
-            self.settled.set()
+        self._settle_state()
         if release or claim:
             log.info("group %s consumer %s gen %d: owns %d, released %s, claimed %s, "
                      "waiting for %s", self._group, self.consumer_id, gen, len(assigned),
@@ -535,36 +691,89 @@ class Coordinator:
                                               if self._subs.partition(*k) is not None]),
                      _names(list(self._claims)))
 
-    def _release(self, key: tuple[str, str], gen: int) -> None:
-        pf = self._subs.partition(*key)
-        assert pf is not None
-        if not self._fetcher.remove(pf, timeout=self._cfg.close_timeout):
-            raise CoordinationError(f"partition {key} still busy after close_timeout")
-        self._callback(self._on_revoked, key)
-        pf.drain()
-        self._commit_one(pf)
-        ownership = pf.ownership
-        with self.fence.lock:
-            if ownership is not None and self.fence.epoch == ownership.epoch:
-                pending = self._client.delete_async(ownership.owner_path, ownership.version)
-            else:
-                pending = None
-        self._subs.revoke(key)
-        if pending is not None:
-            try:
-                pending.get(timeout=self._cfg.zk_connect_timeout)
-            except NoNodeError:
-                pass
-            except Exception:
+    def _settle_state(self) -> None:
+        if self._claims:
+            self._set_state(State.CLAIMING)
+            self.settled.clear()
+        else:
+            self._set_state(State.STABLE)
+            self.settled.set()
+
+    def _retry_claims(self) -> None:
+        """Claims whose time came (or whose holder's node went), against the last plan:
+        no re-read of the group, which has not changed (its watches would have said)."""
+        now = time.monotonic()
+        due = [k for k, c in self._claims.items() if c.next_try <= now]
+        before = set(self._claims)
+        self._claim_many(due, self._target, self._brokers)
+        self._settle_state()
+        won = [k for k in due if k in before and k not in self._claims]
+        if won:
+            log.info("group %s consumer %s gen %d: claimed %s, waiting for %s", self._group,
+                     self.consumer_id, self.generation, _names(won),
+                     _names(list(self._claims)))
+
+    def _release_many(self, keys: list[tuple[str, str]], gen: int) -> None:
+        """Give partitions up: stop them all, then commit each one's final offset and
+        delete its owner node (one fenced transaction per partition, all pipelined)."""
+        if not keys:
+            return
+        pfs = [pf for k in keys if (pf := self._subs.partition(*k)) is not None]
+        if not self._fetcher.remove_many(pfs, timeout=self._cfg.close_timeout):
+            busy = [pf.key for pf in pfs if pf.busy]
+            raise CoordinationError(f"partitions {_names(busy)} still busy after close_timeout")
+        for pf in pfs:
+            self._callback(self._on_revoked, pf.key)
+            pf.drain()
+        finals: dict[tuple[str, str], tuple[int, int] | None] = {}
+        for pf in pfs:
+            now = pf.commit_position()
+            finals[pf.key] = now if now != pf.committed and now[1] >= 0 else None
+        owned = {pf.key: pf.ownership for pf in pfs}
+        outcome: dict[tuple[str, str], BaseException | None] = {}
+        if isinstance(self.store, ZkOffsetStore):
+            items = [(k[0], k[1], finals[k], o) for k, o in owned.items() if o is not None]
+            outcome = self.store.commit_and_release(items) if items else {}
+        else:
+            for pf in pfs:
+                self._commit_one(pf)
+            pending = {}
+            with self.fence.lock:
+                for k, o in owned.items():
+                    if o is not None and self.fence.epoch == o.epoch:
+                        pending[k] = self._client.delete_async(o.owner_path, o.version)
+            for k, r in pending.items():
+                try:
+                    r.get(timeout=self._cfg.zk_connect_timeout)
+                    outcome[k] = None
+                except (NoNodeError, BadVersionError):
+                    outcome[k] = None
+                except Exception as e:  # noqa: BLE001 - unknown outcome: kept as an orphan
+                    outcome[k] = e
+        failed: BaseException | None = None
+        for pf in pfs:
+            self._subs.revoke(pf.key)
+            err = outcome.get(pf.key)
+            if isinstance(err, StaleOwnershipError):
+                log.warning("group %s consumer %s gen %d: %s", self._group, self.consumer_id,
+                            gen, err)
+            elif err is not None:
+                ownership = owned[pf.key]
                 assert ownership is not None
-                self._orphans[key] = ownership  # retried by the next rebalance
-                raise
-        log.debug("group %s consumer %s gen %d: released %s/%s", self._group,
-                  self.consumer_id, gen, *key)
+                self._orphans[pf.key] = ownership  # retried by the next rebalance
+                failed = err
+            elif finals[pf.key] is not None:
+                pf.mark_committed(finals[pf.key])
+        log.debug("group %s consumer %s gen %d: released %s", self._group, self.consumer_id,
+                  gen, _names(keys))
+        if failed is not None:
+            raise failed
 
     def _claim_many(self, keys: list[tuple[str, str]], target: dict[tuple[str, str], int],
                     brokers: dict[int, tuple[str, int] | None]) -> None:
-        """Claim partitions with ephemeral owner nodes, pipelined on the one connection."""
+        """Claim partitions with ephemeral owner nodes, pipelined on the one connection.
+        One still held arms a watch on its owner node: the claim is retried the moment
+        that node goes (backoff retries only as a safety net)."""
         if not keys:
             return
         if self._broadcast:
@@ -574,26 +783,33 @@ class Coordinator:
         session = self._client.client_id[0]
         data = self.consumer_id.encode("utf-8")
         paths = {k: self._layout.owner(self._group, *k) for k in keys}
-        creates = {k: self._client.create_async(paths[k], data, ephemeral=True, makepath=True)
-                   for k in keys}
         won: dict[tuple[str, str], int] = {}
-        held: dict[tuple[str, str], object] = {}
-        for k, pending in creates.items():
-            try:
-                pending.get()
-                won[k] = 0
-            except NodeExistsError:
-                held[k] = self._client.get_async(paths[k], watch=self._on_owner_event)
-        for k, pending in held.items():
-            try:
-                holder, stat = pending.get()
-            except NoNodeError:
-                self._retry_claim(k, None)  # released meanwhile: try again at once-ish
-                continue
-            if holder == data and stat.ephemeralOwner == session:
-                won[k] = stat.version  # ours already (a rebalance retried after a failure)
-            else:
-                self._retry_claim(k, holder.decode("utf-8", "replace"))
+        todo = list(keys)
+        for _ in range(3):  # a node released between our create and our get: at once again
+            creates = {k: self._client.create_async(paths[k], data, ephemeral=True,
+                                                    makepath=True) for k in todo}
+            held: dict[tuple[str, str], object] = {}
+            for k, pending in creates.items():
+                try:
+                    pending.get()
+                    won[k] = 0
+                except NodeExistsError:
+                    held[k] = self._client.get_async(paths[k], watch=self._on_owner_event)
+            todo = []
+            for k, pending in held.items():
+                try:
+                    holder, stat = pending.get()
+                except NoNodeError:
+                    todo.append(k)  # released meanwhile: create again now
+                    continue
+                if holder == data and stat.ephemeralOwner == session:
+                    won[k] = stat.version  # ours already (a rebalance retried after a failure)
+                else:
+                    self._retry_claim(k, holder.decode("utf-8", "replace"))
+            if not todo:
+                break
+        for k in todo:
+            self._retry_claim(k, None)
         self._start_fetching([k for k in keys if k in won], target, brokers,
                              {k: Ownership(owner_path=paths[k], version=v, epoch=epoch)
                               for k, v in won.items()})
@@ -660,26 +876,43 @@ class Coordinator:
     # -- shutdown ---------------------------------------------------------------
 
     def _shutdown(self) -> None:
-        """Metaq's order: stop fetchers, commit, delete owner nodes, delete the id node."""
-        for pf in self._subs.assigned():
-            self._fetcher.remove(pf, timeout=self._cfg.close_timeout)
-        if self._client.connected:
-            for key in self._subs.assigned_keys():
+        """Metaq's order: stop fetchers, commit, delete owner nodes, delete the id node.
+
+        A static member leaving for a while writes its away time first, so the others
+        hold its partitions from the moment they see it go; leaving for good, it
+        deletes its record, and the others rebalance at once."""
+        registered = self._registered_session
+        self._fetcher.remove_many(self._subs.assigned(), timeout=self._cfg.close_timeout)
+        if self._client.connected and registered is not None:
+            if self._static:
                 try:
-                    self._release(key, self.generation)
-                except (KazooException, MetaqError) as e:
-                    log.warning("releasing %s/%s at close failed: %r", *key, e)
+                    if self._leave_for_good:
+                        self._client.delete(self._layout.static_member(self._group,
+                                                                       self.consumer_id))
+                    else:
+                        self._write_static_record(away_since_ms=int(time.time() * 1000))
+                except (NoNodeError, KazooException) as e:
+                    log.warning("updating the static member record at close: %r", e)
+            try:
+                self._release_many(self._subs.assigned_keys(), self.generation)
+            except (KazooException, MetaqError) as e:
+                log.warning("releasing partitions at close failed: %r", e)
             try:
                 self._delete_orphans()
             except KazooException as e:
                 log.warning("deleting owner nodes left by failed releases at close: %r", e)
-            try:
-                self._client.delete(self._layout.consumer_id(self._group, self.consumer_id))
-            except (NoNodeError, KazooException):
-                pass
+            self._delete_own_id(registered)
         self._subs.drop_all()
         self._set_state(State.CLOSED)
         self.settled.clear()
+
+
+_HOST = socket.gethostname()
+
+
+def _iso(epoch_ms: int) -> str:
+    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(
+        timespec="milliseconds")
 
 
 def _names(keys: list[tuple[str, str]]) -> str:

@@ -101,6 +101,21 @@ class FetchManager:
                 self._cond.wait(left)
         return True
 
+    def remove_many(self, pfs: list[PartitionState], timeout: float | None = None) -> bool:
+        """Stop fetching all of ``pfs`` at once, then wait until no runner holds any (one
+        wait for all, not one after another).  True when all are idle."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            for pf in pfs:
+                pf.deactivate()
+            self._cond.notify_all()
+            while any(pf.busy for pf in pfs):
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
     def suspend(self) -> None:
         """Stop handing out partitions (ZooKeeper connection uncertain)."""
         with self._cond:

@@ -146,6 +146,86 @@ class ZkOffsetStore:
         if failure is not None:
             raise CoordinationError(f"committing {path} failed: {failure!r}")
 
+    def commit_and_release(
+        self, items: list[tuple[str, str, tuple[int, int] | None, Ownership]],
+    ) -> dict[tuple[str, str], BaseException | None]:
+        """Release partitions: for each (topic, partition, final (msg_id, offset) or None,
+        ownership), write the offset and delete the owner node in one transaction (the
+        delete, conditional on the owner node's version, fences the write), all of them
+        pipelined: one round trip for any number of partitions.
+
+        Returns, per (topic, partition): None when released, :class:`StaleOwnershipError`
+        when our owner node was already gone (nothing written; the session or the
+        ownership ended), or the exception that left the outcome unknown (the caller
+        keeps the owner node to delete later)."""
+        out: dict[tuple[str, str], BaseException | None] = {}
+        paths = {(t, p): self._layout.offset(self._group, t, p) for t, p, pos, _ in items
+                 if pos is not None}
+        exists = {k: self._client.exists_async(path) for k, path in paths.items()}
+        present = {}
+        for k, r in exists.items():
+            present[k] = r.get(timeout=self._timeout) is not None
+            if not present[k]:
+                self._ensure_dir(k[0])
+        pending = {}
+        with self._fence.lock:
+            for topic, partition, pos, ownership in items:
+                key = (topic, partition)
+                if self._fence.epoch != ownership.epoch:
+                    out[key] = StaleOwnershipError(
+                        f"not releasing {topic}/{partition}: its session has ended")
+                    continue
+                tx = self._client.transaction()
+                if pos is not None:
+                    data = encode_offset(StoredOffset(offset=pos[1], msg_id=pos[0]))
+                    if present[key]:
+                        tx.set_data(paths[key], data)
+                    else:
+                        tx.create(paths[key], data)
+                tx.delete(ownership.owner_path, ownership.version)
+                pending[key] = tx.commit_async()
+        retry = []
+        for (topic, partition, pos, ownership) in items:
+            key = (topic, partition)
+            if key not in pending:
+                continue
+            try:
+                results = pending[key].get(timeout=self._timeout)
+            except Exception as e:  # noqa: BLE001 - the outcome is unknown: the caller's
+                out[key] = e
+                continue
+            last = results[-1] if results else None
+            if isinstance(last, (BadVersionError, NoNodeError)):
+                out[key] = StaleOwnershipError(
+                    f"not committing {topic}/{partition}: owner node {ownership.owner_path} "
+                    "is gone or changed")
+            elif pos is not None and isinstance(results[0], NodeExistsError | NoNodeError):
+                retry.append((topic, partition, pos, ownership))  # raced on the offset node
+            elif any(isinstance(r, Exception) for r in results):
+                failure = next(r for r in results if isinstance(r, Exception)
+                               and not isinstance(r, RolledBackError))
+                out[key] = CoordinationError(f"releasing {topic}/{partition} failed: "
+                                             f"{failure!r}")
+            else:
+                out[key] = None
+        for topic, partition, pos, ownership in retry:  # the slow way, one by one
+            key = (topic, partition)
+            try:
+                assert pos is not None
+                self.commit(topic, partition, pos[0], pos[1], ownership)
+                with self._fence.lock:
+                    if self._fence.epoch != ownership.epoch:
+                        raise StaleOwnershipError(f"{topic}/{partition}: session ended")
+                    r = self._client.delete_async(ownership.owner_path, ownership.version)
+                r.get(timeout=self._timeout)
+                out[key] = None
+            except (StaleOwnershipError, NoNodeError, BadVersionError) as e:
+                out[key] = e if isinstance(e, StaleOwnershipError) else StaleOwnershipError(
+                    f"{topic}/{partition}: owner node gone or changed")
+            except Exception as e:  # noqa: BLE001 - unknown outcome: the caller's
+                out[key] = e
+        return out
+
     def _ensure_dir(self, topic: str) -> None:
         d = self._layout.offsets_dir(self._group, topic)
         if d not in self._dirs:

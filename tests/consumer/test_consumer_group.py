@@ -214,17 +214,27 @@ def test_an_owner_node_left_by_a_release_cut_short_is_deleted_by_the_next_rebala
         c.start()
         wait_until(lambda: settled([c], all_parts(parts=2)), timeout=20, what="settled")
         client = c._client
-        real, cut = client.delete_async, []
+        real, cut = client.transaction, []
 
-        def delete_async(path, version=-1):
-            if "/owners/" in path and not cut:
-                cut.append(path)  # this one fails as if the connection dropped mid-call
-                result = client.handler.async_result()
-                result.set_exception(ConnectionLoss())
-                return result
-            return real(path, version)
+        def transaction():
+            # a release is one transaction (offset write + owner delete) per partition:
+            # the first one fails as if the connection dropped mid-call
+            tx = real()
+            commit = tx.commit_async
 
-        client.delete_async = delete_async
+            def commit_async():
+                owners = [op.path for op in tx.operations if "/owners/" in op.path]
+                if owners and not cut:
+                    cut.extend(owners)
+                    result = client.handler.async_result()
+                    result.set_exception(ConnectionLoss())
+                    return result
+                return commit()
+
+            tx.commit_async = commit_async
+            return tx
+
+        client.transaction = transaction
         zk_client.delete(L.topic_sub(TOPIC, 0))
         wait_until(lambda: cut, timeout=20, what="a release cut short")
         wait_until(lambda: sorted(zk_client.get_children(L.owners_dir("g1", TOPIC)))
