@@ -2,8 +2,9 @@
 
 Commands on stdin, one JSON object a line:
 ``{"cmd": "start", "ids": ["m0", ...]}`` starts members (one after the other),
-``{"cmd": "close", "id": "m3"}`` closes one gracefully, ``{"cmd": "exit"}`` closes all and
-exits.  End of stdin (the parent gone) exits at once without closing anything.
+``{"cmd": "close", "id": "m3"}`` closes one gracefully, ``{"cmd": "restart", "id": "m3"}``
+closes it and starts it again (``restarted`` reported once started), ``{"cmd": "exit"}``
+closes all and exits.  End of stdin (the parent gone) exits at once without closing anything.
 
 Reports on stdout, one JSON object a line, each with ``t`` = ``time.time()``:
 ``action`` (just before a start/close call), ``started`` (with ``cid``, the consumer id as
@@ -41,6 +42,8 @@ def main() -> None:
     ap.add_argument("--topic", default="bench")
     ap.add_argument("--strategy", default="default")
     ap.add_argument("--session-timeout", type=float, default=4.0)
+    ap.add_argument("--static-grace", type=float, default=0.0,
+                    help="> 0: members are static (instance_id = their name), this grace")
     args = ap.parse_args()
     logging.basicConfig(level=logging.ERROR)
     members: dict[str, MessageConsumer] = {}
@@ -60,8 +63,10 @@ def main() -> None:
             time.sleep(0.002)
 
     def make(mid: str) -> MessageConsumer:
+        ident = ({"instance_id": mid, "static_grace": args.static_grace}
+                 if args.static_grace > 0 else {"consumer_id": mid})
         c = MessageConsumer(
-            args.group, args.zk, consumer_id=mid, strategy=args.strategy,
+            args.group, args.zk, strategy=args.strategy, **ident,
             fetch_runner_count=1, commit_period=60.0, zk_session_timeout=args.session_timeout,
             on_assigned=lambda topic, p: emit(ev="assigned", id=mid, p=p),
             on_revoked=lambda topic, p: emit(ev="revoked", id=mid, p=p),
@@ -87,6 +92,16 @@ def main() -> None:
             emit(ev="closed", id=mid)
             with lock:
                 members.pop(mid)
+        elif cmd["cmd"] == "restart":  # close (held for it if static), start again
+            mid = cmd["id"]
+            emit(ev="action", id=mid, what="restart")
+            members[mid].close()
+            emit(ev="closed", id=mid)
+            c = make(mid)
+            with lock:
+                members[mid] = c
+            c.start()
+            emit(ev="restarted", id=mid)
         elif cmd["cmd"] == "exit":
             break
     else:

@@ -64,14 +64,15 @@ class Worker:
     """One member process: commands in on stdin, JSON reports out into a shared queue."""
 
     def __init__(self, idx: int, zk: str, args: argparse.Namespace, strategy: str,
-                 events: queue.Queue, errlog: Path) -> None:
+                 events: queue.Queue, errlog: Path, static_grace: float = 0.0) -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         self.idx = idx
         self._err = errlog.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), "--zk", zk, "--group", GROUP, "--topic", TOPIC,
-             "--strategy", strategy, "--session-timeout", str(args.session_timeout)],
+             "--strategy", strategy, "--session-timeout", str(args.session_timeout),
+             "--static-grace", str(static_grace)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, text=True,
             env=env, start_new_session=True)  # a Ctrl-C reaches the parent only
         self._events = events
@@ -329,6 +330,91 @@ def one_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
         client.close()
 
 
+def rolling_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
+                args: argparse.Namespace, workers: list[Worker], logdir: Path) -> dict[str, Any]:
+    """Every member static (grace ``args.static_grace``); each in turn closed and started
+    again in its process, the next once the group has settled.  Reports partitions that
+    ever had an owner other than their first (``moved``), the restart of a member (from
+    close() to STABLE again, its claims done) and how much longer than its own member's
+    restart any partition waited for its owner (revoked to assigned again; 0 or less
+    when nothing but its own member's restart kept it waiting)."""
+    chroot = f"/gs-rolling-{members}x{nparts}-{strategy}-{run}"
+    admin = KazooClient(hosts=hosts)
+    admin.start()
+    admin.ensure_path(chroot)
+    admin.stop()
+    admin.close()
+    zk = hosts + chroot
+    client = KazooClient(hosts=zk)
+    client.start()
+    per = nparts // BROKERS
+    for b in range(BROKERS):
+        client.create(L.topic_sub(TOPIC, b),
+                      encode_topic_broker(TopicBroker(num_parts=per, broker_id=b)),
+                      makepath=True)
+    parts = {f"{b}-{i}" for b in range(BROKERS) for i in range(per)}
+    group = Group(parts)
+    procs = max(1, min(args.procs, members))
+    try:
+        for i in range(procs):
+            workers.append(Worker(i, zk, args, strategy, group.events,
+                                  logdir / f"{chroot[1:]}-p{i}.err", args.static_grace))
+        ids = [f"m{i}" for i in range(members)]
+        where = {mid: k % procs for k, mid in enumerate(ids)}
+        for i in range(procs):
+            mine = [m for m in ids if where[m] == i]
+            for m in mine:
+                group.add_live(m)
+            workers[i].send(cmd="start", ids=mine)
+        out: dict[str, Any] = {}
+        if group.wait_settled(args.settle_timeout * 3, args.quiet) is None:
+            out["initial"] = "did not settle"
+            return out
+        out["floor"] = floor(client, parts, members)
+        first = group.owners()
+        t_roll = time.time()
+        restarts: list[float] = []
+        extra = 0.0
+        for mid in ids:
+            mark = len(group.log)
+            group.actions.pop(mid, None)
+            workers[where[mid]].send(cmd="restart", id=mid)
+            t0 = wait_action(group, mid)
+            if group.wait_settled(args.settle_timeout, args.quiet) is None:
+                out["rolling"] = {"settle": None}
+                return out
+            log = group.log[mark:]
+            # the member's own restart: from close() to its being STABLE again, claims done
+            k = next((i for i, e in enumerate(log)
+                      if e["ev"] == "restarted" and e["id"] == mid), None)
+            if k is None:
+                continue
+            back = next((e["t"] for e in log[k:] if e["ev"] == "state" and e["id"] == mid
+                         and e["state"] == "stable"), log[k]["t"])
+            restarts.append(back - t0)
+            revoked = {e["p"]: e["t"] for e in log if e["ev"] == "revoked" and e["id"] == mid}
+            for e in log:
+                if e["ev"] == "assigned" and e["p"] in revoked:
+                    extra = max(extra, (e["t"] - revoked[e["p"]]) - (back - t0))
+        ever: dict[str, set[str]] = {}
+        for e in group.log:
+            if e["ev"] == "assigned" and e["t"] >= t_roll:
+                ever.setdefault(e["p"], set()).add(e["id"])
+        moved = sum(1 for p, who in ever.items() if who - {first.get(p)})
+        out["rolling"] = {"settle": statistics.median(restarts) if restarts else None,
+                          "restart_max": max(restarts, default=0.0), "moved": moved,
+                          "extra_wait": extra, "zk_bad": check_zk(client, group)}
+        if group.errors:
+            out["errors"] = group.errors[:3]
+        return out
+    finally:
+        for w in workers:
+            w.stop()
+        workers.clear()
+        client.stop()
+        client.close()
+
+
 def fmt(x: float | None, scale: float = 1000.0, width: int = 9) -> str:
     return f"{'-':>{width}}" if x is None else f"{x * scale:>{width}.1f}"
 
@@ -347,6 +433,10 @@ def main() -> None:
     ap.add_argument("--quiet", type=float, default=1.0,
                     help="seconds the group must stay settled to count as settled")
     ap.add_argument("--json", help="also write every run's figures to this file")
+    ap.add_argument("--rolling", default="16x256",
+                    help="sizes for the static rolling restart ('' for none)")
+    ap.add_argument("--static-grace", type=float, default=30.0,
+                    help="static members' grace in the rolling restart, seconds")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logdir = Path(tempfile.mkdtemp(prefix="bench-group-scale-"))
@@ -372,6 +462,13 @@ def main() -> None:
                         runs[-1]["wall"] = time.time() - t
                     results[f"{size} {strategy}"] = runs
                     report(size, strategy, runs, args)
+            for size in [s for s in args.rolling.split(",") if s]:
+                members, nparts = (int(x) for x in size.split("x"))
+                for strategy in args.strategies.split(","):
+                    runs = [rolling_run(zks.hosts, members, nparts, strategy, r, args, workers,
+                                        logdir) for r in range(args.runs)]
+                    results[f"{size} {strategy} rolling"] = runs
+                    report_rolling(size, strategy, runs)
     finally:
         for w in workers:
             w.kill()
@@ -401,6 +498,22 @@ def report(size: str, strategy: str, runs: list[dict], args: argparse.Namespace)
         print(f"{size:<9} {strategy:<9} {case:<6} {fmt(settle)} {fmt(minus)} {moved:>6g} "
               f"{fmt(pause)} {fmt(base)} {ratio:>7.1f}x {zk_bad:>3} "
               f"{len(done):>4}/{len(runs)}", flush=True)
+
+
+def report_rolling(size: str, strategy: str, runs: list[dict]) -> None:
+    done = [r["rolling"] for r in runs if r.get("rolling", {}).get("settle") is not None]
+    if not done:
+        print(f"{size:<9} {strategy:<9} rolling did not settle (0/{len(runs)})", flush=True)
+        return
+    restart = statistics.median(d["settle"] for d in done)
+    worst = max(d["restart_max"] for d in done)
+    moved = max(d["moved"] for d in done)
+    extra = max(d["extra_wait"] for d in done)
+    print(f"{size:<9} {strategy:<9} static rolling restart of every member: moved {moved} "
+          f"(max over runs), member restart median {restart * 1000:.1f} ms (max "
+          f"{worst * 1000:.1f}), longest partition wait beyond its member's restart "
+          f"{extra * 1000:.1f} ms, zk disagreements {sum(1 for d in done if d['zk_bad'])}, "
+          f"{len(done)}/{len(runs)} runs", flush=True)
 
 
 if __name__ == "__main__":
