@@ -8,8 +8,13 @@ state in the spirit of Burrow:
 - ``lagging``: lag > 0 and the committed offset moved between two samples
   (or only one sample was taken);
 - ``stalled``: lag > 0 and the committed offset did not move between samples;
-- ``unowned``: lag > 0 and no live member owns the partition;
+- ``unowned``: lag > 0 and no live member owns the partition (its ``note`` says
+  when it may be held for an away static member subscribed to its topic);
 - ``unknown``: the broker could not be asked.
+
+Members are listed with their state (:class:`MemberState`): ``live`` (static
+ones with their instance id), or for a static member whose id node is gone
+``hold_starting``, ``away`` (held until when) or ``hold_expired``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from kazoo.client import KazooClient
 from metaq._errors import ConfigError, MetaqError
 from metaq.net import BrokerConnection
 from zk_layout import (
+    GroupInfo,
     Layout,
     StoredOffset,
     broker_address,
@@ -32,10 +38,14 @@ from zk_layout import (
     take_snapshot,
 )
 
-__all__ = ["PartitionLag", "GroupReport", "describe_group", "log_ends", "reset_offsets"]
+__all__ = ["MemberState", "PartitionLag", "GroupReport", "describe_group", "log_ends",
+           "reset_offsets"]
 
 log = logging.getLogger(__name__)
 _LOG_END = 2**63 - 1
+#: ``PartitionLag.note`` of a partition nobody owns whose topic an away static member
+#: subscribes to (which partitions it holds is its group's strategy's to say).
+HELD_NOTE = "may be held for an away static member"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,6 +59,40 @@ class PartitionLag:
     log_end: int | None
     lag: int | None
     state: str
+    note: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemberState:
+    """A member as ``group describe`` shows it: ``state`` is ``live``, ``hold_starting``,
+    ``away`` or ``hold_expired``; ``text`` says it for people ("live, static (instance
+    pod-1)", "away, held until 2026-11-25T21:14:03.120Z (in 12 s)", ...)."""
+
+    consumer_id: str
+    state: str
+    text: str
+    static: bool = False
+    instance_id: str | None = None
+    host: str | None = None
+    topics: tuple[str, ...] = ()
+    held_until_ms: int | None = None
+    held_until: str | None = None
+
+
+def member_states(info: GroupInfo) -> tuple[MemberState, ...]:
+    """The live members (in Metaq's order), then the static members that are away."""
+    statics = {s.consumer_id: s for s in info.static_members}
+    out = [MemberState(consumer_id=m.consumer_id, state="live", text=m.state_text,
+                       static=m.static, instance_id=m.instance_id,
+                       host=(statics[m.consumer_id].host or None)
+                       if m.consumer_id in statics else None, topics=m.topics)
+           for m in info.members]
+    out += [MemberState(consumer_id=s.consumer_id, state=s.state,
+                        text=s.state_text(info.read_at_ms), static=True,
+                        instance_id=s.instance_id, host=s.host or None, topics=s.topics,
+                        held_until_ms=s.held_until_ms, held_until=s.held_until)
+            for s in info.away_members]
+    return tuple(out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,9 +100,15 @@ class GroupReport:
     group: str
     members: tuple[str, ...]
     partitions: tuple[PartitionLag, ...]
+    member_states: tuple[MemberState, ...] = ()
+
+    @property
+    def has_static(self) -> bool:
+        return any(m.static for m in self.member_states)
 
     def as_json(self) -> dict[str, Any]:
         return {"group": self.group, "members": list(self.members),
+                "member_states": [asdict(m) for m in self.member_states],
                 "partitions": [asdict(p) for p in self.partitions],
                 "total_lag": sum(p.lag or 0 for p in self.partitions)}
 
@@ -145,6 +195,7 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
     before = {(gt.topic, str(ps.partition)): ps.offset for gt in first.topics
               for ps in gt.partitions}
     rows: list[PartitionLag] = []
+    held = info.held_topics
     for gt in info.topics:
         ends = log_ends(client, layout, gt.topic, timeout=timeout)
         for ps in gt.partitions:
@@ -173,9 +224,11 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
                 state = "lagging" if moved else "stalled"
             rows.append(PartitionLag(topic=gt.topic, partition=name, owner=ps.owner,
                                      committed=committed, msg_id=msg_id, log_start=start,
-                                     log_end=end, lag=lag, state=state))
+                                     log_end=end, lag=lag, state=state,
+                                     note=HELD_NOTE if ps.owner is None and gt.topic in held
+                                     else None))
     return GroupReport(group=group, members=tuple(m.consumer_id for m in info.members),
-                       partitions=tuple(rows))
+                       partitions=tuple(rows), member_states=member_states(info))
 
 
 def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *,

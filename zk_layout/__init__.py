@@ -70,6 +70,7 @@ from zk_layout._snapshot import (
     read_tree,
     take_snapshot,
 )
+from zk_layout._static import StaticMemberInfo
 from zk_layout._topology import (
     Topology,
     broker_address,
@@ -151,6 +152,7 @@ __all__ = [
     "MemberInfo",
     "PartitionState",
     "Snapshot",
+    "StaticMemberInfo",
     "TopicBrokerEntry",
     "TopicInfo",
     "TreeNode",

@@ -100,8 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
         "tree": "every node under the root with its data, damaged nodes flagged",
         "brokers": "brokers: master and slave URIs",
         "topics": "topics: brokers with numParts per registry, and partition lists",
-        "groups": "consumer groups: members and counts",
-        "group": "one consumer group: per partition its owner, committed offset and msgId",
+        "groups": "consumer groups: members (live, or static members away) and counts",
+        "group": "one consumer group: its members' states (live, static, away and held "
+                 "until when) and per partition its owner, committed offset and msgId",
     }
     for name, help_text in helps.items():
         p = sub.add_parser(name, help=help_text, description=help_text)

@@ -13,6 +13,10 @@ from zk_layout._names import Partition
 from zk_layout._paths import NodeRef
 from zk_layout._snapshot import Damage, GroupInfo, Snapshot, TreeNode
 
+#: The note on a partition nobody owns while the group has an away static member
+#: subscribed to its topic (the inspector cannot tell which partitions it holds).
+HELD_NOTE = "unowned (may be held for an away static member)"
+
 __all__ = [
     "format_table",
     "render_brokers",
@@ -148,6 +152,24 @@ def render_topics(snap: Snapshot) -> str:
     return "\n\n".join(out) + _damage_section(d for t in snap.topics for d in t.damaged)
 
 
+def _member_rows(g: GroupInfo) -> list[tuple[object, ...]]:
+    """(consumer id, topics, instance, host, error, state) for the live members, then
+    for the static members that are away."""
+    statics = {s.consumer_id: s for s in g.static_members}
+    rows: list[tuple[object, ...]] = [
+        (m.consumer_id, ",".join(m.topics) or None, m.instance_id,
+         (statics[m.consumer_id].host or None) if m.consumer_id in statics else None,
+         m.error, m.state_text) for m in g.members]
+    rows += [(s.consumer_id, ",".join(s.topics) or None, s.instance_id, s.host or None, None,
+              s.state_text(g.read_at_ms)) for s in g.away_members]
+    return rows
+
+
+def _members_line(g: GroupInfo) -> str:
+    away = f", {len(g.away_members)} away static member(s)" if g.away_members else ""
+    return f"group {g.group}: {len(g.members)} member(s){away}"
+
+
 def render_groups(snap: Snapshot) -> str:
     if not snap.exists:
         return _missing_root(snap)
@@ -159,9 +181,9 @@ def render_groups(snap: Snapshot) -> str:
                      sum(1 for p in parts if p.offset), len(g.damaged)))
     table = format_table(
         ("GROUP", "MEMBERS", "TOPICS", "PARTITIONS", "OWNED", "COMMITTED", "DAMAGED"), rows)
-    mrows = [(g.group, m.consumer_id, ",".join(m.topics) or None, m.error)
-             for g in snap.groups for m in g.members]
-    members = format_table(("GROUP", "CONSUMER ID", "TOPICS", "ERROR"), mrows)
+    mrows = [(g.group, *row) for g in snap.groups for row in _member_rows(g)]
+    members = format_table(
+        ("GROUP", "CONSUMER ID", "TOPICS", "INSTANCE", "HOST", "ERROR", "STATE"), mrows)
     return table + "\n\n" + members + _damage_section(d for g in snap.groups for d in g.damaged)
 
 
@@ -172,15 +194,17 @@ def _msg_id(offset: StoredOffset | None) -> object:
 
 
 def render_group(group: GroupInfo) -> str:
-    mrows = [(m.consumer_id, ",".join(m.topics) or None, m.error) for m in group.members]
-    out = [f"group {group.group}: {len(group.members)} member(s)",
-           format_table(("CONSUMER ID", "TOPICS", "ERROR"), mrows)]
+    out = [_members_line(group),
+           format_table(("CONSUMER ID", "TOPICS", "INSTANCE", "HOST", "ERROR", "STATE"),
+                        _member_rows(group))]
+    held = group.held_topics
     prows = []
     for t in group.topics:
         for p in t.partitions:
+            notes = [HELD_NOTE] if p.owner is None and t.topic in held else []
+            notes += ["DAMAGED: " + "; ".join(p.errors)] if p.errors else []
             prows.append((t.topic, p.partition, p.owner,
                           None if p.offset is None else p.offset.offset,
-                          _msg_id(p.offset),
-                          "DAMAGED: " + "; ".join(p.errors) if p.errors else None))
+                          _msg_id(p.offset), "; ".join(notes) or None))
     out.append(format_table(("TOPIC", "PARTITION", "OWNER", "OFFSET", "MSGID", "NOTE"), prows))
     return "\n\n".join(out) + _damage_section(group.damaged)

@@ -8,6 +8,10 @@ missing root gives an empty snapshot with ``exists=False``; nodes Metaq does
 not define (extra nodes a Java cluster or an operator wrote) are listed in
 ``unknown`` and otherwise ignored.  Connection errors propagate.
 
+A group's static member records (``consumers/<group>/static/<consumerId>``,
+metaq-py's extension) are read into :class:`StaticMemberInfo` with their state
+at the moment the group was read (``GroupInfo.read_at_ms``).
+
 :func:`read_tree` lists every node under the root with its data, decoded where
 the node is one of Metaq's.
 """
@@ -15,12 +19,13 @@ the node is one of Metaq's.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
-from zk_layout._codecs import BrokerUri, StoredOffset, TopicBroker
+from zk_layout._codecs import BrokerUri, StaticMember, StoredOffset, TopicBroker
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import (
     Partition,
@@ -31,6 +36,7 @@ from zk_layout._names import (
 )
 from zk_layout._nodes import NodeValue, decode_node, partitions_for_topic
 from zk_layout._paths import Layout, NodeKind, NodeRef
+from zk_layout._static import StaticMemberInfo
 
 __all__ = [
     "BrokerInfo",
@@ -97,11 +103,19 @@ class TopicInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class MemberInfo:
-    """A registered consumer (``consumers/<group>/ids/<consumerId>``) and its topics."""
+    """A registered consumer (``consumers/<group>/ids/<consumerId>``) and its topics;
+    ``static`` with its ``instance_id`` when it also has a static member record."""
 
     consumer_id: str
     topics: tuple[str, ...] = ()
     error: str | None = None
+    static: bool = False
+    instance_id: str | None = None
+
+    @property
+    def state_text(self) -> str:
+        """``live``, or ``live, static (instance pod-1)``."""
+        return f"live, static (instance {self.instance_id})" if self.static else "live"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,13 +137,27 @@ class GroupTopic:
 
 @dataclass(frozen=True, kw_only=True)
 class GroupInfo:
-    """A consumer group: members (sorted as Metaq sorts them) and per topic the
+    """A consumer group: members (sorted as Metaq sorts them), its static member
+    records (``read_at_ms``: the wall clock their state is as of) and per topic the
     state of every partition that the topic has or the group has nodes for."""
 
     group: str
     members: tuple[MemberInfo, ...] = ()
     topics: tuple[GroupTopic, ...] = ()
     damaged: tuple[Damage, ...] = ()
+    static_members: tuple[StaticMemberInfo, ...] = ()
+    read_at_ms: int = 0
+
+    @property
+    def away_members(self) -> tuple[StaticMemberInfo, ...]:
+        """The static members whose id node is gone (held, starting, or expired)."""
+        return tuple(s for s in self.static_members if s.state != "live")
+
+    @property
+    def held_topics(self) -> frozenset[str]:
+        """Topics whose unowned partitions may be held for an away static member."""
+        return frozenset(t for s in self.static_members if s.state in ("away", "hold_starting")
+                         for t in s.topics)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +205,7 @@ class _Reader:
     layout: Layout
     damaged: list[Damage] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    now_ms: int | None = None
 
     def children(self, path: str) -> list[str]:
         """Children of ``path`` sorted; [] when the node is gone."""
@@ -311,7 +340,7 @@ class _Reader:
         lay = self.layout
         damaged: list[Damage] = []
         for name in self.children(lay.group(group)):
-            if name not in ("ids", "owners", "offsets"):
+            if name not in ("ids", "owners", "offsets", "static"):
                 self.unknown.append(f"{lay.group(group)}/{name}")
         members = []
         ids_dir = lay.consumer_ids(group)
@@ -326,6 +355,14 @@ class _Reader:
             damaged += [bad] if bad else []
             members.append(MemberInfo(consumer_id=name, topics=value or (),
                                       error=bad.error if bad else None))
+        records = self.static_records(group, damaged)
+        now_ms = self.now_ms if self.now_ms is not None else int(time.time() * 1000)
+        live = {m.consumer_id for m in members}
+        statics = tuple(StaticMemberInfo.of(records[c], live=c in live, now_ms=now_ms)
+                        for c in sort_consumer_ids(records))
+        members = [MemberInfo(consumer_id=m.consumer_id, topics=m.topics, error=m.error,
+                              static=True, instance_id=records[m.consumer_id].instance_id)
+                   if m.consumer_id in records else m for m in members]
         order = {c: i for i, c in enumerate(sort_consumer_ids(m.consumer_id for m in members))}
         members.sort(key=lambda m: order[m.consumer_id])
 
@@ -367,7 +404,32 @@ class _Reader:
                                errors=tuple(per_topic.get(p, {}).get("errors", ())))
                 for p in parts)))
         return GroupInfo(group=group, members=tuple(members), topics=tuple(group_topics),
-                         damaged=tuple(damaged))
+                         damaged=tuple(damaged), static_members=statics, read_at_ms=now_ms)
+
+    def static_records(self, group: str, damaged: list[Damage]) -> dict[str, StaticMember]:
+        """consumer id -> decodable static member record; garbage, or a record naming
+        another consumer id than its node's, is damage."""
+        out = {}
+        base = self.layout.static_members(group)
+        for name in self.children(base):
+            ref = self.layout.classify(f"{base}/{name}")
+            if ref is None or ref.kind is not NodeKind.STATIC_MEMBER:
+                self.unknown.append(f"{base}/{name}")
+                continue
+            try:
+                data, _stat = self.client.get(ref.path)
+            except NoNodeError:
+                continue
+            try:
+                value = decode_node(ref, data)
+                if value.consumer_id != name:
+                    raise NodeDataError(ref.path, data, f"the record's consumerId "
+                                        f"{value.consumer_id!r} is not its node's name")
+            except NodeDataError as e:
+                damaged.append(self._damage_from(e))
+                continue
+            out[name] = value
+        return out
 
     def top_level_unknowns(self) -> None:
         """Children of the root and of ``brokers`` that Metaq does not define."""
@@ -384,12 +446,15 @@ def _join(parent: str, name: str) -> str:
     return f"/{name}" if parent == "/" else f"{parent}/{name}"
 
 
-def take_snapshot(client: Any, layout: Layout | None = None) -> Snapshot:
-    """Read the Metaq tree under ``layout.root`` through a started kazoo client."""
+def take_snapshot(client: Any, layout: Layout | None = None, *,
+                  now_ms: int | None = None) -> Snapshot:
+    """Read the Metaq tree under ``layout.root`` through a started kazoo client.
+    Static members' states are as of ``now_ms`` (epoch ms; default: the wall clock
+    when each group is read)."""
     layout = layout or Layout()
     if client.exists(layout.root) is None:
         return Snapshot(root=layout.root, exists=False)
-    r = _Reader(client, layout)
+    r = _Reader(client, layout, now_ms=now_ms)
     r.top_level_unknowns()
     brokers = r.brokers()
     topics = r.topics()

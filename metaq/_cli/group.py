@@ -42,7 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=group_list)
     p = gs.add_parser("describe", help="per partition: owner, committed offset and msgId, "
                                        "log end, lag, state (ok, lagging, stalled, unowned, "
-                                       "damaged, out of range, data lost, unknown)")
+                                       "damaged, out of range, data lost, unknown); with "
+                                       "static members, each member's state (live, away "
+                                       "and held until when, hold expired)")
     _common(p)
     p.add_argument("group")
     p.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
@@ -116,12 +118,21 @@ def group_describe(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
         return 0
+    away = [m for m in report.member_states if m.state != "live"]
     print(f"group {report.group}: {len(report.members)} member(s) "
-          f"{' '.join(report.members)}")
+          f"{' '.join(report.members)}"
+          + (f"; {len(away)} away static member(s) {' '.join(m.consumer_id for m in away)}"
+             if away else ""))
+    if report.has_static:  # a group without static members: every member is just live
+        print(_table(["member", "instance", "host", "topics", "state"],
+                     [[m.consumer_id, m.instance_id, m.host, ",".join(m.topics) or None,
+                       m.text] for m in report.member_states]))
+        print()
     print(_table(["topic", "partition", "owner", "committed", "msgId", "log end", "lag",
                   "state"],
                  [[p.topic, p.partition, p.owner, p.committed, p.msg_id, p.log_end, p.lag,
-                   p.state] for p in report.partitions]))
+                   f"{p.state} ({p.note})" if p.note else p.state]
+                  for p in report.partitions]))
     return 0
 
 

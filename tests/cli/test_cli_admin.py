@@ -6,13 +6,14 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers.procs import start_broker, stop_all
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import free_port, wait_until
-from zk_layout import Layout, decode_offset
+from zk_layout import Layout, StaticMember, decode_offset, encode_static_member
 
 pytestmark = pytest.mark.broker
 
@@ -138,3 +139,61 @@ def test_json_logs(zk_connect, cluster):
                            for r in records)
     assert any(r["logger"] == "metaq.consumer._coordinator" and "gen" in r["message"]
                for r in records)
+
+
+def test_group_describe_shows_static_member_states(zk_connect, zk_client):
+    """Written straight into ZooKeeper (no broker: log ends are unknown): a live plain
+    member, a live static one, one away within its hold, one past it."""
+    now_ms = int(time.time() * 1000)
+    group, topic = "sg", "orders"
+
+    def record(instance, away_since_ms=None, grace_ms=600_000):
+        return StaticMember(instance_id=instance, consumer_id=f"{group}_{instance}",
+                            topics=(topic,), grace_ms=grace_ms, session_timeout_ms=10_000,
+                            away_since_ms=away_since_ms, host=f"host-{instance}")
+
+    zk_client.create(L.topic_sub(topic, 0), b'{"numParts":3,"broker":"0-m"}', makepath=True)
+    for cid in (f"{group}_plain", f"{group}_pod-1"):
+        zk_client.create(L.consumer_id(group, cid), topic.encode(), makepath=True,
+                         ephemeral=True)
+    zk_client.create(L.owner(group, topic, "0-0"), f"{group}_pod-1".encode(), makepath=True,
+                     ephemeral=True)
+    zk_client.create(L.owner(group, topic, "0-1"), f"{group}_plain".encode(), makepath=True,
+                     ephemeral=True)
+    for rec in (record("pod-1"), record("pod-2", away_since_ms=now_ms - 1000),
+                record("pod-3", away_since_ms=now_ms - 3_600_000, grace_ms=1000)):
+        zk_client.create(L.static_member(group, rec.consumer_id), encode_static_member(rec),
+                         makepath=True)
+    zk_client.create(L.static_member(group, f"{group}_pod-9"), b"{garbage", makepath=True)
+
+    out = metaq("group", "describe", group, "--zk", zk_connect)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == (f"group {group}: 2 member(s) {group}_plain {group}_pod-1; "
+                        f"2 away static member(s) {group}_pod-2 {group}_pod-3")
+    cells = {c[0]: c[1:] for c in (re.split(r"\s{2,}", ln) for ln in lines[1:6])}
+    assert cells["member"] == ["instance", "host", "topics", "state"]
+    assert cells[f"{group}_plain"] == ["-", "-", topic, "live"]
+    assert cells[f"{group}_pod-1"] == ["pod-1", "host-pod-1", topic,
+                                       "live, static (instance pod-1)"]
+    assert cells[f"{group}_pod-2"][:3] == ["pod-2", "host-pod-2", topic]
+    assert re.fullmatch(r"away, held until \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z "
+                        r"\(in 5\d\d s\)", cells[f"{group}_pod-2"][3])
+    assert re.fullmatch(r"away, hold expired at \S+Z \(awaiting cleanup\)",
+                        cells[f"{group}_pod-3"][3])
+    assert lines[6] == "" and "lag" in lines[7]
+    (unowned,) = [ln for ln in lines[8:] if ln.split()[:2] == [topic, "0-2"]]
+    assert unowned.endswith("unknown (may be held for an away static member)")
+
+    report = json.loads(metaq("group", "describe", group, "--zk", zk_connect, "--json").stdout)
+    assert report["members"] == [f"{group}_plain", f"{group}_pod-1"]
+    states = {m["consumer_id"]: m for m in report["member_states"]}
+    assert [(m["state"], m["static"], m["instance_id"]) for m in states.values()] == [
+        ("live", False, None), ("live", True, "pod-1"), ("away", True, "pod-2"),
+        ("hold_expired", True, "pod-3")]
+    pod2 = states[f"{group}_pod-2"]
+    assert pod2["held_until_ms"] == now_ms - 1000 + 600_000
+    assert pod2["held_until"].endswith("Z") and pod2["host"] == "host-pod-2"
+    assert pod2["text"].startswith(f"away, held until {pod2['held_until']} (in ")
+    notes = {p["partition"]: p["note"] for p in report["partitions"]}
+    assert notes == {"0-0": None, "0-1": None, "0-2": "may be held for an away static member"}

@@ -5,6 +5,7 @@ The expected bytes are Metaq 1.4's (reference section 1), written out literally.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import re
@@ -14,34 +15,39 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from zk_layout import (
+    MAX_STATIC_GRACE_MS,
     BrokerUri,
     InvalidNameError,
     Layout,
     NodeDataError,
     NodeRef,
+    StaticMember,
     StoredOffset,
     TopicBroker,
     build_consumer_id,
     check_consumer_id,
+    check_group,
     check_topic,
     decode_broker_uri,
     decode_node,
     decode_num_parts,
     decode_offset,
     decode_owner,
+    decode_static_member,
     decode_topic_broker,
     decode_topic_list,
     encode_broker_uri,
     encode_num_parts,
     encode_offset,
     encode_owner,
+    encode_static_member,
     encode_topic_broker,
     encode_topic_list,
 )
 
 PATH = "/meta/some/node"
 DECODERS = [decode_broker_uri, decode_num_parts, decode_offset, decode_owner,
-            decode_topic_broker, decode_topic_list]
+            decode_static_member, decode_topic_broker, decode_topic_list]
 
 
 def _garbage(decoder, data, *, reason_part: str | None = None) -> NodeDataError:  # noqa: ANN001
@@ -316,6 +322,78 @@ def test_owner_garbage(data: bytes) -> None:
     _garbage(decode_owner, data, reason_part="not a consumer id")
 
 
+# -- static member record (metaq-py's own node) -----------------------------------------------
+
+POD1 = StaticMember(instance_id="pod-1", consumer_id="g_pod-1", topics=("t1", "t2"),
+                    grace_ms=30000, session_timeout_ms=10000, host="10.0.0.5")
+POD1_BYTES = (b'{"instanceId":"pod-1","consumerId":"g_pod-1","topics":["t1","t2"],'
+              b'"graceMs":30000,"sessionTimeoutMs":10000,"awaySinceMs":null,'
+              b'"host":"10.0.0.5"}')
+
+
+def test_static_member_both_ways() -> None:
+    assert encode_static_member(POD1) == POD1_BYTES
+    assert decode_static_member(POD1_BYTES) == POD1
+    away = dataclasses.replace(POD1, away_since_ms=1_795_000_000_000)
+    assert decode_static_member(encode_static_member(away)) == away
+    assert away.held_until_ms == 1_795_000_030_000 and POD1.held_until_ms is None
+    assert away.held(1_795_000_029_999) and not away.held(1_795_000_030_000)
+    # key order and spacing are free; host and awaySinceMs may be left out
+    obj = json.loads(POD1_BYTES)
+    del obj["host"], obj["awaySinceMs"]
+    assert decode_static_member(json.dumps(dict(reversed(obj.items())), indent=2)) == (
+        dataclasses.replace(POD1, host=""))
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"instanceId": None}, "missing 'instanceId'"),
+    ({"graceMs": None}, "missing 'graceMs'"),
+    ({"topics": "t1"}, "topics must be a list"),
+    ({"topics": [1]}, "topics must be a list"),
+    ({"topics": []}, "at least one topic"),
+    ({"topics": ["a,b"]}, "must not contain ','"),
+    ({"instanceId": 7}, "instanceId must be a string"),
+    ({"instanceId": "a/b"}, "must not contain '/'"),
+    ({"consumerId": ""}, "must not be empty"),
+    ({"host": 1}, "host must be a string"),
+    ({"graceMs": -1}, "grace_ms"),
+    ({"graceMs": MAX_STATIC_GRACE_MS + 1}, "grace_ms"),
+    ({"graceMs": True}, "grace_ms"),
+    ({"graceMs": 1.5}, "grace_ms"),
+    ({"sessionTimeoutMs": 2**31}, "session_timeout_ms"),
+    ({"awaySinceMs": -5}, "away_since_ms"),
+    ({"awaySinceMs": "soon"}, "away_since_ms"),
+])
+def test_static_member_garbage(change: dict, reason: str) -> None:
+    obj = json.loads(POD1_BYTES)
+    for key, value in change.items():
+        if value is None:
+            del obj[key]
+        else:
+            obj[key] = value
+    _garbage(decode_static_member, json.dumps(obj).encode(), reason_part=reason)
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"pod-1", "not valid JSON"),
+    (b"[1,2]", "JSON object"),
+    (b'{"graceMs":NaN}', "not valid JSON"),
+    (POD1_BYTES[:-1] + b',"host":"h"}', "duplicate key"),
+    (b"[" * 100_000, "not valid JSON"),
+])
+def test_static_member_not_a_record(data: bytes, reason: str) -> None:
+    _garbage(decode_static_member, data, reason_part=reason)
+
+
+def test_encode_static_member_refuses_bad_values() -> None:
+    with pytest.raises(TypeError):
+        encode_static_member({"instanceId": "x"})  # type: ignore[arg-type]
+    for bad in (dataclasses.replace(POD1, topics=()), dataclasses.replace(POD1, grace_ms=-1),
+                dataclasses.replace(POD1, instance_id="a/b")):
+        with pytest.raises(ValueError):
+            encode_static_member(bad)
+
+
 # -- decode_node ---------------------------------------------------------------------------------
 
 L = Layout()
@@ -347,6 +425,7 @@ def test_decode_node_by_kind() -> None:
     assert decode_node(_ref("/meta/consumers/g/ids/g_c"), b"a,b") == ("a", "b")
     assert decode_node(_ref("/meta/consumers/g/owners/t/0-1"), b"g_c") == "g_c"
     assert decode_node(_ref("/meta/consumers/g/offsets/t/0-1"), b"-1-0") == StoredOffset(offset=0)
+    assert decode_node(_ref("/meta/consumers/g/static/g_pod-1"), POD1_BYTES) == POD1
     for directory in ("/meta", "/meta/brokers/ids", "/meta/brokers/topics-sub/t",
                       "/meta/consumers/g", "/meta/consumers/g/owners/t"):
         assert decode_node(_ref(directory), b"\xffanything") is None
@@ -447,6 +526,21 @@ def test_num_parts_round_trip(n: int) -> None:
     assert decode_num_parts(encode_num_parts(n)) == n
 
 
+instance_ids = st.text(_NAME_CHARS, min_size=1, max_size=20).filter(_valid(check_group))
+static_members = st.builds(
+    StaticMember, instance_id=instance_ids, consumer_id=consumer_ids,
+    topics=st.lists(topics, min_size=1, max_size=4).map(tuple),
+    grace_ms=st.integers(0, MAX_STATIC_GRACE_MS), session_timeout_ms=int32,
+    away_since_ms=st.none() | st.integers(0, 2**63 - 1), host=st.text(max_size=30))
+
+
+@given(static_members)
+def test_static_member_round_trip(value: StaticMember) -> None:
+    data = encode_static_member(value)
+    assert decode_static_member(data) == value
+    assert decode_static_member(data.decode()) == value
+
+
 # -- hypothesis: fuzzing, nothing but NodeDataError ---------------------------------------------
 
 _json_values = st.recursive(
@@ -467,6 +561,21 @@ fuzz_data = st.one_of(
 )
 
 
+_STATIC_KEYS = ["instanceId", "consumerId", "topics", "graceMs", "sessionTimeoutMs",
+                "awaySinceMs", "host"]
+#: near-records: the record's keys (some missing, some extra) with any JSON values,
+#: or a valid record's encoding cut short or with one byte changed
+static_fuzz_data = st.one_of(
+    st.dictionaries(st.sampled_from(_STATIC_KEYS + ["x"]), _json_values | st.lists(
+        st.text(max_size=6), max_size=3) | st.integers(-(2**70), 2**70),
+        max_size=8).map(lambda d: json.dumps(d).encode()),
+    st.tuples(static_members.map(encode_static_member), st.integers(0, 400), st.integers(0, 255))
+    .map(lambda t: t[0][:t[1]] + bytes([t[2]]) + t[0][t[1] + 1:]),
+    st.tuples(static_members.map(encode_static_member), st.integers(0, 400))
+    .map(lambda t: t[0][:t[1]]),
+)
+
+
 def _only_node_data_errors(decoder, data) -> None:  # noqa: ANN001
     try:
         decoder(data, PATH)
@@ -481,12 +590,25 @@ def test_fuzz_decoders_raise_only_node_data_error(data) -> None:  # noqa: ANN001
         _only_node_data_errors(decoder, data)
 
 
+@given(fuzz_data | static_fuzz_data)
+def test_fuzz_decode_static_member_returns_a_record_or_node_data_error(data) -> None:  # noqa: ANN001
+    try:
+        value = decode_static_member(data, PATH)
+    except NodeDataError as e:
+        assert e.path == PATH and e.data == (bytes(data) if isinstance(data, bytes) else data)
+        assert isinstance(e.reason, str) and e.reason
+        return
+    assert isinstance(value, StaticMember)
+    assert decode_static_member(encode_static_member(value)) == value
+
+
 _all_refs = [L.classify(p) for p in (
     "/meta/brokers/ids/0", "/meta/brokers/ids/0/master", "/meta/brokers/ids/0/slave1",
     "/meta/brokers/ids/0/master_config_checksum", "/meta/brokers/topics/t/0-m",
     "/meta/brokers/topics-pub/t/0-m", "/meta/brokers/topics-sub/t/0-s1",
     "/meta/consumers/g/ids/g_c", "/meta/consumers/g/owners/t/0-1",
-    "/meta/consumers/g/offsets/t/0-1", "/meta/consumers/g/owners/t", "/meta")]
+    "/meta/consumers/g/offsets/t/0-1", "/meta/consumers/g/owners/t",
+    "/meta/consumers/g/static/g_pod-1", "/meta/consumers/g/static", "/meta")]
 
 
 @given(fuzz_data)
@@ -503,7 +625,8 @@ def test_fuzz_valid_decodes_re_encode_to_a_decodable_value(data: bytes) -> None:
     """Whatever decodes, encodes back to bytes that decode to the same value."""
     pairs = [(decode_broker_uri, encode_broker_uri), (decode_num_parts, encode_num_parts),
              (decode_offset, encode_offset), (decode_owner, encode_owner),
-             (decode_topic_broker, encode_topic_broker), (decode_topic_list, encode_topic_list)]
+             (decode_topic_broker, encode_topic_broker), (decode_topic_list, encode_topic_list),
+             (decode_static_member, encode_static_member)]
     for decode, encode in pairs:
         try:
             value = decode(data)

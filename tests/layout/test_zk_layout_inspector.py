@@ -6,10 +6,13 @@ The tree is written with literal bytes, exactly as a Java Metaq 1.4 cluster writ
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from kazoo.client import KazooClient
@@ -19,7 +22,10 @@ from zk_layout import (
     Layout,
     NodeKind,
     Partition,
+    StaticMember,
+    StaticMemberInfo,
     StoredOffset,
+    encode_static_member,
     read_tree,
     take_snapshot,
 )
@@ -286,7 +292,7 @@ def test_cli_groups_and_group(metaq_tree: KazooClient, zk_connect: str) -> None:
     assert r.returncode == 0, r.stderr
     rows = _rows(r.stdout)
     assert ["g1", "2", "t1,t2", "17", "4", "3", "1"] in rows
-    assert ["g1", "g1_10.0.0.8-66-def", "t1,t2", "-"] in rows
+    assert ["g1", "g1_10.0.0.8-66-def", "t1,t2", "-", "-", "-", "live"] in rows
     (damage_line,) = [ln for ln in r.stdout.splitlines() if GARBAGE_PATH + ":" in ln]
     assert damage_line.endswith('(data: "not-an-offset")')
     assert "1 damaged node(s):" in r.stdout
@@ -355,3 +361,156 @@ def test_cli_unreachable_exit_1() -> None:
 def test_partition_type_in_snapshot_is_value_type(metaq_tree: KazooClient) -> None:
     snap = take_snapshot(metaq_tree, L)
     assert snap.topic("t1").partitions[2] == Partition(broker_id=0, index=10)
+
+
+# -- static members (consumers/<group>/static/<consumerId>, metaq-py's own record) -------------
+
+SG = "gs"  # a group with static members, on topic t2 (partitions 1-0, 1-1, 1-2)
+GRACE_MS = 600_000
+DAMAGED_STATIC = f"/meta/consumers/{SG}/static/{SG}_pod-5"
+MISNAMED_STATIC = f"/meta/consumers/{SG}/static/{SG}_pod-6"
+
+
+def _static(instance: str, *, away_since_ms: int | None = None, grace_ms: int = GRACE_MS,
+            host: str = "10.0.0.5") -> StaticMember:
+    return StaticMember(instance_id=instance, consumer_id=f"{SG}_{instance}", topics=("t2",),
+                        grace_ms=grace_ms, session_timeout_ms=10_000,
+                        away_since_ms=away_since_ms, host=host)
+
+
+def build_static_group(client: KazooClient, now_ms: int) -> None:
+    """pod-1 live and static; a plain live member; pod-2 away within its hold; pod-3 past
+    it; pod-4 just gone (not yet marked away); pod-5 garbage; pod-6 another id's record."""
+    live = _static("pod-1", away_since_ms=now_ms - 5000)  # stale mark: its id node wins
+    _put(client, L.consumer_id(SG, live.consumer_id), b"t2", ephemeral=True)
+    _put(client, L.consumer_id(SG, f"{SG}_10.0.0.7-1-x"), b"t2", ephemeral=True)
+    _put(client, L.owner(SG, "t2", "1-0"), live.consumer_id.encode(), ephemeral=True)
+    _put(client, L.owner(SG, "t2", "1-1"), f"{SG}_10.0.0.7-1-x".encode(), ephemeral=True)
+    for rec in (live, _static("pod-2", away_since_ms=now_ms - 1000, host="10.0.0.6"),
+                _static("pod-3", away_since_ms=now_ms - 3_600_000, grace_ms=1000),
+                _static("pod-4")):
+        _put(client, L.static_member(SG, rec.consumer_id), encode_static_member(rec))
+    _put(client, DAMAGED_STATIC, b"\xff\x00garbage")
+    other = dataclasses.replace(_static("pod-6"), consumer_id=f"{SG}_pod-7")
+    _put(client, MISNAMED_STATIC, encode_static_member(other))
+
+
+@pytest.fixture
+def static_tree(metaq_tree: KazooClient) -> tuple[KazooClient, int]:
+    now_ms = int(time.time() * 1000)
+    build_static_group(metaq_tree, now_ms)
+    return metaq_tree, now_ms
+
+
+def test_snapshot_static_members(static_tree: tuple[KazooClient, int]) -> None:
+    client, now_ms = static_tree
+    snap = take_snapshot(client, L, now_ms=now_ms)
+    gs = snap.group(SG)
+    assert gs.read_at_ms == now_ms
+    # live members: the static one flagged with its instance id
+    assert [(m.consumer_id, m.static, m.instance_id, m.state_text) for m in gs.members] == [
+        (f"{SG}_10.0.0.7-1-x", False, None, "live"),
+        (f"{SG}_pod-1", True, "pod-1", "live, static (instance pod-1)"),
+    ]
+    states = {s.consumer_id: s for s in gs.static_members}
+    assert list(states) == [f"{SG}_pod-{i}" for i in (1, 2, 3, 4)]
+    pod1, pod2, pod3, pod4 = states.values()
+    assert (pod1.state, pod1.held_until_ms) == ("live", None)
+    assert pod2.state == "away" and pod2.held_until_ms == now_ms - 1000 + GRACE_MS
+    assert pod2.held_until.endswith("Z") and pod2.host == "10.0.0.6"
+    assert pod2.state_text(now_ms) == f"away, held until {pod2.held_until} (in 599 s)"
+    assert pod3.state == "hold_expired" and pod3.held_until_ms == now_ms - 3_599_000
+    assert pod3.state_text(now_ms) == (f"away, hold expired at {pod3.held_until} "
+                                       "(awaiting cleanup)")
+    assert (pod4.state, pod4.state_text(now_ms)) == ("hold_starting",
+                                                     "away (just gone; hold starting)")
+    assert [s.consumer_id for s in gs.away_members] == [f"{SG}_pod-{i}" for i in (2, 3, 4)]
+    assert gs.held_topics == {"t2"}
+    # the garbage and the misnamed record are damage naming their paths; nothing crashed
+    assert [d.path for d in gs.damaged] == [DAMAGED_STATIC, MISNAMED_STATIC]
+    assert gs.damaged[0].data == b"\xff\x00garbage" and "UTF-8" in gs.damaged[0].error
+    assert f"'{SG}_pod-7' is not its node's name" in gs.damaged[1].error
+    assert {d.path for d in snap.damaged} >= {DAMAGED_STATIC, MISNAMED_STATIC}
+    # 'static' is one of the group's own children, not an unknown node
+    assert sorted(snap.unknown) == ["/meta/consumers/g1/notes", "/meta/extra"]
+    # the hold is judged at now_ms: past pod-2's hold it is expired too
+    later = take_snapshot(client, L, now_ms=now_ms + GRACE_MS).group(SG)
+    assert {s.consumer_id: s.state for s in later.static_members}[f"{SG}_pod-2"] == (
+        "hold_expired")
+    assert later.held_topics == {"t2"}  # pod-4's hold is still starting
+
+
+def test_static_member_iso_time_is_utc_with_ms() -> None:
+    info = StaticMemberInfo.of(_static("p", away_since_ms=1_795_641_230_120, grace_ms=13_000),
+                               live=False, now_ms=1_795_641_231_120)
+    assert info.held_until == "2026-11-25T21:14:03.120Z"
+    assert info.state_text(1_795_641_231_120) == (
+        "away, held until 2026-11-25T21:14:03.120Z (in 12 s)")
+    huge = StaticMemberInfo.of(_static("p", away_since_ms=2**62), live=False, now_ms=0)
+    assert huge.state == "away" and "ms after the epoch" in huge.held_until
+
+
+def test_read_tree_decodes_static_records(static_tree: tuple[KazooClient, int]) -> None:
+    client, _ = static_tree
+    nodes = {n.path: n for n in read_tree(client, L)}
+    pod4 = nodes[L.static_member(SG, f"{SG}_pod-4")]
+    assert pod4.ref.kind is NodeKind.STATIC_MEMBER and pod4.value == _static("pod-4")
+    assert nodes[L.static_members(SG)].ref.kind is NodeKind.STATIC_MEMBERS
+    assert "UTF-8" in nodes[DAMAGED_STATIC].error
+
+
+def _line(text: str, *first: str) -> str:
+    """The one table row whose first cells are ``first``."""
+    (line,) = [ln for ln in text.splitlines() if ln.split()[:len(first)] == list(first)]
+    return line
+
+
+def test_cli_group_static_members(static_tree: tuple[KazooClient, int], zk_connect: str) -> None:
+    r = _run_cli(zk_connect, "group", SG)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert out.splitlines()[0] == f"group {SG}: 2 member(s), 3 away static member(s)"
+    assert _line(out, f"{SG}_10.0.0.7-1-x").split()[-1] == "live"
+    assert _line(out, f"{SG}_pod-1").rstrip().endswith("live, static (instance pod-1)")
+    pod2 = _line(out, f"{SG}_pod-2")
+    assert pod2.split()[1:4] == ["t2", "pod-2", "10.0.0.6"]
+    assert re.search(r"away, held until 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z \(in 5\d\d s\)$",
+                     pod2), pod2
+    assert re.search(r"away, hold expired at \S+Z \(awaiting cleanup\)$",
+                     _line(out, f"{SG}_pod-3"))
+    assert _line(out, f"{SG}_pod-4").endswith("away (just gone; hold starting)")
+    # partitions: owned ones as before, the unowned one possibly held
+    assert _line(out, "t2", "1-0").split()[2] == f"{SG}_pod-1"
+    assert _line(out, "t2", "1-2").endswith("unowned (may be held for an away static member)")
+    assert f"{DAMAGED_STATIC}: " in out and f"{MISNAMED_STATIC}: " in out
+    assert "2 damaged node(s):" in out
+
+    doc = json.loads(_run_cli(zk_connect, "group", SG, "--json").stdout)
+    assert [(m["consumer_id"], m["static"], m["instance_id"]) for m in doc["members"]] == [
+        (f"{SG}_10.0.0.7-1-x", False, None), (f"{SG}_pod-1", True, "pod-1")]
+    statics = {s["consumer_id"]: s for s in doc["static_members"]}
+    assert [s["state"] for s in statics.values()] == ["live", "away", "hold_expired",
+                                                      "hold_starting"]
+    pod2 = statics[f"{SG}_pod-2"]
+    assert pod2["instance_id"] == "pod-2" and pod2["host"] == "10.0.0.6"
+    assert pod2["topics"] == ["t2"] and pod2["held_until"].endswith("Z")
+    assert pod2["held_until_ms"] == pod2["away_since_ms"] + GRACE_MS
+    assert [d["path"] for d in doc["damaged"]] == [DAMAGED_STATIC, MISNAMED_STATIC]
+
+    r = _run_cli(zk_connect, "groups")
+    assert r.returncode == 0, r.stderr
+    assert "away, held until" in _line(r.stdout, SG, f"{SG}_pod-2")
+    assert _line(r.stdout, SG, f"{SG}_pod-1").endswith("live, static (instance pod-1)")
+    doc = json.loads(_run_cli(zk_connect, "groups", "--json").stdout)
+    (gs,) = [g for g in doc["groups"] if g["group"] == SG]
+    assert len(gs["static_members"]) == 4 and gs["read_at_ms"] > 0
+
+
+def test_snapshot_tolerates_static_records_vanishing(static_tree: tuple[KazooClient, int]) -> None:
+    client, now_ms = static_tree
+    gone = L.static_member(SG, f"{SG}_pod-2")
+    vanishing = _VanishingClient(client, {gone, DAMAGED_STATIC})
+    gs = take_snapshot(vanishing, L, now_ms=now_ms).group(SG)
+    assert sorted(vanishing.deleted) == sorted({gone, DAMAGED_STATIC})
+    assert [s.consumer_id for s in gs.static_members] == [f"{SG}_pod-{i}" for i in (1, 3, 4)]
+    assert [d.path for d in gs.damaged] == [MISNAMED_STATIC]

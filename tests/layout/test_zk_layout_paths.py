@@ -68,6 +68,8 @@ def test_every_path_under_default_root() -> None:
         L.offsets("g"): "/meta/consumers/g/offsets",
         L.offsets_dir("g", "t"): "/meta/consumers/g/offsets/t",
         L.offset("g", "t", Partition(broker_id=1, index=0)): "/meta/consumers/g/offsets/t/1-0",
+        L.static_members("g"): "/meta/consumers/g/static",
+        L.static_member("g", "g_pod-1"): "/meta/consumers/g/static/g_pod-1",
     }
     for built, path in expected.items():
         assert built == path
@@ -141,6 +143,8 @@ def test_builders_validate_names() -> None:
         lambda: L.broker_id(-1), lambda: L.broker_id(True), lambda: L.broker_id("0"),
         lambda: L.broker_id(2**31), lambda: L.broker_slave(0, -1), lambda: L.topic_sub("t", 0, -1),
         lambda: L.broker_id(1.0), lambda: L.owner("g", "t", 5),
+        lambda: L.static_member("g", "a/b"), lambda: L.static_member("g", ".."),
+        lambda: L.static_members("a/b"),
     ]
     for call in bad_calls:
         with pytest.raises(InvalidNameError):
@@ -208,6 +212,9 @@ def test_parse_rejects(parser, name) -> None:  # noqa: ANN001
     ("/meta/consumers/g/offsets", NodeKind.OFFSETS, {"group": "g"}),
     ("/meta/consumers/g/offsets/t", NodeKind.OFFSETS_DIR, {"topic": "t"}),
     ("/meta/consumers/g/offsets/t/0-0", NodeKind.OFFSET, {"partition": Partition(0, 0)}),
+    ("/meta/consumers/g/static", NodeKind.STATIC_MEMBERS, {"group": "g", "consumer_id": None}),
+    ("/meta/consumers/g/static/g_pod-1", NodeKind.STATIC_MEMBER,
+     {"group": "g", "consumer_id": "g_pod-1", "topic": None}),
 ])
 def test_classify(path: str, kind: NodeKind, fields: dict) -> None:
     ref = L.classify(path)
@@ -223,6 +230,7 @@ def test_classify(path: str, kind: NodeKind, fields: dict) -> None:
     "/meta/brokers/topics-sub/t/0-m/x", "/meta/brokers/topics-pub/t/0",
     "/meta/consumers/g/x", "/meta/consumers/g/ids/c/x", "/meta/consumers/g/owners/t/abc",
     "/meta/consumers/g/offsets/t/0-1/x", "/meta/consumers/g/offsets/a,b",
+    "/meta/consumers/g/static/g_c/x", "/meta/consumers/g/static/..", "/meta/consumers/g/statics",
     "/meta/consumers/a b", None,
 ])
 def test_classify_unknown(path: str) -> None:
@@ -247,6 +255,8 @@ def test_classify_inverts_builders(topic: str, group: str, broker: int, index: i
     assert (ref.kind, ref.group, ref.topic, ref.partition) == (NodeKind.OFFSET, group, topic, part)
     ref = L.classify(L.consumer_id(group, group + "_x"))
     assert (ref.kind, ref.consumer_id) == (NodeKind.CONSUMER_ID, group + "_x")
+    ref = L.classify(L.static_member(group, group + "_x"))
+    assert (ref.kind, ref.group, ref.consumer_id) == (NodeKind.STATIC_MEMBER, group, group + "_x")
 
 
 # -- partitions and Metaq's string order ----------------------------------------------------
