@@ -17,9 +17,7 @@ Does not import ``metaq``.
 """
 
 from zk_layout._codecs import (
-    MAX_STATIC_GRACE_MS,
     BrokerUri,
-    StaticMember,
     StoredOffset,
     TopicBroker,
     build_consumer_id,
@@ -27,14 +25,12 @@ from zk_layout._codecs import (
     decode_num_parts,
     decode_offset,
     decode_owner,
-    decode_static_member,
     decode_topic_broker,
     decode_topic_list,
     encode_broker_uri,
     encode_num_parts,
     encode_offset,
     encode_owner,
-    encode_static_member,
     encode_topic_broker,
     encode_topic_list,
     local_ip,
@@ -70,7 +66,14 @@ from zk_layout._snapshot import (
     read_tree,
     take_snapshot,
 )
-from zk_layout._static import StaticMemberInfo
+from zk_layout._static import (
+    MAX_STATIC_GRACE_MS,
+    StaticMember,
+    StaticMemberInfo,
+    decode_static_member,
+    encode_static_member,
+    iso_ms,
+)
 from zk_layout._topology import (
     Topology,
     broker_address,
@@ -153,6 +156,7 @@ __all__ = [
     "PartitionState",
     "Snapshot",
     "StaticMemberInfo",
+    "iso_ms",
     "TopicBrokerEntry",
     "TopicInfo",
     "TreeNode",

@@ -14,7 +14,6 @@ brokers/topics (legacy)  ``4``                                        numParts
 consumers/.../ids/<c>    ``t1,t2``                                    topic list
 consumers/.../owners     owner's consumer id                         owner
 consumers/.../offsets    ``<msgId>-<offset>``, ``-1-0``, legacy ``4096``  :class:`StoredOffset`
-consumers/.../static     ``{"instanceId":..,"awaySinceMs":..}`` (ours)  :class:`StaticMember`
 =======================  ==========================================  =====================
 """
 
@@ -36,7 +35,6 @@ from zk_layout._names import (
     check_broker_id,
     check_consumer_id,
     check_group,
-    check_name,
     check_slave_no,
     check_topic,
     parse_broker_child,
@@ -44,13 +42,9 @@ from zk_layout._names import (
 
 __all__ = [
     "BrokerUri",
-    "MAX_STATIC_GRACE_MS",
-    "StaticMember",
     "StoredOffset",
     "TopicBroker",
     "build_consumer_id",
-    "decode_static_member",
-    "encode_static_member",
     "decode_broker_uri",
     "decode_num_parts",
     "decode_offset",
@@ -216,11 +210,11 @@ def encode_topic_broker(value: TopicBroker) -> bytes:
     return f'{{"numParts":{value.num_parts},"broker":"{value.broker}"}}'.encode()
 
 
-def _no_constant(name: str) -> object:
+def reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in pairs:
         if key in out:
@@ -235,7 +229,7 @@ def decode_topic_broker(data: bytes | str | None, path: str = "") -> TopicBroker
     ``"<id>-s<N>"`` string."""
     text = node_text(data, path)
     try:
-        obj = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
+        obj = json.loads(text, parse_constant=reject_constant, object_pairs_hook=no_duplicate_keys)
     except (ValueError, RecursionError) as e:
         raise NodeDataError(path, data, f"not valid JSON ({e})") from None
     if not isinstance(obj, dict):
@@ -391,104 +385,3 @@ def decode_offset(data: bytes | str | None, path: str = "") -> StoredOffset:
     if offset > INT64_MAX:
         raise NodeDataError(path, data, "offset does not fit a Java long")
     return StoredOffset(offset=offset, msg_id=msg_id)
-
-
-# -- static members (metaq-py's extension: consumers/<group>/static/<consumerId>) ----------
-
-#: Longest grace a static member may ask for (a week, in ms): past it a typo, not a plan.
-MAX_STATIC_GRACE_MS = 7 * 24 * 3600 * 1000
-
-
-@dataclass(frozen=True, kw_only=True)
-class StaticMember:
-    """The persistent record of a static member (``consumers/<group>/static/<consumerId>``).
-
-    Written by the member when it joins (``away_since_ms`` None) and, when it
-    goes away without leaving for good, marked with the wall-clock time it was
-    seen gone (by itself on a graceful close, else by the first member that saw
-    its id node vanish).  While ``now < away_since_ms + grace_ms`` the other
-    metaq-py members plan as if it were still there: its partitions are held
-    for it, fetched by nobody.  Java Metaq members do not read this node.
-
-    >>> rec = StaticMember(instance_id="pod-1", consumer_id="g_pod-1", topics=("t",),
-    ...                    grace_ms=30000, session_timeout_ms=10000, away_since_ms=1000)
-    >>> rec.held_until_ms, rec.held(20000), rec.held(31000)
-    (31000, True, False)
-    >>> decode_static_member(encode_static_member(rec)) == rec
-    True
-    """
-
-    instance_id: str
-    consumer_id: str
-    topics: tuple[str, ...]
-    grace_ms: int
-    session_timeout_ms: int
-    away_since_ms: int | None = None
-    host: str = ""
-
-    @property
-    def held_until_ms(self) -> int | None:
-        """When the hold ends (epoch ms), or None while the member is present."""
-        return None if self.away_since_ms is None else self.away_since_ms + self.grace_ms
-
-    def held(self, now_ms: int) -> bool:
-        """Whether the member counts as a member at ``now_ms``: present, or away
-        within its grace."""
-        until = self.held_until_ms
-        return until is None or now_ms < until
-
-
-def _static_fields(value: StaticMember) -> dict[str, object]:
-    check_name("instance id", value.instance_id)
-    check_consumer_id(value.consumer_id)
-    topics = [check_topic(t) for t in value.topics]
-    if not topics:
-        raise ValueError("a static member subscribes to at least one topic")
-    for name, v, top in (("grace_ms", value.grace_ms, MAX_STATIC_GRACE_MS),
-                         ("session_timeout_ms", value.session_timeout_ms, INT32_MAX),
-                         ("away_since_ms", value.away_since_ms, 2**63 - 1)):
-        if v is None and name == "away_since_ms":
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
-            raise ValueError(f"{name} must be an integer in 0..{top}, got {v!r}")
-    return {"instanceId": value.instance_id, "consumerId": value.consumer_id,
-            "topics": topics, "graceMs": value.grace_ms,
-            "sessionTimeoutMs": value.session_timeout_ms,
-            "awaySinceMs": value.away_since_ms, "host": value.host}
-
-
-def encode_static_member(value: StaticMember) -> bytes:
-    """The record as compact JSON (keys in a fixed order)."""
-    if not isinstance(value, StaticMember):
-        raise TypeError(f"expected StaticMember, got {type(value).__name__}")
-    return json.dumps(_static_fields(value), separators=(",", ":")).encode("utf-8")
-
-
-def decode_static_member(data: bytes | str | None, path: str = "") -> StaticMember:
-    """Parse a static member record; anything but a well-formed one is a
-    :class:`NodeDataError` naming what is wrong."""
-    text = node_text(data, path)
-    try:
-        obj = json.loads(text, parse_constant=_no_constant, object_pairs_hook=_no_duplicates)
-    except (ValueError, RecursionError) as e:
-        raise NodeDataError(path, data, f"not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise NodeDataError(path, data, "expected a JSON object (a static member record)")
-    for key in ("instanceId", "consumerId", "topics", "graceMs", "sessionTimeoutMs"):
-        if key not in obj:
-            raise NodeDataError(path, data, f"missing {key!r}")
-    topics = obj["topics"]
-    if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
-        raise NodeDataError(path, data, f"topics must be a list of strings, not {topics!r}")
-    for key in ("instanceId", "consumerId", "host"):
-        if key in obj and not isinstance(obj[key], str):
-            raise NodeDataError(path, data, f"{key} must be a string, not {obj[key]!r}")
-    try:
-        value = StaticMember(
-            instance_id=obj["instanceId"], consumer_id=obj["consumerId"], topics=tuple(topics),
-            grace_ms=obj["graceMs"], session_timeout_ms=obj["sessionTimeoutMs"],
-            away_since_ms=obj.get("awaySinceMs"), host=obj.get("host", ""))
-        _static_fields(value)
-    except (ValueError, InvalidNameError) as e:
-        raise NodeDataError(path, data, str(getattr(e, "reason", e))) from None
-    return value

@@ -7,14 +7,12 @@ from collections.abc import Callable, Iterable, Mapping
 
 from zk_layout._codecs import (
     BrokerUri,
-    StaticMember,
     StoredOffset,
     TopicBroker,
     decode_broker_uri,
     decode_num_parts,
     decode_offset,
     decode_owner,
-    decode_static_member,
     decode_topic_broker,
     decode_topic_list,
     node_text,
@@ -22,6 +20,7 @@ from zk_layout._codecs import (
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import BrokerChild, Partition, parse_broker_child, sort_partitions
 from zk_layout._paths import NodeKind, NodeRef
+from zk_layout._static import StaticMember, decode_static_member
 
 __all__ = ["DEFAULT_MAX_PARTS_PER_BROKER", "decode_node", "partitions_for_topic"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from kazoo.exceptions import NoNodeError
 
-from zk_layout._codecs import BrokerUri, StaticMember, StoredOffset, TopicBroker
+from zk_layout._codecs import BrokerUri, StoredOffset, TopicBroker
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import (
     Partition,
@@ -36,7 +36,7 @@ from zk_layout._names import (
 )
 from zk_layout._nodes import NodeValue, decode_node, partitions_for_topic
 from zk_layout._paths import Layout, NodeKind, NodeRef
-from zk_layout._static import StaticMemberInfo
+from zk_layout._static import StaticMember, StaticMemberInfo
 
 __all__ = [
     "BrokerInfo",

@@ -21,16 +21,15 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from zk_layout._codecs import (
-    StaticMember,
     decode_broker_uri,
     decode_owner,
-    decode_static_member,
     decode_topic_list,
 )
 from zk_layout._errors import NodeDataError
 from zk_layout._names import parse_broker_child, sort_consumer_ids
 from zk_layout._nodes import partitions_for_topic
 from zk_layout._paths import Layout
+from zk_layout._static import StaticMember, decode_static_member
 
 __all__ = ["Topology", "read_topology", "read_members", "member_ids", "member_topics",
            "read_partitions", "read_owners", "read_static_members", "static_member_ids",

@@ -43,12 +43,10 @@ from __future__ import annotations
 import enum
 import logging
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Protocol
 
 from kazoo.client import KazooClient, KazooState
@@ -71,13 +69,11 @@ from metaq.consumer._offsets import (
     StaleOwnershipError,
     ZkOffsetStore,
 )
+from metaq.consumer._static import StaticMembership
 from metaq.consumer._subscription import PartitionState, SubscriptionState
 from metaq.consumer._view import GroupView
 from zk_layout import (
     Layout,
-    StaticMember,
-    Topology,
-    encode_static_member,
     encode_topic_list,
     partition_broker_id,
 )
@@ -169,10 +165,8 @@ class Coordinator:
         self._brokers: dict[int, tuple[str, int] | None] = {}
         #: static membership (config.instance_id): our record, the away members whose
         #: partitions we hold back, and when the first of those holds ends (monotonic)
-        self._static = config.instance_id is not None
-        self._held: dict[str, int] = {}  # consumer id -> held until (epoch ms)
-        self._next_hold_check = 0.0
-        self._conflict_since: float | None = None
+        self._static = StaticMembership(client, layout, group, consumer_id, config,
+                                        self._view, subscriptions.topics)
         self._leave_for_good = False
         #: owner nodes of partitions released locally whose delete did not get through
         #: (the connection dropped mid-release, in a session that then went on): deleted
@@ -246,7 +240,7 @@ class Coordinator:
         for it for ``static_grace`` unless ``leave`` (then it leaves for good)."""
         with self._cond:
             self._closing = True
-            self._leave_for_good = leave or not self._static
+            self._leave_for_good = leave
             self._cond.notify()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -317,7 +311,7 @@ class Coordinator:
         if time.monotonic() >= self._next_heartbeat and self._client.connected:
             self._heartbeat()
         now = time.monotonic()
-        if now >= self._next_hold_check > 0:
+        if now >= self._static.next_check > 0:
             rebalance = True  # a static member's hold ends: plan without it
         if (rebalance or now >= self._next_zk_retry > 0) and self._client.connected \
                 and now >= self._rejoin_at:
@@ -433,8 +427,8 @@ class Coordinator:
         due.extend(c.next_try for c in self._claims.values())
         if self._next_zk_retry > 0:
             due.append(self._next_zk_retry)
-        if self._next_hold_check > 0:
-            due.append(self._next_hold_check)
+        if self._static.next_check > 0:
+            due.append(self._static.next_check)
         return max(0.0, min(due) - now)
 
     def _guarded(self, step: Callable[[], None], *, retry: bool = True) -> None:
@@ -507,63 +501,16 @@ class Coordinator:
                 # a predecessor's session (e.g. this process restarted after kill -9) still
                 # holds our id: rebalance the moment its node goes, backoff retries meanwhile
                 self._client.exists(path, watch=self.request_rebalance)
-                self._check_duplicate(stat.ephemeralOwner)
+                self._static.conflict(stat.ephemeralOwner)
                 raise CoordinationError(
                     f"consumer id {self.consumer_id} is registered by another session "
                     f"(0x{stat.ephemeralOwner:x}); waiting for it to expire") from None
             self._client.set(path, data)
-        self._conflict_since = None
         self._registered_session = session
-        if self._static:
-            self._write_static_record(away_since_ms=None)
+        self._static.registered()
         log.info("group %s consumer %s: registered in session 0x%x%s", self._group,
                  self.consumer_id, session or 0,
-                 f" (static member {self._cfg.instance_id})" if self._static else "")
-
-    # -- static membership --------------------------------------------------------
-
-    def _static_record(self, away_since_ms: int | None) -> StaticMember:
-        assert self._cfg.instance_id is not None
-        return StaticMember(
-            instance_id=self._cfg.instance_id, consumer_id=self.consumer_id,
-            topics=tuple(self._subs.topics()),
-            grace_ms=int(self._cfg.static_grace * 1000),
-            session_timeout_ms=int(self._cfg.zk_session_timeout * 1000),
-            away_since_ms=away_since_ms, host=_HOST)
-
-    def _write_static_record(self, away_since_ms: int | None) -> None:
-        """Create or overwrite our static member record (persistent)."""
-        path = self._layout.static_member(self._group, self.consumer_id)
-        data = encode_static_member(self._static_record(away_since_ms))
-        try:
-            self._client.set(path, data)
-        except NoNodeError:
-            try:
-                self._client.create(path, data, makepath=True)
-            except NodeExistsError:
-                self._client.set(path, data)
-        self._view.forget_static(self.consumer_id)
-
-    def _check_duplicate(self, holder_session: int) -> None:
-        """Our static id is held by another session.  A predecessor of ours (this
-        instance killed and restarted) lets go within its session timeout; a node
-        held longer belongs to a live process with the same instance id: refuse."""
-        if not self._static:
-            return
-        now = time.monotonic()
-        if self._conflict_since is None:
-            self._conflict_since = now
-        record = self._view.read(self._subs.topics()).static.get(self.consumer_id)
-        their_timeout = record[0].session_timeout_ms / 1000 if record else 0.0
-        # ZooKeeper raises a session timeout below 2 ticks (4 s by default) to that
-        limit = max(their_timeout, self._cfg.zk_session_timeout, 4.0) + 2.0
-        if now - self._conflict_since > limit:
-            raise DuplicateInstanceError(
-                f"instance_id {self._cfg.instance_id!r} of group {self._group} is in use: "
-                f"consumer id {self.consumer_id} has been held by another live ZooKeeper "
-                f"session (0x{holder_session:x}) for {now - self._conflict_since:.1f}s, "
-                f"longer than its session timeout; this member stays out (it owns nothing). "
-                f"Give each process its own instance_id.")
+                 f" (static member {self._cfg.instance_id})" if self._static.enabled else "")
 
     def _refuse(self, error: DuplicateInstanceError) -> None:
         """A duplicate static member: own nothing, touch nothing of the other's, close."""
@@ -575,49 +522,6 @@ class Coordinator:
         self.settled.clear()
         self._set_state(State.CLOSED)
         self._on_error(error)
-
-    def _holds(self, topo: Topology, gen: int) -> dict[str, StaticMember]:
-        """The away static members whose partitions stay held for them now.
-
-        A record whose member has no id node is away: since the time written in it,
-        or, when none is written yet (the member died), since now, which we write
-        (conditional on the version we read: the member coming back, or another
-        member writing first, wins).  Past its grace a record is deleted (also
-        conditional): every member watches the records, so all plan without it at
-        once.  Our own record, marked away while we are here, is put right."""
-        now_ms = int(time.time() * 1000)
-        held: dict[str, StaticMember] = {}
-        until_min: int | None = None
-        for cid, (rec, version) in topo.static.items():
-            path = self._layout.static_member(self._group, cid)
-            if cid in topo.member_topics:
-                if cid == self.consumer_id and rec.away_since_ms is not None:
-                    self._write_static_record(away_since_ms=None)
-                continue
-            if cid == self.consumer_id:
-                continue
-            if rec.away_since_ms is None:
-                rec = StaticMember(**{**rec.__dict__, "away_since_ms": now_ms})
-                self._client.set_async(path, encode_static_member(rec), version)
-            until = rec.held_until_ms
-            assert until is not None
-            if now_ms < until:
-                held[cid] = rec
-                until_min = until if until_min is None else min(until_min, until)
-                if self._held.get(cid) != until:
-                    log.info("group %s consumer %s gen %d: static member %s is away; its "
-                             "partitions are held for it until %s", self._group,
-                             self.consumer_id, gen, cid, _iso(until))
-            else:
-                if cid in self._held:
-                    log.info("group %s consumer %s gen %d: static member %s did not come "
-                             "back by %s; the group plans without it", self._group,
-                             self.consumer_id, gen, cid, _iso(until))
-                self._client.delete_async(path, version)
-        self._held = {cid: rec.held_until_ms or 0 for cid, rec in held.items()}
-        self._next_hold_check = 0.0 if until_min is None else \
-            time.monotonic() + max(0.0, (until_min - now_ms) / 1000) + 0.005
-        return held
 
     # -- rebalance ----------------------------------------------------------------
 
@@ -650,9 +554,7 @@ class Coordinator:
         self._set_state(State.REBALANCING)
         topics = self._subs.topics()
         topo = self._view.read(self._subs.topics())
-        held = self._holds(topo, gen) if topo.static else {}
-        if not held:
-            self._next_hold_check = 0.0
+        held = self._static.holds(topo, gen)
         target: dict[tuple[str, str], int] = {}  # (topic, partition) -> broker id
         for topic in topics:
             members = topo.members.get(topic, [])
@@ -884,15 +786,10 @@ class Coordinator:
         registered = self._registered_session
         self._fetcher.remove_many(self._subs.assigned(), timeout=self._cfg.close_timeout)
         if self._client.connected and registered is not None:
-            if self._static:
-                try:
-                    if self._leave_for_good:
-                        self._client.delete(self._layout.static_member(self._group,
-                                                                       self.consumer_id))
-                    else:
-                        self._write_static_record(away_since_ms=int(time.time() * 1000))
-                except (NoNodeError, KazooException) as e:
-                    log.warning("updating the static member record at close: %r", e)
+            try:
+                self._static.leaving(for_good=self._leave_for_good)
+            except KazooException as e:
+                log.warning("updating the static member record at close: %r", e)
             try:
                 self._release_many(self._subs.assigned_keys(), self.generation)
             except (KazooException, MetaqError) as e:
@@ -905,14 +802,6 @@ class Coordinator:
         self._subs.drop_all()
         self._set_state(State.CLOSED)
         self.settled.clear()
-
-
-_HOST = socket.gethostname()
-
-
-def _iso(epoch_ms: int) -> str:
-    return datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(
-        timespec="milliseconds")
 
 
 def _names(keys: list[tuple[str, str]]) -> str:
