@@ -8,7 +8,7 @@ import sys
 import threading
 
 from metaq._cli._zkflags import add_zk_security_args, security_from_args
-from metaq.consumer import ConsumerConfig, Message, MessageConsumer, Rewind
+from metaq.consumer import STRATEGIES, ConsumerConfig, Message, MessageConsumer, Rewind
 
 __all__ = ["register"]
 
@@ -30,8 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--root", default="/meta", help="ZooKeeper root of the Metaq tree")
     p.add_argument("--consumer-id", default=None,
                    help="suffix of the consumer id (default ip-pid-uuid)")
-    p.add_argument("--strategy", default="default",
-                   choices=["default", "consist", "roundrobin", "sticky"])
+    p.add_argument("--instance-id", default=None, metavar="NAME",
+                   help="static membership: a name stable across restarts (consumer id "
+                        "<group>_<NAME>); its partitions wait for it --static-grace seconds")
+    p.add_argument("--static-grace", type=float, default=30.0, metavar="SECONDS",
+                   help="how long a static member's partitions are held while it is away")
+    p.add_argument("--leave", action="store_true",
+                   help="with --instance-id: on exit leave the group for good (the others "
+                        "rebalance at once) instead of having its partitions held")
+    p.add_argument("--strategy", default="default", choices=sorted(STRATEGIES))
     p.add_argument("--start", default="earliest", choices=["earliest", "latest"],
                    help="where a group with no committed offset starts")
     p.add_argument("--session-timeout", type=float, default=30.0, metavar="SECONDS")
@@ -49,7 +56,8 @@ def _line(m: Message) -> bytes:
 
 
 def run(args: argparse.Namespace) -> int:
-    options = dict(consumer_id=args.consumer_id, zk_root=args.root, strategy=args.strategy,
+    options = dict(consumer_id=args.consumer_id, instance_id=args.instance_id,
+                   static_grace=args.static_grace, zk_root=args.root, strategy=args.strategy,
                    start_position=args.start, zk_session_timeout=args.session_timeout,
                    commit_period=args.commit_period, zk_security=security_from_args(args))
     if args.fetch_runners is not None:
@@ -82,13 +90,15 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     errors: list[BaseException] = []
     consumer = MessageConsumer(args.group, args.zk, config=config, on_error=errors.append)
-    with consumer:
+    try:
         for topic in args.topic:
             consumer.subscribe(topic, listener, max_size=args.max_size)
         consumer.start()
         while not done.wait(0.5):
             if consumer.failed is not None:
                 break
+    finally:
+        consumer.close(leave=args.leave)
     failed = consumer.failed
     for e in errors:
         if e is not failed:

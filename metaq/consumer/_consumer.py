@@ -312,7 +312,8 @@ class MessageConsumer:
     @property
     def failed(self) -> BaseException | None:
         """The error that made this member give up for good (its coordinator failed
-        MAX_FAILURES times in a row); None while it works."""
+        MAX_FAILURES times in a row, or its instance_id is held by another live process:
+        DuplicateInstanceError); None while it works."""
         return self._coordinator.failed
 
     def check(self) -> None:

@@ -13,7 +13,13 @@ from helpers.procs import start_broker, stop_all
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import free_port, wait_until
-from zk_layout import Layout, StaticMember, decode_offset, encode_static_member
+from zk_layout import (
+    Layout,
+    StaticMember,
+    decode_offset,
+    decode_static_member,
+    encode_static_member,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -197,3 +203,22 @@ def test_group_describe_shows_static_member_states(zk_connect, zk_client):
     assert pod2["text"].startswith(f"away, held until {pod2['held_until']} (in ")
     notes = {p["partition"]: p["note"] for p in report["partitions"]}
     assert notes == {"0-0": None, "0-1": None, "0-2": "may be held for an away static member"}
+
+
+def test_consume_as_a_static_member_is_held_on_exit_or_leaves_with_leave(zk_connect,
+                                                                        zk_client, cluster):
+    """`metaq consume --instance-id`: its record says it is away after a plain exit (the
+    group holds its partitions), and is gone after an exit with --leave."""
+    path = L.static_member("st", "st_pod-1")
+    for leave, expect_record in (([], True), (["--leave"], False)):
+        out = metaq("consume", "--zk", zk_connect, "--group", "st", "--topic", TOPIC,
+                    "--count", "5", "--instance-id", "pod-1", "--static-grace", "600",
+                    *leave)
+        assert out.returncode == 0, out.stderr
+        assert "consumed 5 messages" in out.stderr
+        if expect_record:
+            rec = decode_static_member(zk_client.get(path)[0], path)
+            assert rec.instance_id == "pod-1" and rec.away_since_ms is not None
+            assert rec.grace_ms == 600_000
+        else:
+            assert zk_client.exists(path) is None
