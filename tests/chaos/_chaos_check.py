@@ -19,15 +19,36 @@ Checks (each failure is a line in :attr:`Verdict.violations`):
    at offsets >= the new run's start, spanning at most ``late_bytes``;
 6. every owner node is held by the session its member is registered with;
 7. no stretch longer than ``idle_bound`` seconds where a partition was
-   unowned while a registered member owned nothing, and no partition unowned
-   longer than ``unowned_bound`` seconds;
-8. no background error line (``E``) and no unparsable line from a member;
+   unowned (and not held for an away static member, 10) while a registered
+   member owned nothing, and no partition unowned longer than ``unowned_bound``
+   seconds (plus the grace of the static member it was held for, if it was);
+8. no background error line (``E``) and no unparsable line from a member
+   (``I``, a duplicate's refusal, is checked by 10);
 9. data faults (issue 13): an acknowledged message may go undelivered only when
    a member reported damaged bytes (``D``) covering it, and every message a
    ``disk_flip`` damaged was either delivered before or reported; no offset is
    acknowledged for two messages; a run that began with a reset of a garbage
    offset node (``O``) is exempt from 3 and 4 (it starts where offset_reset
    says), and a run may step over reported damage (2, 4).
+10. static members (issue 15), from the samples of their records: a static
+   member is *away* while its id node is gone and its record is within the
+   grace (``away_since + grace``; a record not marked yet counts from now, as
+   the members do).  Its *held* partitions are its share of the plan over the
+   registered members plus the away ones (the members' own rule: the partitions
+   it owned before it went away, unless the group or the published partitions
+   changed meanwhile).  No other member claims a held partition
+   (``held-claimed``): a claim fails when every sample from ``HOLD_LOOKBACK``
+   seconds before it to the first one after it shows the partition reserved
+   for the away member (held, or owned by it as its share before it went away)
+   and that first one shows the member away.  The others mark it away in its
+   record within ``MARK_BOUND`` seconds of its id node going
+   (``away-unmarked``: the group did not see it go; stretches near a
+   ZooKeeper node stop are excused, nothing is written without a quorum).  A
+   duplicate process of a static slot (``<slot>#d<n>``) prints ``I``
+   (DuplicateInstanceError) and never claims, delivers, registers or owns
+   anything (``duplicate-owned``, ``duplicate-not-refused``); a member's own
+   incarnation is never refused as a duplicate (``refused-not-duplicate``).
+   Two owners stay impossible: 5 and 6 apply to static members unchanged.
 """
 
 from __future__ import annotations
@@ -37,10 +58,22 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from _chaos_faults import Fault
-from _chaos_procs import Event
+from _chaos_procs import Event, is_duplicate
 from _chaos_zk import Commit, Sample
 
+from metaq.consumer import get_strategy
+
 _EXAMPLES = 8  # examples kept per kind of violation
+#: check 10: how stale a member's view of the group may be when it claims (seconds)
+HOLD_LOOKBACK = 1.5
+#: check 10: the first sample after a claim must start within this many seconds of it
+HOLD_LOOKAHEAD = 1.0
+#: check 10: a static member gone this long with its record not marked away: nobody saw
+#: it go (members mark it in the rebalance its id node's going starts, well under 1 s)
+MARK_BOUND = 2.0
+#: ... unless a ZooKeeper node was stopped from this long before to this long after
+MARK_ELECTION_MARGIN = (1.0, 3.0)
+_PLAN = get_strategy("default")  # the chaos members' strategy
 
 
 @dataclass
@@ -144,10 +177,226 @@ def _session_times(samples: list[Sample]
     return alive, ended
 
 
+# -- static members (check 10) ----------------------------------------------------------
+
+def _away(s: Sample, cid: str, t: float) -> int | None | bool:
+    """Whether static member ``cid`` counts as away (held) in view of sample ``s`` at
+    time ``t``, given that its id node is gone: False when not, else when its hold
+    ends (epoch ms; None: not marked yet, the members hold it from now on)."""
+    rec = s.statics.get(cid)
+    if rec is None:
+        return False
+    away_ms, grace_ms = rec
+    if away_ms is None:
+        return None
+    return away_ms + grace_ms if t * 1000 < away_ms + grace_ms else False
+
+
+_Plans = list[tuple[dict[str, "int | None"], dict[str, set[str]]]]
+#: plans computed during one check, by (id of the sample, strict): the samples outlive it
+_Cache = dict[tuple[int, bool], _Plans]
+
+
+def _plans(s: Sample, cache: _Cache, *, strict: bool) -> _Plans:
+    """Per membership view of ``s`` (before and after its owners, when they differ):
+    (away static members -> hold end, every member's share of the plan over the
+    registered and the away ones and the published partitions).  ``strict``
+    judges the hold at the sample's end, else at its start (more held)."""
+    cached = cache.get((id(s), strict))
+    if cached is not None:
+        return cached
+    out: _Plans = []
+    views = [s.ids_before] if s.ids_before == s.ids_after else [s.ids_before, s.ids_after]
+    for view in views:
+        held: dict[str, int | None] = {}
+        for cid in s.statics:
+            if cid in view:
+                continue
+            until = _away(s, cid, s.t if strict else s.t0)
+            if until is not False:
+                held[cid] = until  # type: ignore[assignment]
+        members = sorted(set(view) | set(held))
+        plan = _PLAN.assign_all(members, sorted(s.published)) if members else {}
+        out.append((held, {c: set(ps) for c, ps in plan.items()}))
+    cache[(id(s), strict)] = out
+    return out
+
+
+def _held_parts(s: Sample, cache: _Cache) -> dict[str, int]:
+    """Partitions held for away static members in ``s`` (leniently: in either view,
+    the hold judged at the sample's start) -> the longest grace they are held for (ms)."""
+    out: dict[str, int] = {}
+    for held, plan in _plans(s, cache, strict=False):
+        for cid in held:
+            grace = s.statics[cid][1]
+            for p in plan.get(cid, ()):
+                out[p] = max(out.get(p, 0), grace)
+    return out
+
+
+def _reserved(s: Sample, cid: str, part: str, cache: _Cache) -> str | None:
+    """Strictly, whether ``part`` is reserved for static member ``cid`` in ``s``:
+    ``"held"`` (away, within its grace, its share in every view), ``"owned"``
+    (registered in both views, owning it, its share in every view), else None."""
+    plans = _plans(s, cache, strict=True)
+    if not all(part in plan.get(cid, ()) for _held, plan in plans):
+        return None
+    if all(cid in held for held, _plan in plans) and cid not in s.ids_before \
+            and cid not in s.ids_after:
+        return "held"
+    if cid in s.ids_before and cid in s.ids_after and s.owners.get(part, ("",))[0] == cid:
+        return "owned"
+    return None
+
+
+@dataclass
+class _Away:
+    cid: str
+    start: float                # first sample showing it away
+    end: float | None = None    # first sample showing it back, or past its grace
+    returned: bool = False      # came back within the grace
+    owned_before: frozenset[str] = frozenset()  # what it owned in the last sample before
+
+
+def _away_intervals(samples: list[Sample], cids: set[str]) -> list[_Away]:
+    """When each static member was away within its grace, from the samples (a sample
+    seeing it in one view only changes nothing)."""
+    out: list[_Away] = []
+    current: dict[str, _Away] = {}
+    owned: dict[str, frozenset[str]] = {}
+    for s in samples:
+        for cid in cids:
+            present = cid in s.ids_before and cid in s.ids_after
+            absent = cid not in s.ids_before and cid not in s.ids_after
+            if present:
+                owned[cid] = frozenset(p for p, (c, _x) in s.owners.items() if c == cid)
+            held = absent and _away(s, cid, s.t) is not False
+            a = current.get(cid)
+            if a is None and held:
+                current[cid] = a = _Away(cid, s.t, owned_before=owned.get(cid, frozenset()))
+                out.append(a)
+            elif a is not None and (present or (absent and not held)):
+                a.end, a.returned = s.t, present
+                del current[cid]
+    return out
+
+
+def _unmarked(v: Verdict, samples: list[Sample], cids: set[str],
+              faults: list[Fault]) -> float:
+    """Stretches where a static member's id node was gone and its record still said
+    it was there; returns the longest one not excused by a ZooKeeper node stop."""
+    before, after = MARK_ELECTION_MARGIN
+    stops = [(f.started - before, (f.repaired or f.started + f.hold) + after)
+             for f in faults if f.kind == "zk_stop" and f.started is not None]
+    longest = 0.0
+    for cid in sorted(cids):
+        since: float | None = None
+        for s in [*samples, None]:
+            gone = s is not None and cid not in s.ids_before and cid not in s.ids_after \
+                and s.statics.get(cid, (0,))[0] is None
+            if gone and since is None:
+                since = s.t  # type: ignore[union-attr]
+            elif not gone and since is not None:
+                end = s.t if s is not None else samples[-1].t
+                excused = any(a <= end and since <= b for a, b in stops)
+                if not excused:
+                    longest = max(longest, end - since)
+                    if end - since > MARK_BOUND:
+                        v.fail("away-unmarked",
+                               f"static member {cid}'s id node was gone from {since:.3f} for "
+                               f"{end - since:.1f}s with its record never marked away (bound "
+                               f"{MARK_BOUND:g}s): the other members did not see it go")
+                since = None
+    return longest
+
+
+def _check_static(v: Verdict, events: list[Event], samples: list[Sample], group: str,
+                  static: dict[str, float], faults: list[Fault],
+                  cache: _Cache) -> dict[str, object]:
+    """Check 10; returns its metrics."""
+    cids = set(static) | {c for s in samples for c in s.statics}
+    aways = _away_intervals(samples, cids)
+    max_unmarked = _unmarked(v, samples, cids, faults)
+    starts = [s.t0 for s in samples]
+    checked = 0
+    for e in events:
+        if e.kind != "A" or is_duplicate(e.who):
+            continue
+        claimant = f"{group}_c{e.slot}"
+        k = bisect.bisect_left(starts, e.t)  # the first sample starting after the claim
+        if k >= len(samples) or samples[k].t0 - e.t > HOLD_LOOKAHEAD:
+            continue  # no sample soon after (ZooKeeper electing): cannot tell
+        window = [s for s in samples[:k + 1] if s.t >= e.t - HOLD_LOOKBACK]
+        if len(window) < 2:
+            continue
+        after = samples[k]
+        for cid in sorted(cids - {claimant}):
+            if cid in after.ids_before or cid in after.ids_after or _away(
+                    after, cid, after.t) is False:
+                continue  # not away when the claim was sampled
+            checked += 1
+            kinds = [_reserved(s, cid, e.part, cache) for s in window]
+            if None in kinds or kinds[-1] != "held":
+                continue
+            a = next((a for a in aways if a.cid == cid and a.start <= after.t
+                      and (a.end is None or a.end >= after.t)), None)
+            rec = after.statics.get(cid, (None, 0))
+            until = "not marked yet" if rec[0] is None else f"{(rec[0] + rec[1]) / 1000:.3f}"
+            before = "" if a is None else (
+                f"; it owned {e.part} before it went away at {a.start:.3f}"
+                if e.part in a.owned_before else
+                f"; it owned {sorted(a.owned_before)} before it went away at {a.start:.3f}")
+            v.fail("held-claimed",
+                   f"{e.part}: {e.who} ({claimant}) claimed it at {e.t:.3f} while static "
+                   f"member {cid} was away within its grace (held until {until}) and "
+                   f"{e.part} was its share of the plan{before}")
+    # duplicates of a static slot: refused, owning nothing
+    dups: dict[str, list[Event]] = defaultdict(list)
+    for e in events:
+        if is_duplicate(e.who):
+            dups[e.who].append(e)
+        elif e.kind == "I":
+            v.fail("refused-not-duplicate",
+                   f"{e.who} ({group}_c{e.slot}), a member's own incarnation, was refused "
+                   f"as a duplicate instance at {e.t:.3f}: {e.body}")
+    refused = 0
+    for who, evs in dups.items():
+        cid = f"{group}_c{evs[0].slot}"
+        took = [e for e in evs if e.kind in ("A", "M")]
+        if took:
+            v.fail("duplicate-owned",
+                   f"duplicate {who} of {cid} " + ("claimed" if took[0].kind == "A" else
+                                                    "delivered from")
+                   + f" {took[0].part} at {took[0].t:.3f} ({len(took)} A/M lines)")
+        sessions = {int(e.session, 16) for e in evs if e.session not in ("", "-")}
+        for s in samples:
+            if s.ids_before.get(cid) in sessions or s.ids_after.get(cid) in sessions:
+                v.fail("duplicate-owned", f"duplicate {who} registered {cid} in its own "
+                                          f"session, sampled at {s.t:.3f}")
+                break
+            mine = sorted(p for p, (c, x) in s.owners.items() if x in sessions)
+            if mine:
+                v.fail("duplicate-owned", f"duplicate {who} of {cid} held owner nodes of "
+                                          f"{mine}, sampled at {s.t:.3f}")
+                break
+        if any(e.kind == "I" for e in evs):
+            refused += 1
+        else:
+            v.fail("duplicate-not-refused",
+                   f"duplicate {who} of {cid} never printed DuplicateInstanceError")
+    return dict(static_away=len(aways), static_returned=sum(a.returned for a in aways),
+                max_unmarked_s=round(max_unmarked, 2),
+                static_ran_out=sum(a.end is not None and not a.returned for a in aways),
+                held_claims_checked=checked, duplicate_procs=len(dups),
+                duplicates_refused=refused)
+
+
 def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
           commits: dict[str, list[Commit]], samples: list[Sample], faults: list[Fault],
           partitions: list[str], group: str, late_bytes: int, idle_bound: float,
-          unowned_bound: float) -> Verdict:
+          unowned_bound: float, static: dict[str, float] | None = None) -> Verdict:
+    """``static``: consumer id -> grace (seconds) of the static slots (their records
+    in the samples say the same; this names them when none was sampled)."""
     v = Verdict()
     runs = build_runs(events, v)
     deliveries = [e for e in events if e.kind == "M"]
@@ -297,9 +546,10 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
                    f"it had in flight")
 
     # 6./7. ZooKeeper samples
+    cache: _Cache = {}
     unowned_since: dict[str, float] = {}
-    max_unowned = 0.0
-    unowned_at: tuple[str, float] = ("", 0.0)
+    held_grace: dict[str, int] = {}  # an unowned stretch held for an away member: its grace
+    stretches: list[tuple[str, float, float, int | None]] = []  # part, since, length, grace
     idle_since: float | None = None
     max_idle = idle_at = 0.0
     for s in samples:
@@ -309,28 +559,41 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
                        f"{p} owned by session {session:x} naming {cid}, registered as "
                        f"{s.ids_before.get(cid)}/{s.ids_after.get(cid)} at {s.t:.3f}")
         unowned = s.published - set(s.owners)  # a gone broker's partitions are nobody's
+        held = _held_parts(s, cache) if s.statics else {}
         for p in unowned:
             unowned_since.setdefault(p, s.t)
+            if p in held:
+                held_grace[p] = max(held_grace.get(p, 0), held[p])
         for p, since in list(unowned_since.items()):
-            if s.t - since > max_unowned:
-                max_unowned, unowned_at = s.t - since, (p, since)
-            if p not in unowned:
+            if p not in unowned:  # owned again (or its broker gone): the stretch ends
+                stretches.append((p, since, s.t - since, held_grace.pop(p, None)))
                 del unowned_since[p]
         stable = {c for c, sess in s.ids_before.items() if s.ids_after.get(c) == sess}
         owning = {cid for cid, _ in s.owners.values()}
-        if unowned and stable - owning:
+        if unowned - set(held) and stable - owning:
             idle_since = s.t if idle_since is None else idle_since
             if s.t - idle_since > max_idle:
                 max_idle, idle_at = s.t - idle_since, idle_since
         else:
             idle_since = None
-    if max_unowned > unowned_bound:
-        v.fail("unowned", f"{unowned_at[0]} stayed unowned {max_unowned:.1f}s from "
-                          f"{unowned_at[1]:.3f} (bound {unowned_bound:.0f}s)")
+    if samples:  # stretches still open at the last sample
+        stretches += [(p, since, samples[-1].t - since, held_grace.get(p))
+                      for p, since in unowned_since.items()]
+    max_unowned = max((n for _p, _s, n, g in stretches if g is None), default=0.0)
+    max_unowned_held = max((n for _p, _s, n, g in stretches if g is not None), default=0.0)
+    for p, since, length, grace in sorted(stretches, key=lambda x: x[1]):
+        if length > unowned_bound + (grace or 0) / 1000:
+            v.fail("unowned", f"{p} stayed unowned {length:.1f}s from {since:.3f} (bound "
+                              f"{unowned_bound:.0f}s" + (
+                                  f" + the grace {grace / 1000:g}s of the static member "
+                                  f"it was held for" if grace else "") + ")")
     if max_idle > idle_bound:
         v.fail("idle-member", f"for {max_idle:.1f}s a registered member owned nothing while "
                               f"partitions were unowned, from {idle_at:.3f} "
                               f"(bound {idle_bound:.0f}s)")
+
+    # 10. static members: held partitions, duplicates
+    static_metrics = _check_static(v, events, samples, group, static or {}, faults, cache)
 
     lost = [e for e in events if e.kind == "Z" and e.body == "LOST"]
     keys = Counter((d.part, d.offset) for d in deliveries)
@@ -341,14 +604,16 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
         resets=resets, offsets_reused=offsets_reused,
         runs=len(runs), lenient_starts=lenient, zombie_deliveries=zombie,
         zombie_committed=zombie_committed, zombie_max_s=round(zombie_max_s, 2),
-        max_unowned_s=round(max_unowned, 2),
+        max_unowned_s=round(max_unowned, 2), max_unowned_held_s=round(max_unowned_held, 2),
         max_idle_s=round(max_idle, 2), sessions_lost=len(lost),
-        commits_seen=sum(len(h) for h in histories.values()), samples=len(samples))
+        commits_seen=sum(len(h) for h in histories.values()), samples=len(samples),
+        **static_metrics)
     return v
 
 
 def check_dump(path: str, **bounds: float) -> Verdict:
-    """Run :func:`check` again on a ``chaos-data.jsonl`` left by a failed run."""
+    """Run :func:`check` again on a ``chaos-data.jsonl`` left by a failed run (the
+    static slots are named by their sampled records)."""
     import json
 
     from _chaos_zk import Sample
@@ -373,7 +638,8 @@ def check_dump(path: str, **bounds: float) -> Verdict:
                 s = d["sample"]
                 samples.append(Sample(s.get("t0", s["t"] - 0.05), s["t"], s["ids_before"],
                                       {p: tuple(o) for p, o in s["owners"].items()},
-                                      s["ids_after"], frozenset(s["published"])))
+                                      s["ids_after"], frozenset(s["published"]),
+                                      {c: tuple(r) for c, r in s.get("statics", {}).items()}))
             elif "fault" in d:
                 faults.append(Fault(**d["fault"]))
     partitions = sorted({p for s in samples for p in s.published} | set(commits))

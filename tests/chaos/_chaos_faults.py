@@ -8,11 +8,20 @@ and restarts it) in a seeded order (so every
 run injects every kind), the first ZooKeeper fault stopping the leader, until
 the chaos window ends.
 
+With static slots (issue 15), three more kinds join the rounds
+(:data:`STATIC_KINDS`): ``consumer_restart`` (SIGTERM, a graceful close, and a
+restart: a static member marks itself away), ``static_away`` (kill -9 a static
+member and keep it down past its session and its grace: the others must plan
+without it once the grace runs out) and ``duplicate_instance`` (a second
+process with a live static member's instance id, run until it is refused, then
+stopped).  Plans without static slots are what they were (same draws).
+
 :class:`FaultRunner` starts each fault on its own thread at its time.  A
 fault first takes its target's lock (one fault per member, broker or the
 ensemble at a time) and, for member faults, one of two "impaired member"
 slots, so the group always keeps two healthy members and the ensemble keeps
-a quorum.
+a quorum (a duplicate takes its slot's lock, not an impaired slot: the member
+it duplicates goes on).
 Each executed fault records when it really started and ended.
 """
 
@@ -30,7 +39,14 @@ log = logging.getLogger(__name__)
 
 KINDS = ("consumer_kill", "broker_kill", "zk_stop", "session_expire", "consumer_sigstop",
          "zk_garbage", "disk_flip")
-MEMBER_KINDS = ("consumer_kill", "session_expire", "consumer_sigstop")
+#: with static slots only (see the module doc)
+STATIC_KINDS = ("consumer_restart", "static_away", "duplicate_instance")
+#: faults that impair their member (one of the impaired slots, a new session after)
+MEMBER_KINDS = ("consumer_kill", "session_expire", "consumer_sigstop", "consumer_restart",
+                "static_away")
+#: how long a duplicate runs, planned: its refusal takes about 6-13 s (it waits out
+#: the session timeout plus 2 s of conflict, asking again with backoff) plus its start
+DUPLICATE_RUN = 12.0
 
 
 @dataclass
@@ -49,24 +65,31 @@ class Fault:
     effective: bool | None = None
     # disk_flip: the message whose bytes were flipped, [partition, offset, next offset]
     damaged: list | None = None
+    # duplicate_instance: the duplicate process's ``who`` (``<slot>#d<n>``)
+    who: str | None = None
+    # static_away: whether the member's grace had run out when it was restarted
+    held_out: bool | None = None
 
     def describe(self) -> str:
         target = self.target if self.node is None else f"{self.target}=node{self.node}"
-        return f"t+{self.at:5.1f}s {self.kind:<16} {target!s:<12} hold {self.hold:.1f}s"
+        return f"t+{self.at:5.1f}s {self.kind:<18} {target!s:<12} hold {self.hold:.1f}s"
 
 
 def make_plan(seed: int, window: float, *, members: int, brokers: int,
-              session_timeout: float, max_impaired_members: int = 2) -> list[Fault]:
+              session_timeout: float, max_impaired_members: int = 2,
+              static_slots: tuple[int, ...] = (), static_grace: float = 8.0) -> list[Fault]:
     """A seeded plan whose faults fit the window.
 
-    Rounds of the five kinds in a seeded order; each fault starts at the first moment
+    Rounds of the kinds in a seeded order; each fault starts at the first moment
     (after the previous one) when a target of its kind is free.  A target stays busy
     for its fault plus a rough estimate of its recovery.  At most one broker is down,
     at most ``max_impaired_members`` members are impaired, and ZooKeeper stops never
-    overlap session faults (a leader election restarts session timers, so it could
-    save a session held past its timeout).
+    overlap session faults or duplicates (a leader election restarts session timers,
+    so it could save a session held past its timeout).  ``static_slots``: the members
+    run as static members with ``static_grace``; the static kinds join the rounds.
     """
     rng = random.Random(seed)
+    all_kinds = KINDS + STATIC_KINDS if static_slots else KINDS
     busy: dict[tuple, float] = {}  # target key -> planned free again at
     plan: list[Fault] = []
     t = 1.0
@@ -80,7 +103,13 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
             if impaired >= max_impaired_members or (
                     kind != "consumer_kill" and is_busy(("zk",))):
                 return []
-            return [i for i in range(members) if not is_busy(("member", i))]
+            slots = static_slots if kind == "static_away" else range(members)
+            return [i for i in slots if not is_busy(("member", i)) and not is_busy(("dup", i))]
+        if kind == "duplicate_instance":
+            if is_busy(("zk",)):
+                return []
+            return [i for i in static_slots
+                    if not is_busy(("member", i)) and not is_busy(("dup", i))]
         if kind in ("broker_kill", "disk_flip"):
             down = any(k[0] == "broker" and until > at for k, until in busy.items())
             return [] if down else list(range(brokers))
@@ -89,7 +118,7 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
         return [] if is_busy(("zk",)) or is_busy(("session",)) else ["zk"]
 
     while True:
-        kinds = list(KINDS)
+        kinds = list(all_kinds)
         rng.shuffle(kinds)
         for kind in kinds:
             while not free(kind, t) and t < window:
@@ -106,17 +135,28 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
                 # held beyond the session timeout: the server expires the session
                 "session_expire": session_timeout + rng.uniform(1.0, 2.0),
                 "consumer_sigstop": session_timeout + rng.uniform(1.0, 2.0),
-            }[kind]
+            }.get(kind, 0.0)
             recovery = {  # rough: the old session to expire, a start, a new registration
                 "consumer_kill": session_timeout + 3.0, "broker_kill": 7.0, "zk_stop": 3.0,
                 "session_expire": 2.0, "consumer_sigstop": 2.0, "disk_flip": 7.0,
-                "zk_garbage": 0.0}[kind]
+                "zk_garbage": 0.0}.get(kind, 3.0)
+            if kind in STATIC_KINDS:  # (drawn only here: plans without them stay the same)
+                hold = {
+                    "consumer_restart": rng.uniform(0.0, 2.0),  # closed, down, restarted
+                    # down past its session and its grace
+                    "static_away": session_timeout + static_grace + rng.uniform(2.0, 4.0),
+                    "duplicate_instance": rng.uniform(1.0, 3.0),  # runs on once refused
+                }[kind]
             if kind == "zk_stop":
                 target: int | str = "leader" if first_zk or rng.random() < 0.5 else "follower"
                 first_zk = False
                 busy[("zk",)] = t + hold + recovery
             elif kind == "zk_garbage":
                 target = rng.choice(choices)
+            elif kind == "duplicate_instance":
+                target = rng.choice(choices)
+                busy[("dup", target)] = t + DUPLICATE_RUN + hold
+                busy[("session",)] = max(busy.get(("session",), 0.0), t + DUPLICATE_RUN + hold)
             else:
                 target = rng.choice(choices)
                 busy[("member" if kind in MEMBER_KINDS else "broker", target)] = (

@@ -1,6 +1,8 @@
 """One member of the chaos suite's consumer group, run as a subprocess.
 
 ``python _chaos_member.py --zk HOSTS/CHROOT --group G --topic T --id ID ...``
+or, for a static member (issue 15), ``... --instance ID --static-grace S`` (its
+consumer id is ``<group>_<ID>`` either way: a slot keeps its id as static member).
 
 A :class:`metaq.MessageConsumer` that writes one line per event to stdout
 (line-flushed; every line starts with a kind letter and ``time.time()``, the
@@ -12,6 +14,8 @@ wall clock every process on the machine shares)::
     Z <t> <STATE> <session>                     ZooKeeper connection state change
     D <t> <partition> <offset> <next offset>    damaged bytes reported and skipped
     O <t> <partition> <action>                  a position outside the log, reset
+    I <t> <error>                               refused: another live process has
+                                                this instance id (DuplicateInstanceError)
     E <t> <error>                               any other background error
     T <t> <count> <names>                       threads other than main left after close
     X <t> <exit code>                           clean exit
@@ -35,7 +39,12 @@ import time
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
-from metaq import DamagedMessageError, MessageConsumer, OffsetOutOfRangeError
+from metaq import (
+    DamagedMessageError,
+    DuplicateInstanceError,
+    MessageConsumer,
+    OffsetOutOfRangeError,
+)
 
 _out = sys.stdout.buffer
 _lock = threading.Lock()
@@ -53,7 +62,10 @@ def main() -> int:
     p.add_argument("--zk", required=True)
     p.add_argument("--group", required=True)
     p.add_argument("--topic", required=True)
-    p.add_argument("--id", required=True)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--id", help="a dynamic member's consumer id suffix")
+    who.add_argument("--instance", help="a static member's instance id")
+    p.add_argument("--static-grace", type=float, default=30.0)
     p.add_argument("--session-timeout", type=float, default=3.0)
     p.add_argument("--commit-period", type=float, default=0.5)
     p.add_argument("--fetch-runners", type=int, default=2)
@@ -95,6 +107,8 @@ def main() -> int:
             emit("D", e.partition, e.offset, e.next_offset)
         elif isinstance(e, OffsetOutOfRangeError):
             emit("O", e.partition, e.action)
+        elif isinstance(e, DuplicateInstanceError):
+            emit("I", repr(e).replace("\n", " "))
         else:
             emit("E", repr(e).replace("\n", " "))
 
@@ -113,8 +127,10 @@ def main() -> int:
             done_waiting = threading.Event()
             done_waiting.wait(0.2)  # between attempts, not a synchronisation
     emit("Z", "STARTED", session())
+    identity = ({"consumer_id": args.id} if args.instance is None else
+                {"instance_id": args.instance, "static_grace": args.static_grace})
     consumer = MessageConsumer(
-        args.group, client, consumer_id=args.id, zk_session_timeout=args.session_timeout,
+        args.group, client, **identity, zk_session_timeout=args.session_timeout,
         commit_period=args.commit_period, fetch_runner_count=args.fetch_runners,
         max_fetch_delay=args.max_fetch_delay,
         on_error=on_error,

@@ -5,7 +5,10 @@
   the ZooKeeper ensemble only through its own :class:`ZkProxy` per ensemble
   node, so :meth:`Member.block_zk` blackholes all of its ZooKeeper traffic and
   its session really expires on the server.  A reader thread parses its
-  stdout into :class:`Event` records.
+  stdout into :class:`Event` records.  A static slot (``static_grace``) runs with
+  ``--instance`` and keeps that instance id across incarnations;
+  :meth:`Member.start_duplicate` runs a second process of a static slot (same
+  instance id) beside the live one, which must be refused.
 - :class:`ProducerLoop`: a thread sending ``seq-<n>`` bodies at a steady rate
   and recording, per sequence number, the acknowledged (partition, offset).
 - :func:`child_pids`: live children of this process (leak check).
@@ -30,15 +33,16 @@ MEMBER_SCRIPT = Path(__file__).with_name("_chaos_member.py")
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One line of a member's output.  ``who`` is ``<slot>#<incarnation>``."""
+    """One line of a member's output.  ``who`` is ``<slot>#<incarnation>``, or
+    ``<slot>#d<n>`` for the n-th duplicate process of a static slot."""
 
-    kind: str          # M, A, R, Z, D, O, E, T, X (see _chaos_member.py)
+    kind: str          # M, A, R, Z, D, O, I, E, T, X (see _chaos_member.py)
     t: float           # the member's time.time() when it happened
     who: str
     slot: int
     part: str = ""     # M/A/R/D/O
     offset: int = -1   # M; D: where the damaged bytes start
-    body: str = ""     # M; the state for Z; D: the next offset; O: the action; E/T/X: text
+    body: str = ""     # M; the state for Z; D: the next offset; O: the action; I/E/T/X: text
     session: str = ""  # A/R/Z
 
 
@@ -63,20 +67,45 @@ def _parse(line: str, who: str, slot: int) -> Event:
     return Event(kind, ts, who, slot, body=rest)
 
 
+def is_duplicate(who: str) -> bool:
+    """Whether ``who`` names a duplicate process (``<slot>#d<n>``)."""
+    return who.split("#", 1)[-1].startswith("d")
+
+
+def _pump(proc: subprocess.Popen[bytes], who: str, slot: int, sink: list[Event],
+          lock: threading.Lock) -> None:
+    """Parse a member process's stdout into ``sink`` until it ends."""
+    assert proc.stdout is not None
+    with proc.stdout:
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            try:
+                event = _parse(line, who, slot)
+            except (ValueError, IndexError):
+                event = Event("?", time.time(), who, slot, body=line)
+            with lock:
+                sink.append(event)
+
+
 class Member:
     """One consumer-id slot of the group; see the module doc."""
 
     def __init__(self, slot: int, *, group: str, topic: str, node_hosts: list[str],
                  chroot: str, log_dir: Path, session_timeout: float, commit_period: float,
                  max_size: int, sink: list[Event], sink_lock: threading.Lock,
-                 extra: tuple[str, ...] = ()) -> None:
+                 static_grace: float | None = None, extra: tuple[str, ...] = ()) -> None:
+        """``static_grace``: run as a static member (instance id ``c<slot>``, so the
+        consumer id is the same as a dynamic slot's) with this grace."""
         self.slot = slot
         self.name = f"c{slot}"
         self.consumer_id = f"{group}_{self.name}"
+        self.static_grace = static_grace
         self.proxies = [ZkProxy(h) for h in node_hosts]
         zk = ",".join(p.hosts for p in self.proxies) + chroot
+        identity = (["--id", self.name] if static_grace is None else
+                    ["--instance", self.name, "--static-grace", str(static_grace)])
         self.args = [sys.executable, str(MEMBER_SCRIPT), "--zk", zk, "--group", group,
-                     "--topic", topic, "--id", self.name,
+                     "--topic", topic, *identity,
                      "--session-timeout", str(session_timeout),
                      "--commit-period", str(commit_period), "--max-size", str(max_size),
                      *extra]
@@ -85,6 +114,9 @@ class Member:
         self.proc: subprocess.Popen[bytes] | None = None
         self.reader: threading.Thread | None = None
         self.stopped_pid: int | None = None  # SIGSTOPped and not yet resumed
+        self.duplicates = 0
+        self.duplicate: subprocess.Popen[bytes] | None = None  # the running one, if any
+        self._dup_reader: threading.Thread | None = None
         self._sink = sink
         self._sink_lock = sink_lock
 
@@ -104,21 +136,47 @@ class Member:
             err.flush()
             self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=err,
                                          stdin=subprocess.DEVNULL)
-        self.reader = threading.Thread(target=self._read, args=(self.proc, self.who),
-                                       name=f"chaos-reader-{self.who}", daemon=True)
+        self.reader = threading.Thread(
+            target=_pump, args=(self.proc, self.who, self.slot, self._sink, self._sink_lock),
+            name=f"chaos-reader-{self.who}", daemon=True)
         self.reader.start()
 
-    def _read(self, proc: subprocess.Popen[bytes], who: str) -> None:
-        assert proc.stdout is not None
-        with proc.stdout:
-            for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace").rstrip("\n")
-                try:
-                    event = _parse(line, who, self.slot)
-                except (ValueError, IndexError):
-                    event = Event("?", time.time(), who, self.slot, body=line)
-                with self._sink_lock:
-                    self._sink.append(event)
+    def start_duplicate(self) -> str:
+        """Start a second process with this static slot's arguments (its instance id,
+        through its proxies) beside the live one; returns its ``who`` (``<slot>#d<n>``)."""
+        assert self.static_grace is not None, f"{self.name} is not a static member"
+        assert self.duplicate is None or self.duplicate.poll() is not None
+        self.duplicates += 1
+        who = f"{self.slot}#d{self.duplicates}"
+        with open(self.log_path, "ab") as err:
+            err.write(f"\n=== {who} (duplicate) {time.time():.6f}\n".encode())
+            err.flush()
+            self.duplicate = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=err,
+                                              stdin=subprocess.DEVNULL)
+        self._dup_reader = threading.Thread(
+            target=_pump, args=(self.duplicate, who, self.slot, self._sink, self._sink_lock),
+            name=f"chaos-reader-{who}", daemon=True)
+        self._dup_reader.start()
+        return who
+
+    def stop_duplicate(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM the duplicate (SIGKILL after ``timeout``); its exit code, or None
+        when none was started."""
+        proc, self.duplicate = self.duplicate, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+            code = -9
+        if self._dup_reader is not None:
+            self._dup_reader.join(30)
+            assert not self._dup_reader.is_alive(), "reader of a duplicate did not end"
+        return code
 
     def _join_reader(self) -> None:
         if self.reader is not None:
@@ -179,8 +237,12 @@ class Member:
             p.resume()
 
     def close(self) -> None:
-        """Never raises: resume, stop, close the proxies."""
+        """Never raises: resume, stop (a duplicate too), close the proxies."""
         self.unblock_zk()
+        try:
+            self.stop_duplicate(30)
+        except Exception:  # noqa: BLE001 - last resort
+            pass
         if self.alive:
             try:
                 self.stop(30)

@@ -2,7 +2,8 @@
 
 Cluster: the 3-node ZooKeeper ensemble (a fresh chroot per run), 3 broker
 processes serving topic ``chaos`` with 4 partitions each, 4 member processes
-in group ``chaos-g`` (each behind its own proxies to the ensemble), and a
+in group ``chaos-g`` (each behind its own proxies to the ensemble; with
+``static_members``, that many of them static members, issue 15), and a
 producer thread sending sequence-numbered messages.
 
 :meth:`ChaosRun.execute` never raises for a failed expectation: it collects
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from _chaos_check import Verdict, check
-from _chaos_faults import KINDS, MEMBER_KINDS, Fault, FaultRunner, make_plan
+from _chaos_faults import KINDS, MEMBER_KINDS, STATIC_KINDS, Fault, FaultRunner, make_plan
 from _chaos_procs import Event, Member, ProducerLoop, child_pids
 from _chaos_zk import ZkAudit
 from helpers.procs import BrokerProc, stop_all
@@ -35,7 +36,7 @@ from metaq._admin import describe_group
 from metaq._zk import ZooKeeperEnsemble
 from metaq.protocol import iter_messages, scan_messages
 from metaq.testing import WaitTimeout, wait_until
-from zk_layout import Layout
+from zk_layout import Layout, NodeDataError, decode_static_member
 
 TOPIC = "chaos"
 GROUP = "chaos-g"
@@ -56,6 +57,17 @@ class ChaosSettings:
     idle_bound: float = 10.0
     unowned_bound: float = 15.0
     settle_timeout: float = 90.0
+    #: how many of the 4 slots run as static members (instance id ``c<slot>``), spread
+    #: over the sorted ids (2: c0 and c2); their faults join the plan (STATIC_KINDS)
+    static_members: int = 0
+    #: their grace: shorter than the fault window, so members both come back within it
+    #: and stay away past it (static_away)
+    static_grace: float = 8.0
+
+    def static_slots(self) -> tuple[int, ...]:
+        n = self.static_members
+        assert 0 <= n <= MEMBERS, f"static_members must be in 0..{MEMBERS}"
+        return tuple(sorted({i * MEMBERS // n for i in range(n)})) if n else ()
 
 
 class ChaosRun:
@@ -66,8 +78,11 @@ class ChaosRun:
         self.workdir = workdir
         self.s = settings
         self.partitions = [f"{b}-{i}" for b in range(BROKERS) for i in range(PARTS_PER_BROKER)]
+        self.static_slots = settings.static_slots()
         self.plan = make_plan(seed, settings.window, members=MEMBERS, brokers=BROKERS,
-                              session_timeout=settings.session_timeout)
+                              session_timeout=settings.session_timeout,
+                              static_slots=self.static_slots,
+                              static_grace=settings.static_grace)
         self.problems: list[str] = []
         self.events: list[Event] = []
         self.events_lock = threading.Lock()
@@ -86,11 +101,23 @@ class ChaosRun:
     # -- faults ----------------------------------------------------------------------------
 
     def _inject(self, f: Fault) -> None:
-        if f.kind in MEMBER_KINDS:
+        if f.kind in MEMBER_KINDS or f.kind == "duplicate_instance":
             assert self.audit is not None
             f.session = self.audit.session_of(self.members[int(f.target)].consumer_id)
-        if f.kind == "consumer_kill":
+        if f.kind in ("consumer_kill", "static_away"):
             self.members[int(f.target)].kill()
+        elif f.kind == "consumer_restart":
+            self._graceful_stop(self.members[int(f.target)])
+        elif f.kind == "duplicate_instance":
+            m = self.members[int(f.target)]
+            if f.session is None:
+                raise AssertionError(f"{m.name} was not registered when its duplicate was due")
+            f.who = m.start_duplicate()
+            try:  # until refused (waits out the session timeout + 2 s of conflict)
+                wait_until(lambda: self._refused(f.who), timeout=30, interval=0.1,
+                           what=f"the duplicate {f.who} of {m.name} to be refused")
+            except WaitTimeout:
+                pass  # judged in _repair: not refused
         elif f.kind == "consumer_sigstop":
             self.members[int(f.target)].pause()
         elif f.kind == "session_expire":
@@ -114,7 +141,45 @@ class ChaosRun:
                 f.node = self._rng.choice([i for i in range(3) if i != leader])
             self.ensemble.stop_node(f.node)
 
+    def _refused(self, who: str | None) -> bool:
+        with self.events_lock:
+            return any(e.who == who and e.kind == "I" for e in self.events)
+
+    def _graceful_stop(self, m: Member) -> None:
+        """SIGTERM: the member closes (a static one marks itself away), exits 0 and
+        leaves no thread behind."""
+        who = m.who
+        code = m.stop(60)
+        with self.events_lock:
+            census = [e.body for e in self.events if e.who == who and e.kind == "T"]
+        if code != 0 or not census or not census[-1].startswith("0 "):
+            raise AssertionError(f"{who} closed with exit code {code}, threads left: "
+                                 f"{census[-1] if census else '(no census)'}")
+
+    def _static_held_out(self, m: Member) -> bool:
+        """Whether ``m``'s static record says its grace is over (or it is gone)."""
+        assert self._zk is not None
+        path = Layout().static_member(GROUP, m.consumer_id)
+
+        def read() -> bytes | None:
+            try:
+                return self._zk.get(path)[0] if self._zk.exists(path) else b""
+            except KazooException:
+                return None  # ZooKeeper electing: ask again
+        data = wait_until(lambda: (d := read()) is not None and [d], timeout=30,
+                          interval=0.2, what=f"the static record of {m.name}")[0]
+        if not data:
+            return True  # deleted: the others planned without it
+        try:
+            until = decode_static_member(data).held_until_ms
+        except NodeDataError:
+            return False
+        return until is not None and until <= time.time() * 1000
+
     def _repair(self, f: Fault) -> None:
+        if f.kind == "duplicate_instance":
+            self._repair_duplicate(f)
+            return
         self._undo(f)
         if f.kind not in MEMBER_KINDS:
             f.effective = True
@@ -126,7 +191,8 @@ class ChaosRun:
         # the fault is "masked", not ineffective.
         assert self.audit is not None
         m = self.members[int(f.target)]
-        gone = (None, f.session) if f.kind == "consumer_kill" else (None,)
+        gone = (None, f.session) if f.kind in ("consumer_kill", "consumer_restart",
+                                               "static_away") else (None,)
         try:
             session = wait_until(lambda: self.audit.session_of(m.consumer_id) not in gone
                                  and self.audit.session_of(m.consumer_id), timeout=25,
@@ -138,16 +204,44 @@ class ChaosRun:
             f.effective = True
         else:
             f.effective = None if self._election_during(f) else False  # None: masked
+        if f.kind == "static_away" and f.effective and not f.held_out:
+            # restarted while still held: masked when an election kept its old session
+            # alive (its hold began late); else the others marked it away late
+            f.effective = None if self._election_during(
+                f, f.started + self.s.session_timeout + 2.0) else False
 
-    def _election_during(self, f: Fault) -> bool:
+    def _repair_duplicate(self, f: Fault) -> None:
+        """Stop the duplicate: it must have been refused (else the fault had no effect,
+        or an election masked it) and exit cleanly; the member it duplicated keeps its
+        session throughout."""
+        assert self.audit is not None and f.started is not None
+        m = self.members[int(f.target)]
+        code = m.stop_duplicate(60)
+        if self._refused(f.who):
+            f.effective = True
+        else:
+            f.effective = None if self._election_during(f, time.time()) else False
+        session = self.audit.session_of(m.consumer_id)
+        if code != 0:
+            raise AssertionError(f"the duplicate {f.who} exited with {code}")
+        if session != f.session and not self._election_during(f, time.time()):
+            raise AssertionError(
+                f"{m.name} lost its session {f.session and hex(f.session)} (now "
+                f"{session and hex(session)}) while its duplicate {f.who} ran")
+
+    def _election_during(self, f: Fault, end: float | None = None) -> bool:
         assert f.started is not None
-        end = f.started + f.hold
+        end = f.started + f.hold if end is None else end
         return any(z.kind == "zk_stop" and z.started is not None and z.started < end
                    and (z.repaired is None or z.repaired > f.started) for z in self.plan)
 
     def _undo(self, f: Fault) -> None:
-        if f.kind == "consumer_kill":
+        if f.kind in ("consumer_kill", "consumer_restart"):
             self.members[int(f.target)].start()
+        elif f.kind == "static_away":
+            m = self.members[int(f.target)]
+            f.held_out = self._static_held_out(m)
+            m.start()
         elif f.kind == "consumer_sigstop":
             self.members[int(f.target)].resume()
         elif f.kind == "session_expire":
@@ -277,7 +371,8 @@ class ChaosRun:
                 Member(i, group=GROUP, topic=TOPIC, node_hosts=node_hosts, chroot=chroot,
                        log_dir=self.workdir, session_timeout=self.s.session_timeout,
                        commit_period=self.s.commit_period, max_size=self.s.max_size,
-                       sink=self.events, sink_lock=self.events_lock)
+                       sink=self.events, sink_lock=self.events_lock,
+                       static_grace=self.s.static_grace if i in self.static_slots else None)
                 for i in range(MEMBERS)]
             for m in self.members:
                 m.start()
@@ -319,7 +414,8 @@ class ChaosRun:
             commits=self.audit.commits if self.audit else {},
             samples=self.audit.samples if self.audit else [], faults=self.plan,
             partitions=self.partitions, group=GROUP, late_bytes=2 * self.s.max_size,
-            idle_bound=self.s.idle_bound, unowned_bound=self.s.unowned_bound)
+            idle_bound=self.s.idle_bound, unowned_bound=self.s.unowned_bound,
+            static={f"{GROUP}_c{i}": self.s.static_grace for i in self.static_slots})
         for f in self.plan:
             if f.started is not None and f.error is None and f.effective is False:
                 self.problems.append(f"fault had no effect: {f.describe()}")
@@ -352,6 +448,10 @@ class ChaosRun:
         for m in self.members:
             m.unblock_zk()
             m.resume()
+            if m.duplicate is not None:
+                self.problems.append(f"a duplicate of {m.name} was still running after "
+                                     f"the faults")
+                m.stop_duplicate(60)
             if not m.alive:
                 self.problems.append(f"member {m.name} was still down after the faults")
                 m.start()
@@ -427,17 +527,20 @@ class ChaosRun:
     def report(self) -> str:
         m = self.verdict.metrics
         executed = [f for f in self.plan if f.started is not None]
+        kinds = KINDS + STATIC_KINDS if self.static_slots else KINDS
         by_kind = Counter(f.kind for f in executed)
         effective = Counter(f.kind for f in executed if f.effective)
         masked = sum(1 for f in executed if f.effective is None)
         leader_stops = sum(1 for f in executed if f.kind == "zk_stop" and f.target == "leader")
         p = self.producer
         lines = [
-            f"chaos seed={self.seed} window={self.s.window:g}s "
-            f"(reproduce: METAQ_CHAOS_SEEDS={self.seed})",
+            f"chaos seed={self.seed} window={self.s.window:g}s " + (
+                f"static members={self.s.static_members} (reproduce: "
+                f"METAQ_CHAOS_STATIC_SEEDS={self.seed} pytest tests/chaos -k static)"
+                if self.static_slots else f"(reproduce: METAQ_CHAOS_SEEDS={self.seed})"),
             f"  faults injected: {len(executed)} of {len(self.plan)} planned; " + ", ".join(
-                f"{k}={by_kind[k]} ({effective[k]} effective)" for k in KINDS)
-            + f"; zk leader stops={leader_stops}; session faults masked by an election="
+                f"{k}={by_kind[k]} ({effective[k]} effective)" for k in kinds)
+            + f"; zk leader stops={leader_stops}; member faults masked by an election="
             f"{masked}",
             f"  messages: produced={p.sent if p else 0} acknowledged="
             f"{len(p.acked) if p else 0} failed={len(p.failed) if p else 0} "
@@ -455,12 +558,24 @@ class ChaosRun:
             f"offset resets={m.get('resets')} offsets reused={m.get('offsets_reused')}",
             f"  audit: commits seen={m.get('commits_seen')} samples={m.get('samples')} "
             f"lenient run starts={m.get('lenient_starts')}",
-            "  time: " + " ".join(f"{k}={v:.1f}s" for k, v in self.timings.items()),
         ]
+        if self.static_slots:
+            lines.append(
+                f"  static members: {', '.join(f'c{i}' for i in self.static_slots)} (grace "
+                f"{self.s.static_grace:g}s): away={m.get('static_away')} (back within the "
+                f"grace={m.get('static_returned')}, grace ran out={m.get('static_ran_out')}) "
+                f"max unowned while held={m.get('max_unowned_held_s')}s max gone unmarked="
+                f"{m.get('max_unmarked_s')}s claims checked "
+                f"against holds={m.get('held_claims_checked')} duplicates refused="
+                f"{m.get('duplicates_refused')} of {m.get('duplicate_procs')}")
+        lines.append("  time: " + " ".join(f"{k}={v:.1f}s" for k, v in self.timings.items()))
         if self.problems or self.verdict.violations:
             lines.append("  FAILED:")
             lines += [f"    {x}" for x in self.problems + self.verdict.violations]
             lines.append("  plan:")
             lines += [f"    {f.describe()} started={f.started and round(f.started, 3)} "
-                      f"effective={f.effective} error={f.error}" for f in self.plan]
+                      f"effective={f.effective} error={f.error}"
+                      + (f" duplicate={f.who}" if f.who else "")
+                      + ("" if f.held_out is None else f" grace ran out={f.held_out}")
+                      for f in self.plan]
         return "\n".join(lines)

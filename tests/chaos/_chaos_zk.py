@@ -9,7 +9,9 @@ it survives node restarts) and records
   while the client was away) and the analysis is then lenient about it;
 - a sample of the group every ``interval`` seconds: registered members with
   their session (read before and after the owners, since one sample is not
-  atomic), and each partition's owner node with its session.
+  atomic), each partition's owner node with its session, and the static
+  member records (issue 15: ``consumers/<group>/static/<consumerId>``) with
+  their away time and grace, so the audit knows whose partitions were held.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 
-from zk_layout import Layout, NodeDataError, decode_offset
+from zk_layout import Layout, NodeDataError, decode_offset, decode_static_member
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,9 @@ class Sample:
     owners: dict[str, tuple[str, int]]  # partition -> (consumer id, session)
     ids_after: dict[str, int]
     published: frozenset[str]           # partitions whose broker is registered
+    #: static member records: consumer id -> (away since, grace), ms (away: None
+    #: while the member is there, or until someone marks it away)
+    statics: dict[str, tuple[int | None, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -117,8 +122,26 @@ class ZkAudit:
         brokers = self.client.get_children(self.layout.topic_sub_dir(self.topic))
         published = frozenset(p for p in self.partitions
                               if any(b.startswith(p.split("-", 1)[0] + "-") for b in brokers))
+        statics = self._read_statics()
         after = self._read_ids()
-        return Sample(t0, time.time(), before, owners, after, published)
+        return Sample(t0, time.time(), before, owners, after, published, statics)
+
+    def _read_statics(self) -> dict[str, tuple[int | None, int]]:
+        d = self.layout.static_members(self.group)
+        try:
+            names = self.client.get_children(d)
+        except NoNodeError:
+            return {}
+        pending = {n: self.client.get_async(f"{d}/{n}") for n in names}
+        out: dict[str, tuple[int | None, int]] = {}
+        for n, r in pending.items():
+            try:
+                data, _stat = r.get(timeout=10)
+                rec = decode_static_member(data)
+            except (NoNodeError, NodeDataError):
+                continue  # deleted meanwhile (a grace ran out)
+            out[n] = (rec.away_since_ms, rec.grace_ms)
+        return out
 
     def session_of(self, consumer_id: str, timeout: float = 30.0) -> int | None:
         """The session holding ``consumer_id``'s ids node now (None: not registered);

@@ -14,12 +14,29 @@ committed; no two member processes delivering one partition except a zombie's
 in-flight batch; owner nodes only in their member's session; no member
 idle while partitions sat unowned; no thread or process left behind.
 
+``test_chaos_static`` runs the same with static members (issue 15): slots c0
+and c2 are static (instance ids ``c0``, ``c2``, a grace of 8 s, shorter than
+the window), c1 and c3 dynamic, and three more fault kinds join the plan: a
+graceful restart (``consumer_restart``), a static member killed and kept away
+past its grace (``static_away``) and a second process with a live static
+member's instance id (``duplicate_instance``).  The audit adds: nobody claims a
+partition held for an away static member within its grace, a duplicate is
+refused and owns nothing, and partitions held for a member may stay unowned
+for its grace on top of the bound.  A separate test, so that the regular runs
+keep all four members dynamic (every member fault is a handover) and their
+seeded plans stay what they were.
+
 Every run prints its report (seed, faults by kind, messages, duplicates, max
 unowned time) in the terminal summary.  Knobs (environment):
 
-- ``METAQ_CHAOS_SEEDS=1,2,3``: these seeds (default: 3 random ones, printed);
+- ``METAQ_CHAOS_SEEDS=1,2,3``: these seeds (default: 3 random ones, printed),
+  for both tests unless ``METAQ_CHAOS_STATIC_SEEDS`` is given;
+- ``METAQ_CHAOS_STATIC_SEEDS=4,5``: the static variant's seeds (default: 1
+  random one; 3 with ``METAQ_SOAK``);
 - ``METAQ_SOAK=1``: 10 seeds of 120 s each;
-- ``METAQ_CHAOS_SECONDS=N``: the fault window of each seed.
+- ``METAQ_CHAOS_SECONDS=N``: the fault window of each seed;
+- ``METAQ_CHAOS_DUMP=1``: keep the audit's data (``chaos-data.jsonl``, for
+  ``_chaos_check.check_dump``) of passing runs too; failing runs always do.
 """
 
 from __future__ import annotations
@@ -36,28 +53,47 @@ pytestmark = pytest.mark.broker
 SOAK = os.environ.get("METAQ_SOAK", "") not in ("", "0")
 
 
-def _seeds() -> list[int]:
-    given = os.environ.get("METAQ_CHAOS_SEEDS", "").strip()
-    if given:
-        return [int(x) for x in given.replace(" ", "").split(",") if x]
+def _seeds(*names: str, random_ones: int) -> list[int]:
+    for name in names:
+        given = os.environ.get(name, "").strip()
+        if given:
+            return [int(x) for x in given.replace(" ", "").split(",") if x]
     rng = random.SystemRandom()
-    return [rng.randrange(1, 2**31) for _ in range(10 if SOAK else 3)]
+    return [rng.randrange(1, 2**31) for _ in range(random_ones)]
 
 
-def _settings() -> ChaosSettings:
+def _settings(static_members: int = 0) -> ChaosSettings:
     window = os.environ.get("METAQ_CHAOS_SECONDS", "").strip()
-    return ChaosSettings(window=float(window) if window else (120.0 if SOAK else 40.0))
+    return ChaosSettings(window=float(window) if window else (120.0 if SOAK else 40.0),
+                         static_members=static_members, static_grace=8.0)
 
 
 @pytest.mark.timeout(_settings().window + 300)
-@pytest.mark.parametrize("seed", _seeds(), ids=lambda s: f"seed{s}")
+@pytest.mark.parametrize("seed", _seeds("METAQ_CHAOS_SEEDS", random_ones=10 if SOAK else 3),
+                         ids=lambda s: f"seed{s}")
 def test_chaos(seed: int, zk_ensemble, tmp_path, request: pytest.FixtureRequest) -> None:
-    settings = _settings()
+    _run(seed, zk_ensemble, tmp_path, request, _settings())
+
+
+@pytest.mark.timeout(_settings().window + 300)
+@pytest.mark.parametrize("seed", _seeds("METAQ_CHAOS_STATIC_SEEDS", "METAQ_CHAOS_SEEDS",
+                                        random_ones=3 if SOAK else 1),
+                         ids=lambda s: f"seed{s}")
+def test_chaos_static(seed: int, zk_ensemble, tmp_path,
+                      request: pytest.FixtureRequest) -> None:
+    _run(seed, zk_ensemble, tmp_path, request, _settings(static_members=2))
+
+
+def _run(seed: int, zk_ensemble, tmp_path, request: pytest.FixtureRequest,  # noqa: ANN001
+         settings: ChaosSettings) -> None:
     run = ChaosRun(seed, zk_ensemble, tmp_path, settings)
     try:
         run.execute()
     finally:
-        add_report(request.config, run.report())
+        report = run.report()
+        if os.environ.get("METAQ_CHAOS_DUMP", "") not in ("", "0"):
+            report += f"\n  data: {run.dump()}"
+        add_report(request.config, report)
     failures = run.problems + run.verdict.violations
     if failures:
         path = run.dump()

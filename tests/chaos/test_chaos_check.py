@@ -235,3 +235,220 @@ def test_the_member_lines_for_damage_and_resets_parse() -> None:
     assert (d.kind, d.part, d.offset, d.body) == ("D", "0-1", 120, "240")
     o = _parse("O 1.5 0-1 earliest", "0#1", 0)
     assert (o.kind, o.part, o.body) == ("O", "0-1", "earliest")
+
+
+# ---- static members (issue 15): held partitions, duplicates
+
+S2, S3 = 0xC2, 0xD3  # c0's session after it came back; a duplicate's session
+
+
+def ssample(t: float, ids: dict[str, int], owners: dict[str, tuple[str, int]],
+            statics: dict[str, tuple[int | None, int]],
+            published: tuple[str, ...] = ("0-0",)) -> Sample:
+    return Sample(t - 0.01, t, dict(ids), dict(owners), dict(ids), frozenset(published),
+                  dict(statics))
+
+
+def away_history(clean: History, *, grace: float, away_at: float, back_at: float | None,
+                 end: float, claim_by_c1: float | None = None,
+                 mark_delay: float = 0.0) -> History:
+    """The clean history with c0 a static member (grace ``grace``) and c1 a dynamic
+    one, registered throughout and owning nothing (one partition: c0's share).  c0's
+    session ends at ``away_at`` (c1 marks it away ``mark_delay`` later); it comes back
+    as 0#2 at ``back_at`` and claims 0-0 again; c1 claims 0-0 at ``claim_by_c1``.  The
+    record is deleted when the grace runs out."""
+    away_at_ms = int((away_at + mark_delay) * 1000)
+    until = away_at + mark_delay + grace
+    samples = []
+    t = 0.5
+    while t < end:
+        c1_owns = claim_by_c1 is not None and t > claim_by_c1
+        if t < away_at:
+            ids, owners, rec = {"g_c0": S0, "g_c1": S1}, {"0-0": ("g_c0", S0)}, (None, 0)
+        elif back_at is None or t < back_at:
+            ids, owners = {"g_c1": S1}, {}
+            rec = None if t >= until else (away_at_ms if t >= away_at + mark_delay else None, 0)
+        else:
+            ids, rec = {"g_c0": S2, "g_c1": S1}, (None, 0)
+            owners = {"0-0": ("g_c0", S2)} if t > back_at + 0.1 else {}
+        if c1_owns:
+            owners = {"0-0": ("g_c1", S1)}
+        statics = {} if rec is None else {"g_c0": (rec[0], int(grace * 1000))}
+        samples.append(ssample(t, ids, owners, statics))
+        t += 0.25
+    events = list(clean.events)
+    if back_at is not None:
+        events.append(ev("A", back_at + 0.05, "0#2", "0-0", session=S2))
+    if claim_by_c1 is not None:
+        events.append(ev("A", claim_by_c1, "1#1", "0-0", session=S1))
+    return History(clean.acked, events, clean.commits, samples)
+
+
+def test_a_partition_held_for_an_away_static_member_waits_within_its_grace(
+        clean: History) -> None:
+    # away 18 s: longer than unowned_bound (15 s) and idle_bound (10 s), within its grace
+    h = away_history(clean, grace=20.0, away_at=4.0, back_at=22.0, end=25.0)
+    v = h.verdict()
+    assert v.violations == []
+    assert (v.metrics["static_away"], v.metrics["static_returned"]) == (1, 1)
+    assert 17.5 < v.metrics["max_unowned_held_s"] < 18.5 and v.metrics["max_unowned_s"] < 1
+    # the same history without the hold (no record: a dynamic member) is a failure
+    h.samples = [dataclasses.replace(s, statics={}) for s in h.samples]
+    assert h.kinds() == {"unowned", "idle-member"}
+
+
+def test_a_held_partition_unowned_longer_than_the_grace_plus_the_bound(
+        clean: History) -> None:
+    # the grace (5 s) ran out at 9 s; nobody took 0-0 until c0 came back at 30 s:
+    # unowned 26 s, more than 15 s + 5 s; c1 idle from 9 s on
+    h = away_history(clean, grace=5.0, away_at=4.0, back_at=30.0, end=33.0)
+    v = h.verdict()
+    assert {x.split("]")[0][1:] for x in v.violations} == {"unowned", "idle-member"}
+    assert any("+ the grace 5s of the static member" in x for x in v.violations)
+
+
+def test_another_member_claiming_a_held_partition_within_the_grace(clean: History) -> None:
+    h = away_history(clean, grace=8.0, away_at=4.0, back_at=None, end=10.0, claim_by_c1=6.0)
+    v = h.verdict()
+    assert h.kinds() == {"held-claimed"}
+    text = next(x for x in v.violations if x.startswith("[held-claimed]"))
+    assert "1#1 (g_c1) claimed it at 6.000 while static member g_c0 was away within its " \
+           "grace (held until 12.000)" in text
+    assert "it owned 0-0 before it went away" in text
+
+
+def test_a_claim_as_soon_as_the_member_went_away_is_caught(clean: History) -> None:
+    # the first sample without c0 is at 4.0: a claim right then, before c1 marked it away
+    h = away_history(clean, grace=8.0, away_at=4.0, back_at=None, end=10.0, claim_by_c1=4.01)
+    assert h.kinds() == {"held-claimed"}
+
+
+def test_a_member_gone_and_never_marked_away(clean: History) -> None:
+    """The group did not see c0 go (a member deaf to the group, as after a reconnect that
+    lost its watches): its record says it is there 4 s after its id node went."""
+    h = away_history(clean, grace=8.0, away_at=4.0, back_at=None, end=14.0, mark_delay=4.0)
+    v = h.verdict()
+    assert h.kinds() == {"away-unmarked"}
+    assert "static member g_c0's id node was gone from 4.000 for 4.0s" in v.violations[0]
+    quick = away_history(clean, grace=8.0, away_at=4.0, back_at=None, end=14.0,
+                         mark_delay=1.0)
+    assert quick.verdict().violations == []
+
+
+def test_a_mark_late_during_a_zookeeper_stop_is_excused(clean: History) -> None:
+    from _chaos_faults import Fault
+
+    h = away_history(clean, grace=8.0, away_at=4.0, back_at=None, end=14.0, mark_delay=4.0)
+    stop = Fault(3.0, "zk_stop", "leader", 2.0, started=3.0, repaired=6.5, node=1)
+    v = check(acked=h.acked, events=h.events, commits=h.commits, samples=h.samples,
+              faults=[stop], partitions=["0-0"], group="g", late_bytes=20, idle_bound=10.0,
+              unowned_bound=15.0)
+    assert v.violations == []
+
+
+def test_a_claim_after_the_grace_ran_out_is_legal(clean: History) -> None:
+    h = away_history(clean, grace=8.0, away_at=4.0, back_at=None, end=15.0,
+                     claim_by_c1=12.1)
+    v = h.verdict()
+    assert v.violations == []
+    assert (v.metrics["static_away"], v.metrics["static_ran_out"]) == (1, 1)
+
+
+@pytest.mark.parametrize("d_leaves", [True, False])
+def test_a_held_members_old_partition_may_move_when_the_plan_changes(d_leaves: bool) -> None:
+    """c0 and c2 dynamic, c1 static; 0-0, 0-1, 0-2 one each.  c1 goes away at 4 s
+    (held: nobody moves).  When c2 leaves too (6 s), the plan over c0 and the held c1
+    gives c0 0-0 and 0-1 and holds 0-2 for c1: c0 claiming 0-1, which c1 owned before it
+    went away, is right.  Without c2 leaving, the same claim takes a held partition."""
+    parts = ("0-0", "0-1", "0-2")
+    grace = {"g_c1": (4000, 8000)}
+    samples = []
+    for i in range(36):
+        t = 0.5 + i / 4
+        ids = {"g_c0": S0, "g_c1": S1, "g_c2": S2}
+        owners = {"0-0": ("g_c0", S0), "0-1": ("g_c1", S1), "0-2": ("g_c2", S2)}
+        statics: dict[str, tuple[int | None, int]] = {"g_c1": (None, 8000)}
+        if t >= 4.0:
+            del ids["g_c1"], owners["0-1"]
+            statics = grace
+        if d_leaves and t >= 6.0:
+            del ids["g_c2"], owners["0-2"]
+        if t > 6.1:
+            owners["0-1"] = ("g_c0", S0)
+        samples.append(ssample(t, ids, owners, statics, parts))
+    events = [ev("A", 1.0, f"{i}#1", p, session=s)
+              for i, (p, s) in enumerate(zip(parts, (S0, S1, S2), strict=True))]
+    events.append(ev("A", 6.1, "0#1", "0-1", session=S0))
+    v = check(acked={}, events=events, commits={}, samples=samples, faults=[],
+              partitions=list(parts), group="g", late_bytes=20, idle_bound=10.0,
+              unowned_bound=15.0, static={"g_c1": 8.0})
+    kinds = {x.split("]")[0][1:] for x in v.violations}
+    assert kinds == (set() if d_leaves else {"held-claimed"}), v.violations
+
+
+def _duplicate(clean: History, *lines: Event) -> History:
+    """c0 static, registered throughout; a duplicate process 0#d1 of it prints ``lines``."""
+    statics = {"g_c0": (None, 8000)}
+    clean.samples = [dataclasses.replace(s, statics=statics) for s in clean.samples]
+    clean.events += [ev("Z", 2.0, "0#d1", body="STARTED", session=S3), *lines]
+    return clean
+
+
+REFUSED = "DuplicateInstanceError(\"instance_id 'c0' of group g is in use\")"
+
+
+def test_a_refused_duplicate_that_owned_nothing_passes(clean: History) -> None:
+    h = _duplicate(clean, ev("I", 8.0, "0#d1", body=REFUSED), ev("X", 9.0, "0#d1", body="0"))
+    v = h.verdict()
+    assert v.violations == []  # its I line is no background error (8)
+    assert (v.metrics["duplicate_procs"], v.metrics["duplicates_refused"]) == (1, 1)
+
+
+def test_a_duplicate_that_claimed_a_partition(clean: History) -> None:
+    h = _duplicate(clean, ev("A", 3.0, "0#d1", "0-0", session=S3),
+                   ev("I", 8.0, "0#d1", body=REFUSED))
+    v = h.verdict()
+    assert "duplicate-owned" in h.kinds()
+    assert any("duplicate 0#d1 of g_c0 claimed 0-0 at 3.000" in x for x in v.violations)
+
+
+def test_a_duplicate_registered_or_owning_in_its_own_session(clean: History) -> None:
+    h = _duplicate(clean, ev("I", 8.0, "0#d1", body=REFUSED))
+    h.samples[5] = dataclasses.replace(h.samples[5], owners={"0-0": ("g_c0", S3)})
+    v = h.verdict()
+    assert h.kinds() == {"duplicate-owned", "foreign-owner"}
+    assert any("held owner nodes of ['0-0']" in x for x in v.violations)
+
+
+def test_a_duplicate_never_refused(clean: History) -> None:
+    assert _duplicate(clean).kinds() == {"duplicate-not-refused"}
+
+
+def test_a_members_own_incarnation_refused_as_a_duplicate(clean: History) -> None:
+    clean.events.append(ev("I", 5.0, "0#1", body=REFUSED))
+    assert clean.kinds() == {"refused-not-duplicate"}
+
+
+def test_the_refusal_line_parses() -> None:
+    from _chaos_procs import is_duplicate
+
+    i = _parse(f"I 8.5 {REFUSED}", "2#d1", 2)
+    assert (i.kind, i.t, i.body) == ("I", 8.5, REFUSED)
+    assert is_duplicate("2#d1") and not is_duplicate("2#1")
+
+
+def test_static_faults_join_only_plans_with_static_slots() -> None:
+    from _chaos_faults import STATIC_KINDS, make_plan
+
+    kw = dict(members=4, brokers=3, session_timeout=3.0)
+    for seed in range(1, 6):
+        assert not {f.kind for f in make_plan(seed, 40.0, **kw)} & set(STATIC_KINDS)
+        plan = make_plan(seed, 40.0, **kw, static_slots=(0, 2), static_grace=8.0)
+        for f in plan:
+            if f.kind in ("static_away", "duplicate_instance"):
+                assert f.target in (0, 2), f.describe()
+            if f.kind == "static_away":
+                assert f.hold > 3.0 + 8.0  # past the session and the grace
+    kinds = {f.kind for seed in range(1, 6)
+             for f in make_plan(seed, 40.0, **kw, static_slots=(0, 2), static_grace=8.0)}
+    assert set(STATIC_KINDS) <= kinds

@@ -17,8 +17,18 @@ from helpers.procs import start_broker
 from kazoo.client import KazooClient
 
 from metaq import MessageConsumer, Producer
-from metaq.testing import wait_until
-from zk_layout import Layout, decode_offset
+from metaq.consumer import State
+from metaq.consumer._view import GroupView
+from metaq.testing import ZkProxy, wait_until
+from zk_layout import (
+    BrokerUri,
+    Layout,
+    TopicBroker,
+    Topology,
+    decode_offset,
+    encode_broker_uri,
+    encode_topic_broker,
+)
 
 pytestmark = pytest.mark.broker
 
@@ -113,3 +123,82 @@ def test_member_restarted_before_its_old_session_expired_joins_once_it_does(
         consumer.close()
         predecessor.stop()
         predecessor.close()
+
+
+@pytest.mark.xfail(strict=True, reason="consumer: watches not armed again after a "
+                                        "reconnect in the same session")
+def test_member_reconnected_in_the_same_session_still_sees_the_group(zk_server, zk_connect,
+                                                                     zk_client):
+    """Seen in the static chaos variant (seed 2): after a ZooKeeper leader election two
+    members went on in the same session but never rebalanced again.  kazoo drops every
+    watch when the connection drops (SUSPENDED), the group view asks for a rebalance, the
+    coordinator takes that request while disconnected and drops it, and resumes without
+    one on reconnecting in the same session: no watch is armed again, so the member no
+    longer sees members come and go (nor brokers, nor static members going away)."""
+    zk_client.create(L.topic_sub(TOPIC, 0),
+                     encode_topic_broker(TopicBroker(num_parts=4, broker_id=0)),
+                     makepath=True)
+    chroot = zk_connect[len(zk_server.hosts):]
+    with ZkProxy(zk_server.hosts) as proxy:
+        a_client = KazooClient(hosts=proxy.hosts + chroot, timeout=10.0)
+        a = MessageConsumer(GROUP, a_client, consumer_id="a", zk_session_timeout=10.0)
+        b = MessageConsumer(GROUP, zk_connect, consumer_id="b", zk_session_timeout=10.0)
+        for c in (a, b):
+            c.subscribe(TOPIC, lambda m: None)
+        try:
+            a_client.start(timeout=30)
+            a.start()
+            b.start()
+            wait_until(lambda: len(a.assignment().get(TOPIC, [])) == 2
+                       and len(b.assignment().get(TOPIC, [])) == 2
+                       and a.state is State.STABLE, timeout=30, what="two members settled")
+            session = a_client.client_id[0]
+            proxy.down()  # a's connection drops; its session lives on (10 s)
+            wait_until(lambda: a.state is State.SUSPENDED, timeout=30, what="a suspended")
+            proxy.up()
+            wait_until(lambda: a.state is State.STABLE, timeout=30, what="a reconnected")
+            assert a_client.client_id[0] == session
+            b.close()  # b leaves: a must take every partition
+            wait_until(lambda: len(a.assignment().get(TOPIC, [])) == 4, timeout=10,
+                       what="a to take b's partitions after b left")
+        finally:
+            b.close()
+            a.close()
+            a_client.stop()
+            a_client.close()
+
+
+@pytest.mark.xfail(strict=True, reason="consumer: GroupView drops a broker's stale mark "
+                                        "while none of its partitions is wanted")
+def test_group_view_learns_a_restarted_brokers_address(zk_client):
+    """Seen in the static chaos variant (seed 4): after broker 0 restarted, member c1
+    owned its partitions for good without fetching any (lag 1904 at the end).  Its group
+    view had read broker 0's address as None while the broker was down; the broker's
+    master node came back before its topic registration, so when its watch marked the
+    address stale no partition of broker 0 was wanted and the view dropped the mark; then
+    its partitions came back with the cached None, and no watch armed to correct it."""
+    changed = threading.Event()
+    view = GroupView(zk_client, L, GROUP, on_change=changed.set)
+    master = L.broker_master(0)
+    sub = L.topic_sub(TOPIC, 0)
+    uri = encode_broker_uri(BrokerUri("127.0.0.1", 8123))
+    zk_client.create(master, uri, makepath=True)
+    zk_client.create(sub, encode_topic_broker(TopicBroker(num_parts=2, broker_id=0)),
+                     makepath=True)
+
+    def step(change) -> Topology:  # noqa: ANN001
+        changed.clear()
+        change()
+        wait_until(changed.is_set, timeout=10, what="the view's watch to fire")
+        return view.read([TOPIC])
+
+    assert view.read([TOPIC]).brokers == {0: ("127.0.0.1", 8123)}
+    # the broker dies: its master node goes before the view hears of its topic node
+    assert step(lambda: zk_client.delete(master)).brokers == {0: None}
+    assert step(lambda: zk_client.delete(sub)).partitions[TOPIC] == []
+    # it restarts: master node first (nothing of broker 0 wanted yet), then its topic
+    step(lambda: zk_client.create(master, uri))
+    topo = step(lambda: zk_client.create(
+        sub, encode_topic_broker(TopicBroker(num_parts=2, broker_id=0))))
+    assert topo.partitions[TOPIC] == ["0-0", "0-1"]
+    assert topo.brokers == {0: ("127.0.0.1", 8123)}
