@@ -174,6 +174,8 @@ class Coordinator:
         self._orphans: dict[tuple[str, str], Ownership] = {}
         self._cond = threading.Condition()
         self._want_rebalance = False
+        #: a rebalance asked for while disconnected: run once connected again
+        self._rebalance_pending = False
         self._lost = False
         self._suspended = False
         self._reconnected = False
@@ -304,15 +306,21 @@ class Coordinator:
             self._next_heartbeat = 0.0
             self._fetcher.resume()
             session = self._client.client_id[0] if self._client.client_id else None
-            if session is None or session != self._registered_session:
-                rebalance = True
-            else:  # same session: our nodes are intact and ZooKeeper replays the watches
-                self._resume_after_reconnect()  # that fired meanwhile: nothing to redo
+            if session is not None and session == self._registered_session:
+                self._resume_after_reconnect()  # same session: our nodes are intact
+            # Either way the group is read again: kazoo drops every watch when the connection
+            # drops (calling each with a NONE event), so only a fresh read re-arms them.  With
+            # nothing changed meanwhile the plan is the same and no partition stops.
+            rebalance = True
+        if self._rebalance_pending and self._client.connected:
+            self._rebalance_pending, rebalance = False, True
         if time.monotonic() >= self._next_heartbeat and self._client.connected:
             self._heartbeat()
         now = time.monotonic()
         if now >= self._static.next_check > 0:
             rebalance = True  # a static member's hold ends: plan without it
+        if rebalance and not self._client.connected:
+            self._rebalance_pending = True  # done once connected, never dropped
         if (rebalance or now >= self._next_zk_retry > 0) and self._client.connected \
                 and now >= self._rejoin_at:
             self._guarded(self._rebalance)
@@ -400,8 +408,8 @@ class Coordinator:
             self._set_state(State.STABLE)
             self.settled.set()
         log.info("group %s consumer %s gen %d: ZooKeeper connection back in the same session; "
-                 "fetching resumes without a rebalance", self._group, self.consumer_id,
-                 self.generation)
+                 "fetching resumes (the group is read again to re-arm its watches)",
+                 self._group, self.consumer_id, self.generation)
 
     def _has_work(self) -> bool:
         if self._closing or self._lost or self._suspended or self._reconnected:

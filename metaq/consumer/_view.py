@@ -235,8 +235,12 @@ class GroupView:
             self._parts[topic] = read_partitions(client, layout, topic, self._on_partitions)
             requests += 1 + len(self._parts[topic])
         wanted = {partition_broker_id(p) for t in topics for p in self._parts.get(t, [])}
+        for bid in stale_brokers - wanted:
+            self._brokers.pop(bid, None)  # read again when wanted again, never kept stale
         for bid in sorted(wanted):
-            if bid in stale_brokers or bid not in self._brokers:
+            # an address read while the broker was down is read again every time: its node
+            # may come back before any of its topics (a restart), arming no watch of ours
+            if bid in stale_brokers or bid not in self._brokers or self._brokers[bid] is None:
                 self._brokers[bid] = broker_address(client, layout, bid, self._on_broker)
                 requests += 1
         topo = Topology(member_topics=dict(self._members), static=dict(self._statics),

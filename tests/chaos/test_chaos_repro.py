@@ -1,8 +1,8 @@
-"""Smallest reproductions of bugs the chaos suite found (xfail until fixed).
+"""Smallest reproductions of bugs the chaos suite found (each fails without its fix).
 
 Each test builds exactly the situation the chaos audit caught, deterministically,
-and asserts the correct behaviour; ``xfail(strict=True)`` turns into a failure
-once the bug is fixed, so the mark is removed with the fix.
+and asserts the correct behaviour.  A new reproduction may land before its fix as
+``xfail(strict=True)`` (which fails once the bug is fixed); the mark goes with the fix.
 """
 
 from __future__ import annotations
@@ -125,8 +125,6 @@ def test_member_restarted_before_its_old_session_expired_joins_once_it_does(
         predecessor.close()
 
 
-@pytest.mark.xfail(strict=True, reason="consumer: watches not armed again after a "
-                                        "reconnect in the same session")
 def test_member_reconnected_in_the_same_session_still_sees_the_group(zk_server, zk_connect,
                                                                      zk_client):
     """Seen in the static chaos variant (seed 2): after a ZooKeeper leader election two
@@ -168,8 +166,6 @@ def test_member_reconnected_in_the_same_session_still_sees_the_group(zk_server, 
             a_client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="consumer: GroupView drops a broker's stale mark "
-                                        "while none of its partitions is wanted")
 def test_group_view_learns_a_restarted_brokers_address(zk_client):
     """Seen in the static chaos variant (seed 4): after broker 0 restarted, member c1
     owned its partitions for good without fetching any (lag 1904 at the end).  Its group
