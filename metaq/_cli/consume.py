@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--consumer-id", default=None,
                    help="suffix of the consumer id (default ip-pid-uuid)")
     p.add_argument("--strategy", default="default",
-                   choices=["default", "consist", "roundrobin", "sticky"])
+                   choices=["default", "consist", "roundrobin", "sticky", "cooperative"])
     p.add_argument("--start", default="earliest", choices=["earliest", "latest"],
                    help="where a group with no committed offset starts")
     p.add_argument("--session-timeout", type=float, default=30.0, metavar="SECONDS")
