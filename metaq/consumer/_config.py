@@ -104,7 +104,7 @@ class ConsumerConfig:
     offset_store: Any = None
     #: Upper limit for the fetch size when a message is larger than max_size.
     max_fetch_size: int = 16 * MIB
-    #: Assignment strategy: ``default``, ``consist``, ``roundrobin`` or ``sticky``.
+    #: Assignment strategy: ``default``, ``consist``, ``roundrobin``, ``sticky`` or ``cooperative``.
     strategy: str = "default"
     #: Where a group with no committed offset starts: ``earliest`` or ``latest``.
     start_position: str = "earliest"
