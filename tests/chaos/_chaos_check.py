@@ -40,7 +40,10 @@ Checks (each failure is a line in :attr:`Verdict.violations`):
    (``held-claimed``): a claim fails when every sample from ``HOLD_LOOKBACK``
    seconds before it to the first one after it shows the partition reserved
    for the away member (held, or owned by it as its share before it went away)
-   and that first one shows the member away.  The others mark it away in its
+   and that first one shows the member away, and the registered members (ids and
+   sessions) are the same in all of them (else the claimant may have planned in a
+   moment between samples, e.g. while a member re-registered: not judged).  The
+   others mark it away in its
    record within ``MARK_BOUND`` seconds of its id node going
    (``away-unmarked``: the group did not see it go; stretches near a
    ZooKeeper node stop are excused, nothing is written without a quorum).  A
@@ -331,6 +334,14 @@ def _check_static(v: Verdict, events: list[Event], samples: list[Sample], group:
             continue
         after = samples[k]
         for cid in sorted(cids - {claimant}):
+            others = {frozenset((c, sid) for c, sid in ids.items() if c != cid)
+                      for s in window for ids in (s.ids_before, s.ids_after)}
+            if len(others) > 1:
+                # the rest of the group changed within the window: a member re-registering
+                # in a new session (or leaving, or joining) left a moment the samples did
+                # not see, in which the claimant may have planned over other members and
+                # the held share legitimately moved: cannot tell
+                continue
             if cid in after.ids_before or cid in after.ids_after or _away(
                     after, cid, after.t) is False:
                 continue  # not away when the claim was sampled

@@ -323,6 +323,21 @@ def test_a_claim_as_soon_as_the_member_went_away_is_caught(clean: History) -> No
     assert h.kinds() == {"held-claimed"}
 
 
+def test_a_claim_while_another_member_re_registered_is_not_judged(clean: History) -> None:
+    """Chaos seed 4 (static): c3 re-registered in a new session between two samples; in
+    the moment its id node was gone, c1 planned without it, and the held member's share
+    changed.  The samples never show that moment, so such a claim cannot be judged."""
+    h = away_history(clean, grace=8.0, away_at=4.0, back_at=None, end=10.0, claim_by_c1=6.0)
+    assert h.kinds() == {"held-claimed"}
+    # the same history with a third member, c2, that re-registers in a new session at
+    # 5.9: a moment the samples do not show, when the group was c1 alone
+    def with_c2(s):
+        ids = {**s.ids_before, "g_c2": 71 if s.t < 5.9 else 72}
+        return dataclasses.replace(s, ids_before=ids, ids_after=ids)
+    h.samples = [with_c2(s) for s in h.samples]
+    assert h.verdict().violations == []
+
+
 def test_a_member_gone_and_never_marked_away(clean: History) -> None:
     """The group did not see c0 go (a member deaf to the group, as after a reconnect that
     lost its watches): its record says it is there 4 s after its id node went."""
