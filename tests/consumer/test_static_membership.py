@@ -26,7 +26,14 @@ from metaq import ConfigError, DuplicateInstanceError, MessageConsumer
 from metaq.consumer import State, get_strategy
 from metaq.consumer._view import GroupView
 from metaq.testing import wait_until
-from zk_layout import Layout, TopicBroker, decode_static_member, encode_topic_broker
+from zk_layout import (
+    BrokerUri,
+    Layout,
+    TopicBroker,
+    decode_static_member,
+    encode_broker_uri,
+    encode_topic_broker,
+)
 
 L = Layout()
 TOPIC = "orders"
@@ -378,6 +385,9 @@ def test_in_process_duplicate_raises_to_the_user_and_owns_nothing(zk_connect, zk
 
 def test_the_group_view_reads_only_what_changed(zk_connect, zk_client, topic) -> None:
     changes = threading.Event()
+    for b in (0, 1, 2):  # brokers up: an address read while a broker is down is re-read
+        zk_client.create(L.broker_master(b), encode_broker_uri(BrokerUri("127.0.0.1", 9000 + b)),
+                         makepath=True)
     view = GroupView(zk_client, L, GROUP, on_change=changes.set)
     for n in range(20):
         zk_client.create(L.consumer_id(GROUP, f"{GROUP}_m{n}"), TOPIC.encode(), makepath=True)
@@ -401,4 +411,4 @@ def test_the_group_view_reads_only_what_changed(zk_connect, zk_client, topic) ->
                      encode_topic_broker(TopicBroker(num_parts=2, broker_id=2)))
     wait_until(changes.is_set, 10, what="the partitions watch fired")
     grown = view.read([TOPIC])
-    assert "2-1" in grown.partitions[TOPIC] and 2 in grown.brokers
+    assert "2-1" in grown.partitions[TOPIC] and grown.brokers[2] == ("127.0.0.1", 9002)
