@@ -451,7 +451,7 @@ def main() -> None:
             print(f"{'size':<9} {'strategy':<9} {'case':<6} {'settle ms':>9} {'-timeout':>9} "
                   f"{'moved':>6} {'pause ms':>9} {'floor ms':>9} {'ratio':>8} {'zk':>3} "
                   f"{'settled':>8}", flush=True)
-            for size in args.sizes.split(","):
+            for size in [s for s in args.sizes.split(",") if s]:
                 members, nparts = (int(x) for x in size.split("x"))
                 for strategy in args.strategies.split(","):
                     runs = []
