@@ -27,19 +27,22 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from metaq._errors import ConfigError, MetaqError
-from metaq.net import BrokerConnection
+from metaq.net import BrokerConnection, offset_for_time
 from zk_layout import (
     GroupInfo,
     Layout,
+    NodeDataError,
     StoredOffset,
     broker_address,
+    decode_offset,
     encode_offset,
+    partition_broker_id,
     read_partitions,
     take_snapshot,
 )
 
 __all__ = ["MemberState", "PartitionLag", "GroupReport", "describe_group", "log_ends",
-           "reset_offsets"]
+           "reset_offsets", "times_to_offsets"]
 
 log = logging.getLogger(__name__)
 _LOG_END = 2**63 - 1
@@ -232,39 +235,77 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
 
 
 def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *,
-                  to: str | int, timeout: float = 5.0) -> dict[str, int]:
-    """Set every partition's committed offset to earliest, latest or a number.
+                  to: str | int | tuple[str, int], timeout: float = 5.0,
+                  dry_run: bool = False) -> dict[str, tuple[int | None, int]]:
+    """Set every partition's committed offset to ``earliest``, ``latest``, an offset,
+    or ``("time", epoch_ms)``: the first message at or after that time, found by a
+    search over each partition's log by msgId time (Java Metaq brokers too).
 
-    Refused while the group has live members: a running member would
-    overwrite the reset with its own progress at its next commit.
+    Returns partition -> (committed offset before, or None, new offset); with
+    ``dry_run`` nothing is written.  Refused while the group has live members: a
+    running member would overwrite the reset with its own progress at its next commit.
     """
     members = client.get_children(layout.consumer_ids(group)) if client.exists(
         layout.consumer_ids(group)) else []
-    if members:
+    if members and not dry_run:
         raise ConfigError(f"group {group!r} has {len(members)} live member(s) "
                           f"({', '.join(sorted(members))}); stop them before resetting offsets")
-    ends = log_ends(client, layout, topic, timeout=timeout)
-    if not ends:
+    if not (to in ("earliest", "latest") or (isinstance(to, int) and not isinstance(to, bool)
+                                              and to >= 0)
+            or (isinstance(to, tuple) and len(to) == 2 and to[0] == "time")):
+        raise ConfigError(f"reset target must be earliest, latest, an offset >= 0 or a "
+                          f"time, got {to!r}")
+    if isinstance(to, tuple):
+        new = times_to_offsets(client, layout, topic, to[1], timeout=timeout)
+    else:
+        ends = log_ends(client, layout, topic, timeout=timeout)
+        new = {part: (start if to == "earliest" else end if to == "latest" else to)
+               for part, (start, end) in ends.items()}
+    if not new:
         raise ConfigError(f"topic {topic!r} has no partitions in ZooKeeper")
-    out: dict[str, int] = {}
-    for part, (start, end) in sorted(ends.items()):
-        if to == "earliest":
-            value = start
-        elif to == "latest":
-            value = end
-        elif isinstance(to, int) and to >= 0:
-            value = to
-        else:
-            raise ConfigError(f"reset target must be earliest, latest or an offset >= 0, "
-                              f"got {to!r}")
+    out: dict[str, tuple[int | None, int]] = {}
+    for part, value in sorted(new.items()):
         if value is None:
             raise MetaqError(f"broker of {topic}/{part} did not answer; nothing was reset")
-        out[part] = value
-    for part, value in out.items():
+        path = layout.offset(group, topic, part)
+        old = None
+        if client.exists(path):
+            try:
+                old = decode_offset(client.get(path)[0], path).offset
+            except NodeDataError:
+                old = None  # garbage: replaced
+        out[part] = (old, value)
+    if dry_run:
+        return out
+    for part, (_, value) in out.items():
         path = layout.offset(group, topic, part)
         data = encode_offset(StoredOffset(offset=value, msg_id=-1))
         if client.exists(path):
             client.set(path, data)
         else:
             client.create(path, data, makepath=True)
+    return out
+
+
+def times_to_offsets(client: KazooClient, layout: Layout, topic: str, when_ms: int, *,
+                     group: str = "metaq-admin", timeout: float = 5.0) -> dict[str, int | None]:
+    """partition -> offset of its first message at or after ``when_ms`` (the log end
+    when none is), asked of each partition's broker; None where it did not answer."""
+    out: dict[str, int | None] = {}
+    by_broker: dict[int, list[str]] = {}
+    for p in read_partitions(client, layout, topic):
+        by_broker.setdefault(partition_broker_id(p), []).append(p)
+    for bid, parts in by_broker.items():
+        address = broker_address(client, layout, bid)
+        if address is None:
+            out.update({p: None for p in parts})
+            continue
+        try:
+            with BrokerConnection(*address, timeout=timeout) as conn:
+                for p in parts:
+                    out[p] = offset_for_time(conn, topic, int(p.split("-", 1)[1]), when_ms,
+                                             group=group).offset
+        except (OSError, MetaqError) as e:
+            log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
+            out.update({p: None for p in parts if p not in out})
     return out

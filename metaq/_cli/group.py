@@ -18,6 +18,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from metaq._admin import describe_group, log_damage, log_ends, reset_offsets
 from metaq._cli._zkflags import add_zk_security_args, security_from_args
 from metaq._errors import ConfigError, CoordinationError
+from metaq._time import parse_time_ms
 from metaq._zkclient import make_client
 from zk_layout import Layout, take_snapshot
 
@@ -60,6 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     target.add_argument("--to-earliest", action="store_true")
     target.add_argument("--to-latest", action="store_true")
     target.add_argument("--to-offset", type=int, metavar="N")
+    target.add_argument("--to-time", metavar="TIME",
+                        help="the first message at or after TIME (ISO-8601, e.g. "
+                             "2026-11-25T14:00:00Z, or epoch ms), by msgId time")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the old and new positions, write nothing")
     p.set_defaults(func=group_reset)
 
     t = sub.add_parser("topic", help="topics: list, describe")
@@ -137,15 +143,24 @@ def group_describe(args: argparse.Namespace) -> int:
 
 
 def group_reset(args: argparse.Namespace) -> int:
-    to: str | int = ("earliest" if args.to_earliest else "latest" if args.to_latest
-                     else args.to_offset)
+    to: str | int | tuple[str, int]
+    if args.to_time is not None:
+        to = ("time", parse_time_ms(args.to_time, "--to-time"))
+    else:
+        to = ("earliest" if args.to_earliest else "latest" if args.to_latest
+              else args.to_offset)
     if isinstance(to, int) and to < 0:
         raise ConfigError("--to-offset must be >= 0")
     with _client(args) as client:
         done = reset_offsets(client, Layout(args.root), args.group, args.topic, to=to,
-                             timeout=args.timeout)
-    for part, value in done.items():
-        print(f"{args.topic} {part} -> {value}")
+                             timeout=args.timeout, dry_run=args.dry_run)
+    if args.dry_run:
+        print(f"dry run: nothing written ({args.group}, {args.topic})")
+        print(_table(["topic", "partition", "committed", "new"],
+                     [[args.topic, part, old, new] for part, (old, new) in done.items()]))
+    else:
+        for part, (_, value) in done.items():
+            print(f"{args.topic} {part} -> {value}")
     return 0
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from metaq._errors import ConfigError
+from metaq._time import parse_time_ms
 from metaq._zkclient import ZkSecurity
 
 __all__ = ["ConsumerConfig", "START_POSITIONS"]
@@ -106,7 +107,9 @@ class ConsumerConfig:
     max_fetch_size: int = 16 * MIB
     #: Assignment strategy: ``default``, ``consist``, ``roundrobin``, ``sticky`` or ``cooperative``.
     strategy: str = "default"
-    #: Where a group with no committed offset starts: ``earliest`` or ``latest``.
+    #: Where a group with no committed offset starts: ``earliest``, ``latest``, or
+    #: ``time:<ISO-8601 or epoch ms>`` (the first message at or after that time, found
+    #: by msgId time; works against Java Metaq brokers too).
     start_position: str = "earliest"
     #: What to do with a position outside the log (a committed offset above the log end
     #: or below its start, garbage in an offset node): ``earliest`` (read from the log
@@ -192,14 +195,24 @@ class ConsumerConfig:
         if self.offset_reset not in OFFSET_RESETS:
             raise ConfigError(
                 f"offset_reset must be one of {OFFSET_RESETS}, got {self.offset_reset!r}")
-        if self.start_position not in START_POSITIONS:
+        if self.start_position not in START_POSITIONS and not (
+                isinstance(self.start_position, str) and self.start_position.startswith("time:")):
             raise ConfigError(
-                f"start_position must be one of {START_POSITIONS}, got {self.start_position!r}")
+                f"start_position must be one of {START_POSITIONS} or 'time:<ISO-8601 or epoch "
+                f"ms>', got {self.start_position!r}")
+        self.start_time_ms  # noqa: B018 - validates a time: position
         from metaq.consumer._assignors import get_strategy
         from metaq.protocol import get_codec
 
         get_codec(self.codec)
         get_strategy(self.strategy)
+
+    @property
+    def start_time_ms(self) -> int | None:
+        """The time of a ``time:`` start position (epoch ms), else None."""
+        if isinstance(self.start_position, str) and self.start_position.startswith("time:"):
+            return parse_time_ms(self.start_position[5:], "start_position time")
+        return None
 
     @classmethod
     def from_mapping(cls, group: str, options: dict[str, Any]) -> ConsumerConfig:

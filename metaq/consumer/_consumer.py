@@ -25,6 +25,7 @@ from metaq._errors import (
     CoordinationError,
     MetaqError,
 )
+from metaq._time import parse_time_ms
 from metaq._zkclient import make_client
 from metaq.consumer._concurrent import ConcurrentDispatcher
 from metaq.consumer._config import MIB, ConsumerConfig
@@ -36,6 +37,7 @@ from metaq.consumer._offsets import LocalFileOffsetStore
 from metaq.consumer._recover import RecoverStore
 from metaq.consumer._reject import RejectHandler, default_recover_dir
 from metaq.consumer._subscription import (
+    BY_TIME,
     DEFAULT_MAX_BATCH,
     LATEST,
     PartitionState,
@@ -367,6 +369,18 @@ class MessageConsumer:
 
     def seek_to_latest(self, topic: str, partition: str) -> None:
         self.fetcher.seek(self._state_of(topic, partition), LATEST)  # resolved by the broker
+
+    def seek_to_time(self, topic: str, partition: str | None, when: object) -> None:
+        """Deliver from the first message whose msgId time is at or after ``when``
+        (epoch ms, an ISO-8601 string, or an aware datetime): of ``partition``, or with
+        None of every partition of ``topic`` this consumer owns now.  The position is
+        found by a search over the log (a few round trips; works against a Java Metaq
+        broker too) when the partition is next fetched; a time after the last message
+        gives the log end."""
+        ms = parse_time_ms(when, "seek_to_time time")
+        parts = [partition] if partition is not None else self.assignment().get(topic, [])
+        for p in parts:
+            self.fetcher.seek(self._state_of(topic, p), BY_TIME, ms)
 
     def pause(self, topic: str, partition: str) -> None:
         """Stop fetching a partition (it stays assigned) until :meth:`resume`."""

@@ -43,8 +43,8 @@ from metaq._errors import (
 )
 from metaq.consumer._lease import Lease
 from metaq.consumer._processor import process_batch
-from metaq.consumer._subscription import LATEST, PartitionState
-from metaq.net import BrokerConnection
+from metaq.consumer._subscription import BY_TIME, LATEST, PartitionState
+from metaq.net import BrokerConnection, offset_for_time
 from metaq.protocol import HOLD_CAPABILITY
 
 __all__ = ["PartitionFetcher", "PARK", "ErrorHandler", "Connections"]
@@ -131,7 +131,11 @@ class PartitionFetcher:
                 if self._long_poll:
                     self._holds[address] = _offers_hold(conn)
             if data is None:
-                if pf.offset < 0:  # LATEST or EARLIEST: the broker's log end or start
+                if pf.offset == BY_TIME:  # a time: searched in the log by msgId time
+                    assert pf.time_ms is not None
+                    pf.resolve(offset_for_time(conn, pf.topic, pf.index, pf.time_ms,
+                                               group=self._group).offset)
+                elif pf.offset < 0:  # LATEST or EARLIEST: the broker's log end or start
                     pf.resolve(conn.offset(pf.topic, self._group, pf.index,
                                            _LOG_END if pf.offset == LATEST else 0))
                 data = pf.receive(conn, conn.send_get(pf.topic, self._group, pf.index,

@@ -128,9 +128,10 @@ class FetchManager:
 
     # -- control (the user) --------------------------------------------------------------
 
-    def seek(self, pf: PartitionState, offset: int) -> None:
-        """Deliver ``pf`` from ``offset`` next (applied before its next fetch)."""
-        pf.seek(offset)
+    def seek(self, pf: PartitionState, offset: int, time_ms: int | None = None) -> None:
+        """Deliver ``pf`` from ``offset`` next (applied before its next fetch; BY_TIME
+        with ``time_ms``: from the first message at or after that time)."""
+        pf.seek(offset, time_ms)
         self.wake(pf)
 
     def rollback(self, pf: PartitionState) -> None:

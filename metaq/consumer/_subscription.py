@@ -51,13 +51,13 @@ from metaq.protocol import Codec, PartitionReader
 from zk_layout import NodeDataError, StoredOffset, check_topic
 
 __all__ = ["Subscription", "PartitionState", "SubscriptionState", "LATEST", "EARLIEST",
-           "DEFAULT_MAX_BATCH"]
+           "BY_TIME", "DEFAULT_MAX_BATCH"]
 
 log = logging.getLogger(__name__)
 
 #: ``PartitionState.offset`` values resolved by the first fetch from the broker: its
-#: log end, its log start
-LATEST, EARLIEST = -1, -2
+#: log end, its log start, the first message at or after ``PartitionState.time_ms``
+LATEST, EARLIEST, BY_TIME = -1, -2, -3
 
 #: Default for ``PartitionState.max_batch``: below CPython's first GC threshold
 #: (700 new container objects), so a batch in hand never triggers a collection.
@@ -92,9 +92,9 @@ class PartitionState:
         "offset", "msg_id", "consumed", "retry_offset", "retry_count", "retry_delay",
         "max_size", "checked", "stalled", "damaged", "skipped", "resets", "delay",
         "failures", "grow_size_streak", "checksum_failures", "ready", "rbuf",
-        "ready_offset", "ready_address",
+        "ready_offset", "ready_address", "time_ms",
         # requests
-        "seek_to", "rollback", "acked",
+        "seek_to", "seek_time", "rollback", "acked",
         # scheduling
         "active", "busy", "paused", "due", "queued_token", "hold_token",
         # coordination
@@ -168,9 +168,12 @@ class PartitionState:
         self.rbuf: bytearray | None = None
         self.ready_offset = -1
         self.ready_address: tuple[str, int] | None = None
+        #: the time (epoch ms) an ``offset`` of BY_TIME stands for
+        self.time_ms: int | None = None
 
         # -- requests: made by any thread, applied by the runner before its next fetch
         self.seek_to: int | None = None
+        self.seek_time: int | None = None  # with seek_to == BY_TIME
         self.rollback = False
         self.acked: tuple[int, int] = (msg_id, offset)
 
@@ -205,9 +208,11 @@ class PartitionState:
 
     # -- requests (any thread) ------------------------------------------------------------
 
-    def seek(self, offset: int) -> None:
-        """Deliver from ``offset`` next (LATEST: the log end).  Any thread; applied by
-        the runner before its next fetch (:meth:`apply_requests`); the caller wakes it."""
+    def seek(self, offset: int, time_ms: int | None = None) -> None:
+        """Deliver from ``offset`` next (LATEST: the log end; BY_TIME: the first message
+        at or after ``time_ms``).  Any thread; applied by the runner before its next
+        fetch (:meth:`apply_requests`); the caller wakes it."""
+        self.seek_time = time_ms  # before seek_to: the runner reads them the other way
         self.seek_to = offset
 
     def request_rollback(self) -> None:
@@ -234,6 +239,7 @@ class PartitionState:
         if to is not None:
             self.seek_to = None
             self.offset, self.msg_id = to, -1
+            self.time_ms = self.seek_time if to == BY_TIME else None
             self.checked, self.stalled = False, None
             if not self.auto_ack:
                 self.acked = (-1, to)
@@ -335,8 +341,9 @@ class PartitionState:
         self.grow_size_streak = 0
 
     def resolve(self, offset: int) -> None:
-        """LATEST or EARLIEST became the broker's log end or start."""
+        """LATEST, EARLIEST or BY_TIME became an offset of the broker's log."""
         self.offset = offset
+        self.time_ms = None
         self.checked = True
 
     def mark_checked(self) -> None:
@@ -544,10 +551,12 @@ class SubscriptionState:
             offset, msg_id = stored.offset, -1 if stored.msg_id is None else stored.msg_id
         elif cfg.start_position == "latest":
             offset, msg_id = LATEST, -1  # resolved by the fetcher from the broker's log end
+        elif cfg.start_time_ms is not None:
+            offset, msg_id = BY_TIME, -1  # resolved by the fetcher, searching by time
         else:
             offset, msg_id = 0, -1
         flow = (cfg.pull_threshold_messages, cfg.pull_threshold_bytes, cfg.max_span)
-        return PartitionState(
+        pf = PartitionState(
             topic=topic, partition=partition, broker_id=broker_id,
             index=int(partition.split("-", 1)[1]), broker_address=address, offset=offset,
             msg_id=msg_id, max_size=sub.max_size, listener=sub.listener,
@@ -555,3 +564,6 @@ class SubscriptionState:
             verify=cfg.verify_checksums, max_retries=cfg.max_fetch_retries,
             reject=self._reject, auto_ack=sub.auto_ack, dispatcher=self._dispatcher,
             flow=flow, stalled=stalled)
+        if offset == BY_TIME:
+            pf.time_ms = cfg.start_time_ms
+        return pf
