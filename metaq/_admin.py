@@ -2,15 +2,26 @@
 
 ``python -m zk_layout`` shows what ZooKeeper holds; these functions add what
 only a broker knows (where each partition's log ends) and derive lag and a
-state in the spirit of Burrow:
+state by Burrow's evaluator rules (github.com/linkedin/Burrow, "Consumer Lag
+Evaluation Rules") over a window of two samples (``interval``):
 
-- ``ok``: nothing to consume (lag 0);
-- ``lagging``: lag > 0 and the committed offset moved between two samples
-  (or only one sample was taken);
-- ``stalled``: lag > 0 and the committed offset did not move between samples;
-- ``unowned``: lag > 0 and no live member owns the partition (its ``note`` says
-  when it may be held for an away static member subscribed to its topic);
-- ``unknown``: the broker could not be asked.
+- ``ok``: nothing to consume (lag 0), or the committed offset moved and the lag
+  shrank over the window;
+- ``warn``: the committed offset moved but the lag did not shrink (not catching up);
+- ``stall``: the offset was committed within the window but did not move, lag > 0;
+- ``stop``: no commit at all within the window (the offset node's mtime), lag > 0;
+- ``rewind``: the committed offset went back;
+- ``lagging``: lag > 0 with a single sample (Burrow's rules need a window);
+- ours beside Burrow's: ``unowned`` (lag > 0 and no live member owns it; its ``note``
+  says when it may be held for an away static member), ``damaged`` (garbage in its
+  offset node), ``data lost`` (committed below the log start: retention deleted
+  unread bytes), ``out of range`` (committed beyond the log end), ``unknown`` (the
+  broker could not be asked).
+
+:attr:`GroupReport.status` sums them up as Burrow does: ``error`` when any
+partition is in stall, stop, rewind, data lost, damaged or out of range, ``warn``
+when any is in warn, lagging or unowned, else ``ok``.  Lag is given in bytes and
+in seconds: the age of the oldest unconsumed message, from its msgId time.
 
 Members are listed with their state (:class:`MemberState`): ``live`` (static
 ones with their instance id), or for a static member whose id node is gone
@@ -27,7 +38,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from metaq._errors import ConfigError, MetaqError
-from metaq.net import BrokerConnection, offset_for_time
+from metaq.net import BrokerConnection, offset_for_time, time_at
 from zk_layout import (
     GroupInfo,
     Layout,
@@ -42,7 +53,7 @@ from zk_layout import (
 )
 
 __all__ = ["MemberState", "PartitionLag", "GroupReport", "describe_group", "log_ends",
-           "reset_offsets", "times_to_offsets"]
+           "position_times", "reset_offsets", "times_to_offsets"]
 
 log = logging.getLogger(__name__)
 _LOG_END = 2**63 - 1
@@ -62,6 +73,7 @@ class PartitionLag:
     log_end: int | None
     lag: int | None
     state: str
+    lag_seconds: float | None = None
     note: str | None = None
 
 
@@ -106,11 +118,21 @@ class GroupReport:
     member_states: tuple[MemberState, ...] = ()
 
     @property
+    def status(self) -> str:
+        """The group's status over its partitions' states (see the module docstring)."""
+        states = {p.state for p in self.partitions}
+        if states & {"stall", "stop", "rewind", "data lost", "damaged", "out of range"}:
+            return "error"
+        if states & {"warn", "lagging", "unowned"}:
+            return "warn"
+        return "ok"
+
+    @property
     def has_static(self) -> bool:
         return any(m.static for m in self.member_states)
 
     def as_json(self) -> dict[str, Any]:
-        return {"group": self.group, "members": list(self.members),
+        return {"group": self.group, "status": self.status, "members": list(self.members),
                 "member_states": [asdict(m) for m in self.member_states],
                 "partitions": [asdict(p) for p in self.partitions],
                 "total_lag": sum(p.lag or 0 for p in self.partitions)}
@@ -184,14 +206,17 @@ def _sample(client: KazooClient, layout: Layout, group: str):
 
 def describe_group(client: KazooClient, layout: Layout, group: str, *, interval: float = 0.0,
                    timeout: float = 5.0) -> GroupReport:
-    """Per partition: owner, committed offset and msgId, log end, lag and state.
+    """Per partition: owner, committed offset and msgId, log end, lag in bytes and in
+    seconds (the age of the oldest unconsumed message, from its msgId time), and state.
 
-    With ``interval`` > 0 the committed offsets are sampled twice that far
-    apart, which tells ``stalled`` from ``lagging``.
-    """
+    With ``interval`` > 0 the group is sampled twice that far apart (the window) and
+    each partition's state follows Burrow's rules (see the module docstring)."""
+    topics_first: dict[str, dict[str, tuple[int | None, int | None]]] = {}
     first = _sample(client, layout, group)
     if interval > 0:
-        time.sleep(interval)  # the sampling interval itself, not synchronisation
+        topics_first = {gt.topic: log_ends(client, layout, gt.topic, timeout=timeout)
+                        for gt in first.topics}
+        time.sleep(interval)  # the sampling window itself, not synchronisation
         info = _sample(client, layout, group)
     else:
         info = first
@@ -199,22 +224,32 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
               for ps in gt.partitions}
     rows: list[PartitionLag] = []
     held = info.held_topics
+    now = time.time()
     for gt in info.topics:
         ends = log_ends(client, layout, gt.topic, timeout=timeout)
+        behind: dict[str, int] = {}
+        pending = []
         for ps in gt.partitions:
             name = str(ps.partition)
             start, end = ends.get(name, (None, None))
             committed = ps.offset.offset if ps.offset else None
-            msg_id = ps.offset.msg_id if ps.offset else None
             position = committed if committed is not None else (start or 0)
             lag = None if end is None else max(0, end - position)
+            if lag:
+                behind[name] = position
+            pending.append((ps, name, start, end, committed, lag))
+        times = position_times(client, layout, gt.topic, behind, timeout=timeout)
+        for ps, name, start, end, committed, lag in pending:
+            msg_id = ps.offset.msg_id if ps.offset else None
+            t = times.get(name)
+            lag_seconds = (0.0 if lag == 0 else None if t is None or lag is None
+                           else round(max(0.0, now - t / 1000), 3))
             prev = before.get((gt.topic, name))
-            moved = interval <= 0 or prev is None or (committed or 0) > prev.offset
             if ps.errors and committed is None:
                 state = "damaged"  # garbage in its offset node (see the errors column)
             elif committed is not None and end is not None and committed > end:
                 state = "out of range"  # beyond the log end: nothing can be delivered
-                lag = None
+                lag = lag_seconds = None
             elif committed is not None and start is not None and committed < start:
                 state = "data lost"  # below the log start: retention deleted unread bytes
             elif lag is None:
@@ -223,15 +258,61 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
                 state = "ok"
             elif ps.owner is None:
                 state = "unowned"
+            elif interval <= 0 or prev is None or committed is None:
+                state = "lagging"  # one sample: Burrow's rules need a window (--interval)
             else:
-                state = "lagging" if moved else "stalled"
+                state = _burrow(client, layout, group, gt.topic, name, prev.offset, committed,
+                                topics_first.get(gt.topic, {}).get(name, (None, None))[1],
+                                end, lag, interval, now)
             rows.append(PartitionLag(topic=gt.topic, partition=name, owner=ps.owner,
                                      committed=committed, msg_id=msg_id, log_start=start,
-                                     log_end=end, lag=lag, state=state,
+                                     log_end=end, lag=lag, lag_seconds=lag_seconds,
+                                     state=state,
                                      note=HELD_NOTE if ps.owner is None and gt.topic in held
                                      else None))
     return GroupReport(group=group, members=tuple(m.consumer_id for m in info.members),
                        partitions=tuple(rows), member_states=member_states(info))
+
+
+def _burrow(client: KazooClient, layout: Layout, group: str, topic: str, part: str,
+            first: int, last: int, end_first: int | None, end: int, lag: int,
+            window: float, now: float) -> str:
+    """A lagging partition's state over the window, by Burrow's evaluator rules."""
+    if last < first:
+        return "rewind"  # the committed offset went back
+    if last == first:
+        stat = client.exists(layout.offset(group, topic, part))
+        written = None if stat is None else stat.mtime / 1000
+        if written is None or now - written > window:
+            return "stop"  # no commit at all within the window
+        return "stall"  # committing, but the same offset
+    lag_first = None if end_first is None else max(0, end_first - first)
+    if lag_first is not None and lag >= lag_first:
+        return "warn"  # moving, but not catching up
+    return "ok"  # moving and catching up
+
+
+def position_times(client: KazooClient, layout: Layout, topic: str, positions: dict[str, int],
+                   *, group: str = "metaq-admin", timeout: float = 5.0) -> dict[str, int]:
+    """partition -> msgId time (epoch ms) of the message at its position, for those of
+    ``positions`` whose broker answered and holds a message there."""
+    out: dict[str, int] = {}
+    by_broker: dict[int, list[str]] = {}
+    for p in positions:
+        by_broker.setdefault(partition_broker_id(p), []).append(p)
+    for bid, parts in by_broker.items():
+        address = broker_address(client, layout, bid)
+        if address is None:
+            continue
+        try:
+            with BrokerConnection(*address, timeout=timeout) as conn:
+                for p in parts:
+                    t = time_at(conn, topic, int(p.split("-", 1)[1]), positions[p], group=group)
+                    if t is not None:
+                        out[p] = t
+        except (OSError, MetaqError) as e:
+            log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
+    return out
 
 
 def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *,

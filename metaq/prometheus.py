@@ -55,6 +55,10 @@ class ConsumerCollector:
                                       labels=pl)
         lag = GaugeMetricFamily("metaq_consumer_lag", "Log end minus position (bytes)",
                                 labels=pl)
+        lag_seconds = GaugeMetricFamily(
+            "metaq_consumer_lag_seconds",
+            "Age of the oldest unconsumed message (now minus its msgId time; 0 caught up)",
+            labels=pl)
         for c in self.consumers:
             m = c.metrics(with_lag=self.with_lag)
             lv = [m["group"], m["consumer_id"]]
@@ -68,7 +72,10 @@ class ConsumerCollector:
                 committed.add_metric([*lv, part], p["committed"])
                 if p.get("lag") is not None:
                     lag.add_metric([*lv, part], p["lag"])
-        yield from (messages, rebalances, rejected, store, owned, position, committed, lag)
+                if p.get("lag_seconds") is not None:
+                    lag_seconds.add_metric([*lv, part], p["lag_seconds"])
+        yield from (messages, rebalances, rejected, store, owned, position, committed, lag,
+                    lag_seconds)
 
 
 class _Quiet(WSGIRequestHandler):

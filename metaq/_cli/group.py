@@ -135,10 +135,12 @@ def group_describe(args: argparse.Namespace) -> int:
                        m.text] for m in report.member_states]))
         print()
     print(_table(["topic", "partition", "owner", "committed", "msgId", "log end", "lag",
-                  "state"],
+                  "lag s", "state"],
                  [[p.topic, p.partition, p.owner, p.committed, p.msg_id, p.log_end, p.lag,
+                   None if p.lag_seconds is None else f"{p.lag_seconds:.1f}",
                    f"{p.state} ({p.note})" if p.note else p.state]
                   for p in report.partitions]))
+    print(f"status: {report.status}")
     return 0
 
 

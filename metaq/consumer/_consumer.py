@@ -43,7 +43,7 @@ from metaq.consumer._subscription import (
     PartitionState,
     SubscriptionState,
 )
-from metaq.net import BrokerConnection
+from metaq.net import BrokerConnection, time_at
 from metaq.protocol import get_codec
 from zk_layout import Layout, build_consumer_id, local_ip
 
@@ -248,14 +248,21 @@ class MessageConsumer:
         """(topic, partition) -> the next offset to deliver, for owned ones."""
         return {pf.key: pf.offset for pf in self._subscriptions.assigned()}
 
-    def lag(self, timeout: float = 5.0) -> dict[tuple[str, str], int | None]:
-        """(topic, partition) -> log end (asked of the broker) minus the consumed position.
+    def lag(self, timeout: float = 5.0, *, seconds: bool = False
+            ) -> dict[tuple[str, str], int | float | None]:
+        """(topic, partition) -> log end (asked of the broker) minus the consumed position,
+        in bytes; with ``seconds``, the age of the oldest unconsumed message instead (now
+        minus its msgId time, 0.0 when caught up): what an SLO is written in.
 
         None where the broker could not be asked.  Does network I/O: call it from
         a monitoring thread, not from a listener.
         """
+        detail = self._lag_detail(timeout)
+        return {k: (v if v is None else v[1 if seconds else 0]) for k, v in detail.items()}
+
+    def _lag_detail(self, timeout: float) -> dict[tuple[str, str], tuple[int, float] | None]:
         by_broker: dict[tuple[str, int], list[PartitionState]] = {}
-        out: dict[tuple[str, str], int | None] = {}
+        out: dict[tuple[str, str], tuple[int, float] | None] = {}
         for pf in self._subscriptions.assigned():
             out[pf.key] = None
             if pf.broker_address is not None:
@@ -266,7 +273,12 @@ class MessageConsumer:
                     for pf in pfs:
                         end = conn.offset(pf.topic, self.config.group, pf.index, 2**63 - 1)
                         pos = pf.offset if pf.offset >= 0 else end
-                        out[(pf.topic, pf.partition)] = max(0, end - pos)
+                        behind = max(0, end - pos)
+                        age = 0.0
+                        if behind:
+                            t = time_at(conn, pf.topic, pf.index, pos, group=self.config.group)
+                            age = 0.0 if t is None else max(0.0, time.time() - t / 1000)
+                        out[(pf.topic, pf.partition)] = (behind, age)
             except (OSError, MetaqError) as e:
                 log.debug("lag: broker %s:%s did not answer: %r", *address, e)
         return out
@@ -275,7 +287,8 @@ class MessageConsumer:
         """A snapshot for dashboards: state, rebalances, per-partition progress, rates.
 
         ``rate`` is messages/s since the previous call (or since start).
-        ``with_lag`` adds each partition's lag (asks the brokers, see :meth:`lag`).
+        ``with_lag`` adds each partition's lag in bytes and in seconds (asks the brokers,
+        see :meth:`lag`).
         """
         now = time.monotonic()
         subs = self._subscriptions
@@ -283,7 +296,7 @@ class MessageConsumer:
         total = subs.consumed_released + sum(pf.consumed for pf in owned)
         last_t, last_n = self._metrics_mark
         self._metrics_mark = (now, total)
-        lags = self.lag() if with_lag else {}
+        lags = self._lag_detail(5.0) if with_lag else {}
         store = self._rejecter.store_size()
         return {
             "consumer_id": self.consumer_id, "group": self.config.group,
@@ -299,7 +312,8 @@ class MessageConsumer:
                 "position": pf.offset, "committed": pf.committed[1], "consumed": pf.consumed,
                 "damaged": pf.damaged, "skipped_bytes": pf.skipped,
                 "stalled": None if pf.stalled is None else str(pf.stalled),
-                **({"lag": lags.get(pf.key)} if with_lag else {})}
+                **({"lag": None if (d := lags.get(pf.key)) is None else d[0],
+                    "lag_seconds": None if d is None else d[1]} if with_lag else {})}
                 for pf in owned},
         }
 

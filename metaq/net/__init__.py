@@ -14,7 +14,8 @@ One concept per module:
                       put-reply parsers
 ``_future``           :class:`LightFuture`, a ``Future`` cheap to complete
 ``_timeseek``         :func:`offset_for_time`: the offset for a time, by a
-                      binary search over a partition's bytes (:class:`TimeSeek`)
+                      binary search over a partition's bytes (:class:`TimeSeek`);
+                      :func:`time_at`: the time of the message at an offset
 ====================  =======================================================
 
 Built on :mod:`metaq.protocol` (the bytes); used by the producer, the consumer's
@@ -34,7 +35,7 @@ from metaq.net._acks import (
 from metaq.net._connection import BrokerConnection, parse_meta_uri
 from metaq.net._future import LAZY_OK, LightFuture
 from metaq.net._pipeline import READER_PREFIX, PipelinedConnection
-from metaq.net._timeseek import TimeSeek, offset_for_time
+from metaq.net._timeseek import TimeSeek, offset_for_time, time_at
 
 __all__ = [
     "BrokerConnection", "parse_meta_uri",
@@ -42,5 +43,5 @@ __all__ = [
     "Pending", "MultiPending", "PutAck", "PutFuture", "check_partial", "parse_put_ack",
     "scan_acks", "scan_results",
     "LightFuture", "LAZY_OK",
-    "TimeSeek", "offset_for_time",
+    "TimeSeek", "offset_for_time", "time_at",
 ]

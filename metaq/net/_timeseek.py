@@ -79,11 +79,12 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from metaq._errors import BrokerError
 from metaq.protocol import HEADER, HEADER_SIZE, MAX_PAYLOAD_SIZE, MSG_ID_EPOCH_MS, scan
 
-__all__ = ["TimeSeek", "offset_for_time"]
+__all__ = ["TimeSeek", "offset_for_time", "time_at"]
 
 _INT64_MAX = (1 << 63) - 1
 _ID = struct.Struct(">q")
@@ -336,3 +337,19 @@ def offset_for_time(conn, topic: str, partition: int, when_ms: int, *,
                 return done(m)
         pos = run[-1].next
     return done(high)
+
+
+def time_at(conn: Any, topic: str, partition: int, offset: int, *,
+            group: str = "metaq-timeseek") -> int | None:
+    """The msgId time (epoch ms) of the message starting at ``offset``, from one small
+    ``get`` (its header is enough); None at or past the log end, or when the bytes
+    there are not a message header (a broker's damaged range)."""
+    try:
+        head = conn.get(topic, group, partition, offset, 64)
+    except BrokerError as e:
+        if e.code in (301, 404):
+            return None  # moved (below the start, damage) or nothing there
+        raise
+    if len(head) < HEADER_SIZE:
+        return None
+    return _time_of(_ID.unpack_from(head, 8)[0])

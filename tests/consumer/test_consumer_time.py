@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,76 @@ def test_reset_offsets_to_a_time_with_a_dry_run_first(zk_connect, zk_client, bro
         again.start()
         wait_until(lambda: len(got2) == N - 200, 30, what="from message 200 on")
         assert got2 == list(range(200, N))
+
+
+def test_lag_in_seconds_is_the_age_of_the_oldest_unconsumed_message(zk_connect, broker) -> None:
+    """A member stuck on message 200 (its listener waits): its position is the start of
+    the batch in hand, and the lag in seconds is the age of the message there."""
+    release = threading.Event()
+    seen: list[int] = []
+
+    def listener(m) -> None:  # noqa: ANN001
+        i = int(m.raw_body[1:4])
+        seen.append(i)
+        if i == 200:
+            release.wait(30)
+
+    c = MessageConsumer("g-lag", zk_connect, zk_session_timeout=10.0, commit_period=0.2)
+    c.subscribe(TOPIC, listener)
+    with c:
+        c.start()
+        wait_until(lambda: 200 in seen, 30, what="the listener stuck on message 200")
+        offsets = broker[1]
+        # the position is where the batch in hand began (at most message 200)
+        pos = c.positions()[(TOPIC, "0-0")]
+        i = offsets.index(pos)
+        assert i <= 200
+        assert c.lag()[(TOPIC, "0-0")] == offsets[-1] - pos
+        seconds = c.lag(seconds=True)[(TOPIC, "0-0")]
+        expected = time.time() - (T0 + i) / 1000
+        assert abs(seconds - expected) < 5, (seconds, expected)
+        part = c.metrics(with_lag=True)["partitions"][f"{TOPIC}/0-0"]
+        assert part["lag"] == offsets[-1] - pos and part["lag_seconds"] > 0
+        release.set()
+        wait_until(lambda: len(seen) == N, 30, what="caught up")
+        wait_until(lambda: c.lag(seconds=True)[(TOPIC, "0-0")] == 0.0, 10,
+                   what="lag 0 s when caught up")
+
+
+def test_group_describe_shows_lag_seconds(zk_connect, zk_client, broker) -> None:
+    from metaq._admin import describe_group
+    from metaq.net import offset_for_time  # noqa: F401 - the reset below uses it
+    from zk_layout import Layout
+
+    done = _metaq("group", "reset-offsets", "g-desc", "--zk", zk_connect, "--topic", TOPIC,
+                  "--to-time", str(T0 + 250))
+    assert done.returncode == 0, done.stderr
+    report = describe_group(zk_client, Layout(), "g-desc")
+    (row,) = report.partitions
+    assert row.lag == broker[1][-1] - broker[1][250] and row.state == "unowned"
+    assert abs(row.lag_seconds - (time.time() - (T0 + 250) / 1000)) < 5
+    assert report.status == "warn"
+    text = _metaq("group", "describe", "g-desc", "--zk", zk_connect)
+    assert "lag s" in text.stdout and "status: warn" in text.stdout
+
+
+def test_burrow_rules_over_a_window(zk_client) -> None:
+    """Each rule of the window evaluation, with a real offset node (its mtime is the
+    time of the last commit)."""
+    from metaq._admin import _burrow
+    from zk_layout import Layout
+
+    layout = Layout()
+    zk_client.create(layout.offset("gb", TOPIC, "0-0"), b"-1-100", makepath=True)
+    mtime = zk_client.exists(layout.offset("gb", TOPIC, "0-0")).mtime / 1000
+
+    def state(first, last, end_first, end, *, now=mtime + 1.0, window=2.0):
+        return _burrow(zk_client, layout, "gb", TOPIC, "0-0", first, last, end_first, end,
+                       max(0, end - last), window, now)
+
+    assert state(100, 90, 500, 500) == "rewind"
+    assert state(100, 100, 500, 500) == "stall"             # committed within the window
+    assert state(100, 100, 500, 500, now=mtime + 10) == "stop"  # nothing for 10 s > 2 s
+    assert state(100, 200, 500, 700) == "warn"              # moved, lag 400 -> 500
+    assert state(100, 200, 500, 600) == "warn"              # moved, lag stayed 400
+    assert state(100, 300, 500, 500) == "ok"                # moved, lag 400 -> 200
