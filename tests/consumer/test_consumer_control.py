@@ -63,6 +63,8 @@ def test_prometheus_exporter_serves_consumer_metrics(zk_connect, broker, tmp_pat
     assert 'metaq_consumer_messages_total{consumer_id="prom_p",group="prom"} 40.0' in text
     assert 'metaq_consumer_partitions{consumer_id="prom_p",group="prom"} 2.0' in text
     assert 'metaq_consumer_lag{consumer_id="prom_p",group="prom",partition="ctl/0-0"} 0.0' in text
+    assert ('metaq_consumer_lag_seconds{consumer_id="prom_p",group="prom",partition="ctl/0-0"} 0.0'
+            in text)
 
 
 def test_message_bigger_than_transfer_cap_and_fetch_size_is_consumed_whole(
