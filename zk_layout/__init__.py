@@ -17,6 +17,7 @@ Does not import ``metaq``.
 """
 
 from zk_layout._codecs import (
+    MSG_ID_EPOCH_MS,
     BrokerUri,
     StoredOffset,
     TopicBroker,
@@ -126,6 +127,7 @@ __all__ = [
     "sort_partitions",
     # codecs
     "BrokerUri",
+    "MSG_ID_EPOCH_MS",
     "MAX_STATIC_GRACE_MS",
     "StaticMember",
     "StoredOffset",

@@ -334,6 +334,10 @@ def decode_owner(data: bytes | str | None, path: str = "") -> str:
         raise NodeDataError(path, data, f"not a consumer id: {e.reason}") from None
 
 
+#: The epoch of a msgId's time field (Metaq's constant, also metaq.protocol's).
+MSG_ID_EPOCH_MS = 1303895660503
+
+
 # -- offsets ------------------------------------------------------------------------------
 
 
@@ -356,6 +360,17 @@ class StoredOffset:
                 raise InvalidNameError("msgId", self.msg_id, "must be an int or None")
             if not INT64_MIN <= self.msg_id <= INT64_MAX:
                 raise InvalidNameError("msgId", self.msg_id, "must fit a Java long")
+
+    @property
+    def msg_time_ms(self) -> int | None:
+        """The broker wall-clock time (epoch ms) in ``msg_id``; None when unknown.
+
+        >>> StoredOffset(offset=0, msg_id=(1000 << 22) | 5).msg_time_ms
+        1303895661503
+        """
+        if self.msg_id is None or self.msg_id < 0:
+            return None
+        return (self.msg_id >> 22) + MSG_ID_EPOCH_MS
 
 
 def encode_offset(value: StoredOffset) -> bytes:

@@ -12,6 +12,7 @@ from zk_layout._codecs import BrokerUri, StoredOffset
 from zk_layout._names import Partition
 from zk_layout._paths import NodeRef
 from zk_layout._snapshot import Damage, GroupInfo, Snapshot, TreeNode
+from zk_layout._static import iso_ms
 
 #: The note on a partition nobody owns while the group has an away static member
 #: subscribed to its topic (the inspector cannot tell which partitions it holds).
@@ -193,6 +194,13 @@ def _msg_id(offset: StoredOffset | None) -> object:
     return "(legacy)" if offset.msg_id is None else offset.msg_id
 
 
+def _consumed_at(offset: StoredOffset | None) -> object:
+    """The msgId time of the last committed message (ZooKeeper alone: how far the group
+    has read in time; ``metaq group describe`` asks the brokers for lag in seconds)."""
+    t = None if offset is None else offset.msg_time_ms
+    return None if t is None else iso_ms(t)
+
+
 def render_group(group: GroupInfo) -> str:
     out = [_members_line(group),
            format_table(("CONSUMER ID", "TOPICS", "INSTANCE", "HOST", "ERROR", "STATE"),
@@ -205,6 +213,7 @@ def render_group(group: GroupInfo) -> str:
             notes += ["DAMAGED: " + "; ".join(p.errors)] if p.errors else []
             prows.append((t.topic, p.partition, p.owner,
                           None if p.offset is None else p.offset.offset,
-                          _msg_id(p.offset), "; ".join(notes) or None))
-    out.append(format_table(("TOPIC", "PARTITION", "OWNER", "OFFSET", "MSGID", "NOTE"), prows))
+                          _msg_id(p.offset), _consumed_at(p.offset), "; ".join(notes) or None))
+    out.append(format_table(("TOPIC", "PARTITION", "OWNER", "OFFSET", "MSGID", "CONSUMED UP TO",
+                             "NOTE"), prows))
     return "\n\n".join(out) + _damage_section(group.damaged)

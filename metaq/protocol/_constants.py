@@ -6,6 +6,10 @@ here; the rest of the package and its callers import them by name.
 
 from __future__ import annotations
 
+#: ms timestamp Metaq subtracts before shifting it into a msgId (defined once, in
+#: zk_layout, which reads msgIds in offset nodes too).
+from zk_layout import MSG_ID_EPOCH_MS
+
 __all__ = [
     "INT32_MAX",
     "INT32_MIN",
@@ -47,8 +51,6 @@ MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 #: Default upper bound on a payload length read from bytes (body + attribute section);
 #: anything larger is treated as corruption, not as a big message.
 MAX_PAYLOAD_SIZE = 64 * 1024 * 1024
-#: ms timestamp Metaq subtracts before shifting it into a msgId.
-MSG_ID_EPOCH_MS = 1303895660503
 #: Flag bit 0: the payload starts with an attribute (int32 length, UTF-8 text).
 FLAG_HAS_ATTRIBUTE = 1
 

@@ -300,12 +300,14 @@ def test_cli_groups_and_group(metaq_tree: KazooClient, zk_connect: str) -> None:
     r = _run_cli(zk_connect, "group", "g1")
     assert r.returncode == 0, r.stderr
     rows = _rows(r.stdout)
-    assert ["t1", "0-0", "g1_10.0.0.8-66-def", "4096", "123", "-"] in rows
-    assert ["t1", "0-1", "g1_10.0.0.8-66-def", "0", "-1", "-"] in rows
-    assert ["t1", "0-2", "-", "4096", "(legacy)", "-"] in rows
+    # CONSUMED UP TO: the msgId time of the last committed message (msgId 123: 0 ms + epoch)
+    assert ["t1", "0-0", "g1_10.0.0.8-66-def", "4096", "123", "2011-04-27T09:14:20.503Z",
+            "-"] in rows
+    assert ["t1", "0-1", "g1_10.0.0.8-66-def", "0", "-1", "-", "-"] in rows
+    assert ["t1", "0-2", "-", "4096", "(legacy)", "-", "-"] in rows
     (bad,) = [row for row in rows if row[:2] == ["t1", "0-10"]]
-    assert bad[2:5] == ["g1_10.0.0.8-66-def", "-", "-"] and bad[5] == "DAMAGED:"
-    assert ["t2", "1-2", "-", "-", "-", "-"] in rows  # the run went on past the garbage
+    assert bad[2:6] == ["g1_10.0.0.8-66-def", "-", "-", "-"] and bad[6] == "DAMAGED:"
+    assert ["t2", "1-2", "-", "-", "-", "-", "-"] in rows  # the run went on past the garbage
     # partition rows come in Metaq's (string) order
     assert [row[1] for row in rows if row[0] == "t1"] == T1_PARTS
 
