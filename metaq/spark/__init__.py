@@ -78,6 +78,7 @@ from typing import Any
 
 from metaq.spark._cluster import LiveGroupError
 from metaq.spark._fetch import FetchSettings, RangeMessage, fetch_range
+from metaq.spark._lag import Lag, PartitionLag, stream_lag
 from metaq.spark._options import OffsetSpec, SourceOptions
 from metaq.spark._ranges import OffsetRange
 from metaq.spark._rdd import (
@@ -104,6 +105,9 @@ __all__ = [
     "commit_query_offsets",
     "msg_id_timestamp",
     "LiveGroupError",
+    "stream_lag",
+    "Lag",
+    "PartitionLag",
 ]
 
 
