@@ -124,6 +124,8 @@ def test_stream_from_a_timestamp_in_batches_of_max_offsets_and_its_lag(
     assert stream_lag(topic.zk_connect, query=q).bytes == 0
     caught_up = stream_lag(topic.zk_connect, query=q)
     assert (caught_up.messages, caught_up.seconds) == (0, 0.0)
+    by_group = stream_lag(topic.zk_connect, group="capped-job", topics=["capped"])
+    assert (by_group.bytes, by_group.seconds) == (0, 0.0)  # the published position
 
     firsts: dict[str, int] = {}
     for r in sorted(wave2, key=lambda r: r.offset, reverse=True):
