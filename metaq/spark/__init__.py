@@ -35,6 +35,19 @@ the check are one call per fetched reply, without them the check is most of
 the read's Python cost (see bench/RESULTS.md).  All options:
 :class:`SourceOptions`.
 
+Kafka-style options (issue 16)
+------------------------------
+``subscribePattern``, ``startingTimestamp``, ``startingOffsetsByTimestamp``
+(``startingOffsetsByTimestampStrategy``), ``endingTimestamp``,
+``endingOffsetsByTimestamp``, ``maxOffsetsPerTrigger``, ``minOffsetsPerTrigger``
+and ``maxTriggerDelay`` mean what they mean for Spark's Kafka source; see the
+README's Spark section for the table.  Messages are counted in a byte-offset
+log from one sampled ``get`` per waiting partition: exact where a partition's
+share lies within its sample, else by the sample's mean message size cut at a
+boundary the broker names (:class:`metaq.spark._ranges.Backlog`).  Python
+sources cannot add custom metrics to a query's progress: :func:`stream_lag`
+computes bytes, messages and seconds behind.
+
 Streaming queries and the consumer group
 ----------------------------------------
 A streaming query keeps its position in its Spark checkpoint, which is the
@@ -78,6 +91,7 @@ from typing import Any
 
 from metaq.spark._cluster import LiveGroupError
 from metaq.spark._fetch import FetchSettings, RangeMessage, fetch_range
+from metaq.spark._lag import Lag, PartitionLag, stream_lag
 from metaq.spark._options import OffsetSpec, SourceOptions
 from metaq.spark._ranges import OffsetRange
 from metaq.spark._rdd import (
@@ -104,6 +118,9 @@ __all__ = [
     "commit_query_offsets",
     "msg_id_timestamp",
     "LiveGroupError",
+    "stream_lag",
+    "Lag",
+    "PartitionLag",
 ]
 
 

@@ -14,6 +14,7 @@ rule that Spark never commits for a group that has live consumers.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 
 from kazoo.client import KazooClient
@@ -21,7 +22,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._errors import BrokerError, ConnectionClosedError, CoordinationError, ProtocolError
-from metaq.net import BrokerConnection
+from metaq.net import BrokerConnection, TimeSeek, offset_for_time
 from metaq.protocol import HEADER_SIZE
 from metaq.spark._arrow import walk
 from zk_layout import (
@@ -92,6 +93,15 @@ class Cluster:
     def partitions(self, topic: str) -> list[str]:
         """``topic``'s partitions in Metaq's order (``topics-sub``), [] when none."""
         return read_partitions(self.zk, self.layout, topic)
+
+    def matching_topics(self, pattern: re.Pattern[str]) -> list[str]:
+        """The topics under ``brokers/topics-sub`` whose whole name matches ``pattern``
+        (as Kafka's ``subscribePattern``), sorted."""
+        try:
+            names = self.zk.get_children(self.layout.topics_sub())
+        except NoNodeError:
+            return []
+        return sorted(n for n in names if pattern.fullmatch(n))
 
     def address(self, broker_id: int) -> tuple[str, int] | None:
         """Where broker ``broker_id`` serves (master, else a slave), None when down."""
@@ -202,6 +212,34 @@ class Cluster:
     def bounds(self, topic: str, partition: str) -> tuple[int, int]:
         """(first offset, end offset) of the partition's log."""
         return (self.nearest(topic, partition, 0), self.nearest(topic, partition, LOG_END))
+
+    def offset_for_time(self, topic: str, partition: str, when_ms: int) -> TimeSeek:
+        """The first message at or after ``when_ms`` (msgId time), by a binary
+        search over the partition (:func:`metaq.net.offset_for_time`)."""
+        return self._call(topic, partition, "a search by time",
+                          lambda c, i: offset_for_time(c, topic, i, when_ms, group=self.group))
+
+    def sample(self, topic: str, partition: str, start: int, size: int) -> tuple[list[int], int]:
+        """The message boundaries of one ``get`` of ``size`` bytes at ``start``
+        (absolute: each message's start, then the end of the last whole one) and the
+        msgId of the first message (-1 when none): what admission control counts
+        messages with, and lag its age with."""
+        try:
+            data = self._call(topic, partition, "get",
+                              lambda c, i: c.get(topic, self.group, i, start, size))
+        except BrokerError as e:
+            if e.code == 404:
+                return [start], -1
+            raise
+        found = walk(data, verify=False)
+        bounds = [start + b for b in found.bounds.to_pylist()]
+        first_id = int.from_bytes(data[8:16], "big", signed=True) if found.count else -1
+        if not found.count and len(data) >= HEADER_SIZE:  # one message bigger than the get
+            length = int.from_bytes(data[:4], "big", signed=True)
+            if length >= 0:
+                bounds = [start, start + HEADER_SIZE + length]
+                first_id = int.from_bytes(data[8:16], "big", signed=True)
+        return bounds, first_id
 
     def walk_boundary(self, topic: str, partition: str, start: int, limit: int) -> int:
         """The end of the last complete message starting at or after ``start``

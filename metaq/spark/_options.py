@@ -11,16 +11,28 @@ Offsets (``startingOffsets`` / ``endingOffsets``) are ``earliest``,
 per partition as in Spark's Kafka source: ``{"orders": {"0-0": 4096, "0-1":
 -2}}`` with ``-2`` for earliest and ``-1`` for latest.  Partitions that the
 JSON does not name take the default: earliest for a start, latest for an end.
+
+Times (issue 16, Kafka's names and meaning): ``startingTimestamp`` (one time for
+every partition; wins over the two below), ``startingOffsetsByTimestamp`` (JSON
+``{"orders": {"0-0": <time>}}``; wins over ``startingOffsets`` for the
+partitions it names, the others take ``startingOffsets``), and for batch reads
+``endingTimestamp`` / ``endingOffsetsByTimestamp`` likewise over
+``endingOffsets``.  A time is epoch milliseconds or ISO-8601; a partition
+starts at its first message whose msgId time is at or after it.  When no
+message is that late, a start follows ``startingOffsetsByTimestampStrategy``
+(``error``, Kafka's default, or ``latest``) and an end is the log end.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from metaq._errors import ConfigError
+from metaq._time import parse_time_ms
 from metaq.spark._arrow import CODECS
 from zk_layout import InvalidNameError, Layout, check_group, check_topic, parse_partition
 
@@ -30,30 +42,88 @@ MIB = 1024 * 1024
 #: Group used for the ``get`` requests and for commits when no ``group`` option is given.
 DEFAULT_GROUP = "metaq-spark"
 EARLIEST_CODE, LATEST_CODE = -2, -1
-_KINDS = ("earliest", "latest", "group", "json")
+_KINDS = ("earliest", "latest", "group", "json", "timestamp")
 
 
 @dataclass(frozen=True, kw_only=True)
 class OffsetSpec:
-    """Where to start or end: ``kind`` is ``earliest``, ``latest``, ``group`` or
-    ``json``; for ``json``, ``per_partition`` maps topic -> partition name ->
-    offset (``-2`` earliest, ``-1`` latest)."""
+    """Where to start or end: ``kind`` is ``earliest``, ``latest``, ``group``,
+    ``json`` or ``timestamp``; for ``json``, ``per_partition`` maps topic ->
+    partition name -> offset (``-2`` earliest, ``-1`` latest); for
+    ``timestamp`` it maps topic -> partition -> epoch ms, or ``all_ms`` is the
+    time of every partition, ``fallback`` is where partitions that
+    ``per_partition`` does not name go, and ``strategy`` (``error`` or
+    ``latest``) what a start does when no message is that late."""
 
     kind: str
     per_partition: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    all_ms: int | None = None
+    fallback: OffsetSpec | None = None
+    strategy: str = "error"
 
     def __post_init__(self) -> None:
         if self.kind not in _KINDS:
             raise ConfigError(f"offset kind must be one of {_KINDS}, got {self.kind!r}")
 
     def describe(self) -> str:
-        return self.kind if self.kind != "json" else json.dumps(
-            {t: dict(p) for t, p in self.per_partition.items()}, sort_keys=True)
+        if self.kind not in ("json", "timestamp"):
+            return self.kind
+        if self.all_ms is not None:
+            return str(self.all_ms)
+        return json.dumps({t: dict(p) for t, p in self.per_partition.items()}, sort_keys=True)
 
 
 EARLIEST = OffsetSpec(kind="earliest")
 LATEST = OffsetSpec(kind="latest")
 GROUP = OffsetSpec(kind="group")
+
+
+def _json_object(name: str, text: str, example: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except ValueError as e:
+        raise ConfigError(f"option {name} must be JSON like {example}, "
+                          f"got {text!r} ({e})") from None
+    if not isinstance(obj, dict) or not obj:
+        raise ConfigError(f"option {name}: JSON must be a non-empty object of topic -> "
+                          f"{{partition: value}} like {example}, got {text!r}")
+    return obj
+
+
+def _check_json_topic(name: str, topic: str, topics: tuple[str, ...]) -> None:
+    if topics:
+        if topic not in topics:
+            raise ConfigError(f"option {name} names topic {topic!r}, which is not among the "
+                              f"topics read ({', '.join(topics)})")
+        return
+    try:  # subscribePattern: the topics are known only when planning
+        check_topic(topic)
+    except InvalidNameError as e:
+        raise ConfigError(f"option {name}: {e}") from None
+
+
+def _json_partition(name: str, topic: str, part: str) -> str:
+    try:
+        return str(parse_partition(part))
+    except InvalidNameError:
+        raise ConfigError(f"option {name}: {part!r} of topic {topic!r} is not a "
+                          f"partition name '<brokerId>-<index>'") from None
+
+
+def parse_timestamps(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
+    """Parse ``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp``:
+    ``{"topic": {"<brokerId>-<index>": <epoch ms or ISO-8601>}}``."""
+    obj = _json_object(name, text, '{"topic": {"0-0": 1700000000000}}')
+    out: dict[str, dict[str, int]] = {}
+    for topic, parts in obj.items():
+        _check_json_topic(name, topic, topics)
+        if not isinstance(parts, dict) or not parts:
+            raise ConfigError(f"option {name}: the value for topic {topic!r} must be a "
+                              f"non-empty object of partition -> time, got {parts!r}")
+        out[topic] = {_json_partition(name, topic, part):
+                      parse_time_ms(when, f"option {name}: time of {topic} {part}")
+                      for part, when in parts.items()}
+    return OffsetSpec(kind="timestamp", per_partition=out)
 
 
 def parse_offsets(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
@@ -71,9 +141,7 @@ def parse_offsets(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
                           f"{{partition: offset}}, got {text!r}")
     out: dict[str, dict[str, int]] = {}
     for topic, parts in obj.items():
-        if topic not in topics:
-            raise ConfigError(f"option {name} names topic {topic!r}, which is not among the "
-                              f"topics read ({', '.join(topics)})")
+        _check_json_topic(name, topic, topics)
         if not isinstance(parts, dict):
             raise ConfigError(f"option {name}: the value for topic {topic!r} must be an object "
                               f"of partition -> offset, got {parts!r}")
@@ -113,6 +181,24 @@ def _seconds(name: str, value: Any) -> float:
     return seconds
 
 
+_DURATION = re.compile(r"\s*(\d+(?:\.\d*)?)\s*(ms|s|sec|secs|m|min|mins|h|d)?\s*", re.I)
+_UNIT_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "secs": 1000, "m": 60_000,
+            "min": 60_000, "mins": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _duration_seconds(name: str, value: Any) -> float:
+    """Spark's time strings (``15m``, ``30s``, ``500ms``; a plain number is ms)."""
+    match = _DURATION.fullmatch(str(value))
+    if match is None:
+        raise ConfigError(f"option {name} must be a duration like 15m, 30s or 500ms "
+                          f"(a plain number is milliseconds), got {value!r}")
+    unit = match.group(2).lower() if match.group(2) else None
+    seconds = float(match.group(1)) * _UNIT_MS[unit] / 1000
+    if not seconds > 0:
+        raise ConfigError(f"option {name} must be a positive duration, got {value!r}")
+    return seconds
+
+
 def _bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -143,6 +229,15 @@ _NAMES = {
     "brokerretrytimeout": "broker_retry_timeout",
     "commitoffsets": "commit_offsets",
     "offsetreset": "offset_reset",
+    "subscribepattern": "subscribe_pattern",
+    "startingtimestamp": "starting_timestamp",
+    "startingoffsetsbytimestamp": "starting_offsets_by_timestamp",
+    "startingoffsetsbytimestampstrategy": "starting_offsets_by_timestamp_strategy",
+    "endingtimestamp": "ending_timestamp",
+    "endingoffsetsbytimestamp": "ending_offsets_by_timestamp",
+    "maxoffsetspertrigger": "max_offsets_per_trigger",
+    "minoffsetspertrigger": "min_offsets_per_trigger",
+    "maxtriggerdelay": "max_trigger_delay",
 }
 _SPELLING = {
     "zk.connect": "zk.connect", "zk.root": "zk.root", "zk.timeout": "zk.timeout",
@@ -152,7 +247,15 @@ _SPELLING = {
     "fetchsize": "fetchSize", "verifychecksums": "verifyChecksums", "codec": "codec",
     "brokertimeout": "brokerTimeout", "brokerretrytimeout": "brokerRetryTimeout",
     "commitoffsets": "commitOffsets", "offsetreset": "offsetReset",
+    "subscribepattern": "subscribePattern", "startingtimestamp": "startingTimestamp",
+    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
+    "endingtimestamp": "endingTimestamp", "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
+    "maxoffsetspertrigger": "maxOffsetsPerTrigger", "minoffsetspertrigger": "minOffsetsPerTrigger",
+    "maxtriggerdelay": "maxTriggerDelay",
 }
+#: Options that make no sense for a stream (refused there, by name).
+BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 _FIELD_SPELLING = {field_name: _SPELLING[key] for key, field_name in _NAMES.items()}
 
 
@@ -165,8 +268,14 @@ class SourceOptions:
 
     #: [``zk.connect``] ZooKeeper ``host:port[,host:port][/chroot]``: required.
     zk_connect: str
-    #: [``topic``] topics to read, comma-separated in the option: required.
-    topics: tuple[str, ...]
+    #: [``topic``] topics to read, comma-separated in the option: required
+    #: unless ``subscribePattern`` is given (exactly one of the two).
+    topics: tuple[str, ...] = ()
+    #: [``subscribePattern``] a regular expression (Python ``re``, matched against
+    #: the whole name as Kafka's Java pattern is) over the topics registered in
+    #: ZooKeeper (``brokers/topics-sub``), listed again at every plan, so a
+    #: stream picks up topics created later (from their log start).
+    subscribe_pattern: str | None = None
     #: [``zk.root``] root of Metaq's tree: ``/meta``.
     zk_root: str = "/meta"
     #: [``zk.timeout``] seconds to wait for a ZooKeeper session: 15.
@@ -177,14 +286,40 @@ class SourceOptions:
     #: [``startingOffsets``] batch: ``earliest``; streaming: ``group`` (partitions
     #: without a committed offset start at the earliest, as a new Metaq consumer does).
     starting_offsets: OffsetSpec | None = None
-    #: [``endingOffsets``] batch only: ``latest``.
-    ending_offsets: OffsetSpec = LATEST
+    #: [``endingOffsets``] batch only (None: not given, ``latest``).
+    ending_offsets: OffsetSpec | None = None
+    #: [``startingTimestamp``] one time (epoch ms or ISO-8601) for every
+    #: partition; wins over startingOffsetsByTimestamp and startingOffsets;
+    #: streaming: only when the query starts without a checkpoint.
+    starting_timestamp: int | None = None
+    #: [``startingOffsetsByTimestamp``] JSON topic -> partition -> time; wins
+    #: over startingOffsets for the partitions it names.
+    starting_offsets_by_timestamp: OffsetSpec | None = None
+    #: [``startingOffsetsByTimestampStrategy``] ``error`` (fail) or ``latest``
+    #: (the log end) when a starting time is later than every message: ``error``.
+    starting_offsets_by_timestamp_strategy: str = "error"
+    #: [``endingTimestamp``] batch only: one end time for every partition (the
+    #: first message at or after it is not read; none that late: the log end).
+    ending_timestamp: int | None = None
+    #: [``endingOffsetsByTimestamp``] batch only: JSON topic -> partition -> time.
+    ending_offsets_by_timestamp: OffsetSpec | None = None
     #: [``maxBytesPerPartition``] batch: a topic partition with more bytes to
     #: read is split into byte ranges of about this size: 128 MiB.
     max_bytes_per_partition: int = 128 * MIB
     #: [``maxBytesPerTrigger``] streaming: most bytes per micro-batch over all
     #: partitions, shared in proportion to each partition's backlog: no limit.
     max_bytes_per_trigger: int | None = None
+    #: [``maxOffsetsPerTrigger``] streaming: most messages per micro-batch over
+    #: all partitions, shared in proportion to each partition's backlog (see the
+    #: package docstring for how messages are counted in a byte-offset log).
+    max_offsets_per_trigger: int | None = None
+    #: [``minOffsetsPerTrigger``] streaming: plan no micro-batch until this many
+    #: messages wait (over all partitions) or maxTriggerDelay has passed since
+    #: the last micro-batch (or the query's start).
+    min_offsets_per_trigger: int | None = None
+    #: [``maxTriggerDelay``] seconds (the option takes ``15m``, ``30s``,
+    #: ``500ms``): with minOffsetsPerTrigger, the longest wait: 15 minutes.
+    max_trigger_delay: float = 900.0
     #: [``failOnDataLoss``] fail when wanted messages are gone (deleted by
     #: retention, log shorter than planned, corrupt bytes); false: log a warning
     #: and skip to what is there: true.
@@ -213,8 +348,18 @@ class SourceOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.zk_connect, str) or not self.zk_connect.strip():
             raise ConfigError("option zk.connect is required: 'host:port[/chroot]'")
-        if not self.topics:
-            raise ConfigError("option topic is required (one topic, or several comma-separated)")
+        if self.topics and self.subscribe_pattern is not None:
+            raise ConfigError("options topic and subscribePattern are exclusive: give one "
+                              "(a list of topics, or a regular expression over topic names)")
+        if not self.topics and self.subscribe_pattern is None:
+            raise ConfigError("option topic (one topic, or several comma-separated) or "
+                              "subscribePattern is required")
+        if self.subscribe_pattern is not None:
+            try:
+                re.compile(self.subscribe_pattern)
+            except (re.error, TypeError) as e:
+                raise ConfigError(f"option subscribePattern {self.subscribe_pattern!r} is not "
+                                  f"a regular expression: {e}") from None
         for topic in self.topics:
             try:
                 check_topic(topic)
@@ -232,15 +377,23 @@ class SourceOptions:
             raise ConfigError(f"option group: {e}") from None
         for name in ("max_bytes_per_partition", "fetch_size"):
             _positive_int(name, getattr(self, name), lo=1024)
-        if self.max_bytes_per_trigger is not None:
-            _positive_int("maxBytesPerTrigger", self.max_bytes_per_trigger)
+        for name in ("max_bytes_per_trigger", "max_offsets_per_trigger",
+                     "min_offsets_per_trigger"):
+            if getattr(self, name) is not None:
+                _positive_int(_FIELD_SPELLING[name], getattr(self, name))
+        if self.starting_offsets_by_timestamp_strategy not in ("error", "latest"):
+            raise ConfigError(f"option startingOffsetsByTimestampStrategy must be error or "
+                              f"latest, got {self.starting_offsets_by_timestamp_strategy!r}")
+        for name in ("starting_timestamp", "ending_timestamp"):
+            if getattr(self, name) is not None:
+                parse_time_ms(getattr(self, name), f"option {_FIELD_SPELLING[name]}")
         if self.offset_reset not in (None, "earliest", "latest", "fail"):
             raise ConfigError(f"option offsetReset must be earliest, latest or fail, "
                               f"got {self.offset_reset!r}")
         if self.codec is not None and self.codec not in CODECS:
             raise ConfigError(f"option codec must be one of {', '.join(CODECS)}, "
                               f"got {self.codec!r}")
-        if self.ending_offsets.kind == "json":
+        if self.ending_offsets is not None and self.ending_offsets.kind == "json":
             for topic, parts in self.ending_offsets.per_partition.items():
                 for part, offset in parts.items():
                     if offset == EARLIEST_CODE:
@@ -277,23 +430,73 @@ class SourceOptions:
                 kwargs[name] = _bool(spelled, value)
             elif name in ("max_bytes_per_partition", "fetch_size"):
                 kwargs[name] = _positive_int(spelled, value, lo=1024)
-            elif name == "max_bytes_per_trigger":
+            elif name in ("max_bytes_per_trigger", "max_offsets_per_trigger",
+                          "min_offsets_per_trigger"):
                 kwargs[name] = _positive_int(spelled, value)
+            elif name == "max_trigger_delay":
+                kwargs[name] = _duration_seconds(spelled, value)
+            elif name == "subscribe_pattern":
+                kwargs[name] = str(value)
+            elif name in ("starting_timestamp", "ending_timestamp"):
+                kwargs[name] = parse_time_ms(str(value), f"option {spelled}")
+            elif name == "starting_offsets_by_timestamp_strategy":
+                kwargs[name] = str(value).strip().lower()
         topics = kwargs.get("topics", ())
         for name in ("starting_offsets", "ending_offsets"):
             if name in raw:
                 kwargs[name] = parse_offsets(_FIELD_SPELLING[name], str(raw[name]), topics)
+        for name in ("starting_offsets_by_timestamp", "ending_offsets_by_timestamp"):
+            if name in raw:
+                kwargs[name] = parse_timestamps(_FIELD_SPELLING[name], str(raw[name]), topics)
         if "zk_connect" not in kwargs:
             raise ConfigError("option zk.connect is required: 'host:port[/chroot]'")
         if not topics:
-            raise ConfigError("option topic is required (one topic, or several comma-separated)")
+            if "subscribe_pattern" not in kwargs:
+                raise ConfigError("option topic (one topic, or several comma-separated) or "
+                                  "subscribePattern is required")
+        elif "subscribe_pattern" in kwargs:
+            raise ConfigError("options topic and subscribePattern are exclusive: give one "
+                              "(a list of topics, or a regular expression over topic names)")
         return cls(**kwargs)
 
     def starting(self, streaming: bool) -> OffsetSpec:
-        """The start position, with the default for batch or streaming."""
-        if self.starting_offsets is not None:
-            return self.starting_offsets
-        return GROUP if streaming else EARLIEST
+        """The start position, with the default for batch or streaming, and the
+        time options over it (Kafka's precedence)."""
+        base = self.starting_offsets
+        if base is None:
+            base = GROUP if streaming else EARLIEST
+        strategy = self.starting_offsets_by_timestamp_strategy
+        if self.starting_timestamp is not None:
+            return OffsetSpec(kind="timestamp", all_ms=self.starting_timestamp, strategy=strategy)
+        if self.starting_offsets_by_timestamp is not None:
+            return OffsetSpec(kind="timestamp",
+                              per_partition=self.starting_offsets_by_timestamp.per_partition,
+                              fallback=base, strategy=strategy)
+        return base
+
+    def ending(self) -> OffsetSpec:
+        """The end of a batch read, the time options over endingOffsets."""
+        if self.ending_timestamp is not None:
+            return OffsetSpec(kind="timestamp", all_ms=self.ending_timestamp, strategy="latest")
+        if self.ending_offsets_by_timestamp is not None:
+            return OffsetSpec(kind="timestamp",
+                              per_partition=self.ending_offsets_by_timestamp.per_partition,
+                              fallback=self.ending_offsets or LATEST, strategy="latest")
+        return self.ending_offsets or LATEST
+
+    def batch_only_given(self) -> list[str]:
+        """The batch-only options these hold (a stream refuses them)."""
+        out = []
+        if self.ending_offsets is not None:
+            out.append("endingOffsets")
+        if self.ending_timestamp is not None:
+            out.append("endingTimestamp")
+        if self.ending_offsets_by_timestamp is not None:
+            out.append("endingOffsetsByTimestamp")
+        return out
+
+    def pattern(self) -> re.Pattern[str] | None:
+        return None if self.subscribe_pattern is None else re.compile(self.subscribe_pattern)
 
     def to_options(self) -> dict[str, str]:
         """Spark options that parse back to these (for tests and examples)."""
@@ -309,6 +512,8 @@ class SourceOptions:
                 out[key] = ",".join(value)
             elif isinstance(value, bool):
                 out[key] = str(value).lower()
+            elif f.name == "max_trigger_delay":
+                out[key] = f"{value * 1000:g}ms"
             else:
                 out[key] = str(value)
         return out

@@ -17,12 +17,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from metaq._errors import ConfigError, ConnectionClosedError, CoordinationError, DataLossError
+from metaq._time import format_time_ms
+from metaq.protocol import MSG_ID_EPOCH_MS
 from metaq.spark._cluster import Cluster
 from metaq.spark._options import EARLIEST_CODE, LATEST_CODE, OffsetSpec
 from zk_layout import NodeDataError, StoredOffset, parse_partition
 
 __all__ = ["OffsetRange", "PartitionOffsets", "resolve", "plan_ranges", "split_range",
-           "cap_offsets"]
+           "cap_offsets", "Backlog", "measure_backlog", "cap_messages", "SAMPLE_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -84,12 +86,18 @@ def resolve(cluster: Cluster, topic: str, partitions: list[str], spec: OffsetSpe
     are moved back to the boundary the broker names (with a warning).
     """
     committed = cluster.committed(topic, partitions) if spec.kind == "group" else {}
-    explicit = spec.per_partition.get(topic, {}) if spec.kind == "json" else {}
+    explicit = spec.per_partition.get(topic, {}) if spec.kind in ("json", "timestamp") else {}
     unknown = sorted(set(explicit) - set(partitions))
     if unknown:
-        raise ConfigError(f"{'endingOffsets' if end else 'startingOffsets'} names partition(s) "
+        what = ("endingOffsets" if end else "startingOffsets") + \
+            ("ByTimestamp" if spec.kind == "timestamp" else "")
+        raise ConfigError(f"{what} names partition(s) "
                           f"{', '.join(unknown)} of topic {topic!r}, which has "
                           f"{', '.join(partitions) or 'no partitions'}")
+    if spec.kind == "timestamp":
+        return _resolve_times(cluster, topic, partitions, spec, explicit, end=end,
+                              fail_on_data_loss=fail_on_data_loss, bounds=bounds,
+                              offset_reset=offset_reset)
     out: dict[str, int] = {}
     for part in partitions:
         first, last = bounds[part]
@@ -122,6 +130,37 @@ def resolve(cluster: Cluster, topic: str, partitions: list[str], spec: OffsetSpe
                                     "boundary %d the broker names", wanted, where, offset)
         out[part] = offset
     return out
+
+
+def _resolve_times(cluster: Cluster, topic: str, partitions: list[str], spec: OffsetSpec,
+                   explicit: Mapping[str, int], *, end: bool, fail_on_data_loss: bool,
+                   bounds: Mapping[str, tuple[int, int]],
+                   offset_reset: str | None) -> dict[str, int]:
+    """Each partition's first message at or after its time (Kafka's offsetsForTimes);
+    partitions without a time take ``spec.fallback``."""
+    out: dict[str, int] = {}
+    rest = [p for p in partitions if spec.all_ms is None and p not in explicit]
+    if rest:
+        out.update(resolve(cluster, topic, rest, spec.fallback or OffsetSpec(kind="latest" if end
+                                                                             else "earliest"),
+                           end=end, fail_on_data_loss=fail_on_data_loss, bounds=bounds,
+                           offset_reset=offset_reset))
+    for part in partitions:
+        if part in out:
+            continue
+        when = spec.all_ms if spec.all_ms is not None else explicit[part]
+        first, last = bounds[part]
+        seek = cluster.offset_for_time(topic, part, when)
+        if seek.msg_time_ms is None:  # no message that late
+            if not end and spec.strategy == "error":
+                raise ConfigError(
+                    f"no message of {topic} {part} (log {first}..{last}) is at or after the "
+                    f"starting time {format_time_ms(when)}: set option "
+                    f"startingOffsetsByTimestampStrategy=latest to start at the log end")
+            out[part] = last
+        else:
+            out[part] = min(max(seek.offset, first), last)
+    return {p: out[p] for p in partitions}
 
 
 def _committed_start(cluster: Cluster, stored: StoredOffset | NodeDataError | None,
@@ -249,4 +288,97 @@ def cap_offsets(cluster: Cluster, start: PartitionOffsets, latest: PartitionOffs
         a = out[topic][part]
         out[topic][part] = min(cluster.walk_boundary(topic, part, a, max_bytes),
                                latest[topic][part])
+    return out
+
+
+#: Bytes of the one ``get`` per partition that counts messages for
+#: maxOffsetsPerTrigger / minOffsetsPerTrigger.
+SAMPLE_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Backlog:
+    """The messages waiting in one partition between ``start`` and ``end``, from a
+    sampled ``get`` at ``start``.  ``bounds`` are the message boundaries the
+    sample holds (``start`` first); ``exact`` when the sample reached ``end``, so
+    ``messages`` is a count, else an estimate: bytes / the sample's mean size."""
+
+    start: int
+    end: int
+    bounds: tuple[int, ...]
+    first_msg_id: int
+
+    @property
+    def exact(self) -> bool:
+        return self.bounds[-1] >= self.end
+
+    @property
+    def messages(self) -> int:
+        whole = sum(1 for b in self.bounds[1:] if b <= self.end)
+        if self.exact or len(self.bounds) < 2:
+            return whole
+        mean = (self.bounds[-1] - self.start) / (len(self.bounds) - 1)
+        return max(whole, round((self.end - self.start) / mean))
+
+    @property
+    def oldest_ms(self) -> int | None:
+        """The msgId time of the first waiting message (None when none waits)."""
+        if self.end <= self.start or self.first_msg_id < 0:
+            return None
+        return (self.first_msg_id >> 22) + MSG_ID_EPOCH_MS
+
+    def cut(self, cluster: Cluster, topic: str, part: str, n: int) -> int:
+        """The end of the first ``n`` messages (exact when the sample holds them,
+        else the boundary the broker names at or before ``n`` mean sizes, never
+        before the sample's last boundary), at most ``end``."""
+        if n <= 0:
+            return self.start
+        if n < len(self.bounds):
+            return min(self.bounds[n], self.end)
+        mean = (self.bounds[-1] - self.start) / max(len(self.bounds) - 1, 1)
+        target = self.start + int(n * mean)
+        if target >= self.end:
+            return self.end
+        return min(max(cluster.nearest(topic, part, target), self.bounds[-1]), self.end)
+
+
+def measure_backlog(cluster: Cluster, start: PartitionOffsets, latest: PartitionOffsets,
+                    *, sample_bytes: int = SAMPLE_BYTES) -> dict[tuple[str, str], Backlog]:
+    """A :class:`Backlog` per partition with bytes waiting (one ``get`` each)."""
+    out = {}
+    for topic, parts in latest.items():
+        for part, end in parts.items():
+            a = start.get(topic, {}).get(part)
+            if a is None:  # appeared since: read from its log start
+                a = cluster.nearest(topic, part, 0)
+            if end <= a:
+                continue
+            bounds, first_id = cluster.sample(topic, part, a, min(sample_bytes, end - a))
+            out[(topic, part)] = Backlog(start=a, end=end, bounds=tuple(bounds),
+                                         first_msg_id=first_id)
+    return out
+
+
+def cap_messages(cluster: Cluster, start: PartitionOffsets, latest: PartitionOffsets,
+                 backlog: Mapping[tuple[str, str], Backlog], max_messages: int
+                 ) -> PartitionOffsets:
+    """End offsets at most ``max_messages`` past ``start`` in total (Kafka's
+    maxOffsetsPerTrigger), shared in proportion to each partition's waiting
+    messages (rounded down); at least one message moves when any waits.  Exact
+    where a partition's share lies within its sample, else estimated (see
+    :class:`Backlog`)."""
+    waiting = {key: b.messages for key, b in backlog.items()}
+    total = sum(waiting.values())
+    if total <= max_messages:
+        return latest
+    out = {t: dict(parts) for t, parts in latest.items()}
+    for topic, parts in latest.items():
+        for part in parts:
+            b = backlog.get((topic, part))
+            if b is not None:
+                out[topic][part] = b.cut(cluster, topic, part,
+                                         max_messages * waiting[(topic, part)] // total)
+    if all(out[t][p] == b.start for (t, p), b in backlog.items()):
+        (topic, part), b = max(backlog.items(), key=lambda kv: waiting[kv[0]])
+        out[topic][part] = b.cut(cluster, topic, part, 1)
     return out

@@ -15,6 +15,7 @@ compares the JSON text to tell whether there is new data).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
@@ -28,6 +29,8 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
@@ -47,8 +50,10 @@ from metaq.spark._options import SourceOptions
 from metaq.spark._ranges import (
     OffsetRange,
     PartitionOffsets,
+    cap_messages,
     cap_offsets,
     log_bounds,
+    measure_backlog,
     plan_ranges,
     resolve,
 )
@@ -111,6 +116,12 @@ def _sorted(offsets: PartitionOffsets) -> PartitionOffsets:
             for t in sorted(offsets)}
 
 
+def _topics(cluster: Cluster, opts: SourceOptions) -> tuple[str, ...]:
+    """The topics to read now: the ``topic`` option, or those matching ``subscribePattern``."""
+    pattern = opts.pattern()
+    return opts.topics if pattern is None else tuple(cluster.matching_topics(pattern))
+
+
 class _Reading:
     """What batch and stream readers share: options, the Arrow schema, ``read``."""
 
@@ -131,11 +142,15 @@ class MetaqBatchReader(_Reading, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
         with _cluster(opts) as cluster:
-            ranges = plan_ranges(cluster, opts.topics, opts.starting(streaming=False),
-                                 opts.ending_offsets, fail_on_data_loss=opts.fail_on_data_loss,
+            topics = _topics(cluster, opts)
+            if not topics:
+                raise ConfigError(f"option subscribePattern {opts.subscribe_pattern!r} matches "
+                                  f"no topic under {cluster.layout.topics_sub()}")
+            ranges = plan_ranges(cluster, topics, opts.starting(streaming=False),
+                                 opts.ending(), fail_on_data_loss=opts.fail_on_data_loss,
                                  max_bytes=opts.max_bytes_per_partition,
                                  offset_reset=opts.offset_reset)
-        log.info("metaq batch read of %s: %d ranges, %d bytes", ",".join(opts.topics),
+        log.info("metaq batch read of %s: %d ranges, %d bytes", ",".join(topics),
                  len(ranges), sum(r.size for r in ranges))
         return [RangePartition(r) for r in ranges]
 
@@ -146,21 +161,34 @@ class MetaqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
 
     def __init__(self, opts: SourceOptions) -> None:
         super().__init__(opts)
-        if opts.ending_offsets.kind != "latest" or opts.ending_offsets.per_partition:
-            raise ConfigError("option endingOffsets is for batch reads only")
+        # Not raised here: PySpark's stream runner calls streamReader() inside a
+        # ``try: ... finally: reader.stop()``, so an error here reaches the user as
+        # UnboundLocalError on ``reader``.  Each planning call raises it instead.
+        given = opts.batch_only_given()
+        self._error = None if not given else ConfigError(
+            f"option{'s' if len(given) > 1 else ''} {', '.join(given)} "
+            f"{'are' if len(given) > 1 else 'is'} for batch reads only (spark.read); a "
+            f"stream (spark.readStream) has no end")
         self._target: PartitionOffsets | None = None
         self._committed: PartitionOffsets | None = None
+        self._reported: PartitionOffsets | None = None
+        self._last_trigger: float | None = None
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise self._error
 
     # -- positions ---------------------------------------------------------------------------
 
     def initialOffset(self) -> dict:
+        self._check()
         opts = self.opts
         start = opts.starting(streaming=True)
         out: PartitionOffsets = {}
         with _cluster(opts) as cluster:
             if opts.commit_offsets:
                 cluster.check_no_live_members("starting a streaming query")
-            for topic in opts.topics:
+            for topic in _topics(cluster, opts):
                 parts = cluster.partitions(topic)
                 bounds = log_bounds(cluster, topic, parts, skip_unreachable=False)
                 out[topic] = resolve(cluster, topic, parts, start, end=False,
@@ -172,7 +200,7 @@ class MetaqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
         """Log ends now; partitions whose broker is unreachable (or that left
         ZooKeeper for a while) stay where ``start`` has them."""
         out: PartitionOffsets = {t: dict(p) for t, p in start.items()}
-        for topic in self.opts.topics:
+        for topic in _topics(cluster, self.opts):
             parts = cluster.partitions(topic)
             ends = log_bounds(cluster, topic, parts, skip_unreachable=True)
             row = out.setdefault(topic, {})
@@ -181,15 +209,71 @@ class MetaqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
         return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        if self.opts.max_bytes_per_trigger is not None:
-            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        """One limit stands for the options' limits (PySpark has no composite
+        limit): :meth:`latestOffset` applies every limit option whenever Spark
+        passes anything but ReadAllAvailable."""
+        self._check()
+        opts = self.opts
+        if opts.max_offsets_per_trigger is not None:
+            return ReadMaxRows(opts.max_offsets_per_trigger)
+        if opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(opts.max_bytes_per_trigger)
+        if opts.min_offsets_per_trigger is not None:
+            return ReadMinRows(opts.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
+        self._check()
         with _cluster(self.opts) as cluster:
             self._target = self._latest(cluster, {})
 
+    def reportLatestOffset(self) -> dict | None:
+        """The log ends seen by the last latestOffset (Spark shows them as the
+        source's ``latestOffset`` in the query progress; no broker call here)."""
+        return self._reported
+
+    def _admit(self, cluster: Cluster, start: PartitionOffsets, latest: PartitionOffsets,
+               limit: ReadLimit) -> PartitionOffsets:
+        """Kafka's admission control: minOffsetsPerTrigger / maxTriggerDelay, then
+        maxBytesPerTrigger and maxOffsetsPerTrigger (both, whichever cuts first)."""
+        opts = self.opts
+        max_bytes = opts.max_bytes_per_trigger
+        max_msgs = opts.max_offsets_per_trigger
+        min_msgs = opts.min_offsets_per_trigger
+        if isinstance(limit, ReadMaxBytes):
+            max_bytes = limit.max_bytes
+        elif isinstance(limit, ReadMaxRows):
+            max_msgs = limit.max_rows
+        elif isinstance(limit, ReadMinRows):
+            min_msgs = limit.min_rows
+        waiting = any(latest[t][p] > start.get(t, {}).get(p, -1) for t in latest
+                      for p in latest[t])
+        if not waiting:
+            return latest
+        backlog = None
+        now = time.monotonic()
+        if self._last_trigger is None:
+            self._last_trigger = now  # the delay counts from the query's first plan
+        # availableNow never waits (it would wait for messages that are not coming)
+        if min_msgs is not None and self._target is None \
+                and now - self._last_trigger < opts.max_trigger_delay:
+            backlog = measure_backlog(cluster, start, latest)
+            available = sum(b.messages for b in backlog.values())
+            if available < min_msgs:
+                log.debug("metaq: %d messages wait, fewer than minOffsetsPerTrigger=%d; "
+                          "delaying the micro-batch", available, min_msgs)
+                return {t: dict(ps) for t, ps in start.items()}  # no new batch
+        if max_bytes is not None:
+            latest = cap_offsets(cluster, start, latest, max_bytes)
+        if max_msgs is not None:
+            if backlog is None or max_bytes is not None:
+                backlog = measure_backlog(cluster, start, latest)
+            latest = cap_messages(cluster, start, latest, backlog, max_msgs)
+        self._last_trigger = now
+        return latest
+
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._check()
         opts = self.opts
         with _cluster(opts) as cluster:
             if opts.commit_offsets:
@@ -212,11 +296,13 @@ class MetaqStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvailab
                             parts[part] = min(parts[part], cap)
                 latest = {t: {p: o for p, o in ps.items() if o is not None}
                           for t, ps in latest.items()}
-            if isinstance(limit, ReadMaxBytes):
-                latest = cap_offsets(cluster, start, latest, limit.max_bytes)
+            self._reported = _sorted(latest)
+            if not isinstance(limit, ReadAllAvailable):
+                latest = self._admit(cluster, start, latest, limit)
         return _sorted(latest)
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        self._check()
         out = []
         with _cluster(self.opts) as cluster:
             for topic in sorted(end):

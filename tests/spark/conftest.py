@@ -101,14 +101,17 @@ class Topic:
 
 @pytest.fixture
 def make_topic(zk_connect: str, tmp_path: Path) -> Iterator[object]:
-    """``make_topic(name, parts=4, brokers=1)`` starts brokers serving ``name``."""
+    """``make_topic(name, parts=4, brokers=1)`` starts brokers serving ``name``
+    (and the topics of ``also``, ``{topic: parts}``: ``Topic(zk, other, t.brokers)``
+    produces to them)."""
     procs: list[BrokerProc] = []
 
-    def make(name: str = "events", parts: int = 4, brokers: int = 1, **kw: object) -> Topic:
+    def make(name: str = "events", parts: int = 4, brokers: int = 1,
+             also: dict[str, int] | None = None, **kw: object) -> Topic:
         mine = []
         for _ in range(brokers):
             proc = start_broker(zk_connect, len(procs), tmp_path / f"broker{len(procs)}",
-                                {name: parts}, **kw)  # type: ignore[arg-type]
+                                {name: parts, **(also or {})}, **kw)  # type: ignore[arg-type]
             procs.append(proc)
             mine.append(proc)
         return Topic(zk_connect, name, mine)

@@ -63,13 +63,59 @@ def test_options_parse_with_any_case_and_defaults() -> None:
     plain = SourceOptions.from_options(BASE)
     assert plain.starting(streaming=False).kind == "earliest"
     assert plain.starting(streaming=True).kind == "group"
-    assert plain.ending_offsets.kind == "latest" and plain.verify_checksums is True
+    assert plain.ending().kind == "latest" and plain.verify_checksums is True
+    assert plain.ending_offsets is None and plain.batch_only_given() == []
     assert SourceOptions.from_options(opts.to_options()) == opts
+
+
+def test_time_and_admission_options_parse_with_kafka_precedence() -> None:
+    by_time = '{"orders": {"0-1": "2023-11-14T22:13:20Z"}}'
+    opts = SourceOptions.from_options({
+        **BASE, "startingOffsetsByTimestamp": by_time, "startingOffsets": "latest",
+        "endingOffsetsByTimestamp": '{"orders": {"0-0": 1700000001000}}',
+        "maxOffsetsPerTrigger": "100", "minOffsetsPerTrigger": "10", "maxTriggerDelay": "2m",
+        "startingOffsetsByTimestampStrategy": "LATEST"})
+    start = opts.starting(streaming=True)
+    assert start.kind == "timestamp" and start.per_partition == {"orders": {"0-1": 1700000000000}}
+    assert start.fallback.kind == "latest" and start.strategy == "latest"
+    end = opts.ending()
+    assert end.kind == "timestamp" and end.fallback.kind == "latest"
+    assert opts.batch_only_given() == ["endingOffsetsByTimestamp"]
+    assert (opts.max_offsets_per_trigger, opts.min_offsets_per_trigger) == (100, 10)
+    assert opts.max_trigger_delay == 120.0
+    assert SourceOptions.from_options(opts.to_options()) == opts
+    both = SourceOptions.from_options({**BASE, "startingTimestamp": "1700000000000",
+                                       "startingOffsetsByTimestamp": by_time})
+    assert both.starting(streaming=False).all_ms == 1700000000000  # startingTimestamp wins
+    pattern = SourceOptions.from_options({"zk.connect": "h:1", "subscribePattern": "ord.*",
+                                          "startingOffsetsByTimestamp": by_time})
+    assert pattern.topics == () and pattern.pattern().fullmatch("orders")
+    assert not pattern.pattern().fullmatch("my-orders")  # whole name, as Kafka's
 
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"topic": "t"}, "zk.connect is required"),
-    ({"zk.connect": "h:1"}, "topic is required"),
+    ({"zk.connect": "h:1"}, "option topic (one topic, or several comma-separated) or "
+                            "subscribePattern is required"),
+    ({**BASE, "subscribePattern": "ord.*"}, "topic and subscribePattern are exclusive"),
+    ({"zk.connect": "h:1", "subscribePattern": "(x"}, "subscribePattern '(x' is not a regular"),
+    ({**BASE, "startingTimestamp": "yesterday"}, "option startingTimestamp 'yesterday' is "
+                                                 "neither epoch milliseconds nor ISO-8601"),
+    ({**BASE, "endingTimestamp": "1700000000"}, "option endingTimestamp '1700000000' is"),
+    ({**BASE, "startingOffsetsByTimestamp": "{oops"}, "option startingOffsetsByTimestamp must "
+                                                      "be JSON like"),
+    ({**BASE, "startingOffsetsByTimestamp": '{"orders": {"0-0": "soon"}}'},
+     "option startingOffsetsByTimestamp: time of orders 0-0 'soon'"),
+    ({**BASE, "endingOffsetsByTimestamp": '{"other": {"0-0": 1700000000000}}'},
+     "endingOffsetsByTimestamp names topic 'other'"),
+    ({**BASE, "endingOffsetsByTimestamp": '{"orders": {"x": 1700000000000}}'},
+     "'x' of topic 'orders' is not a partition"),
+    ({**BASE, "startingOffsetsByTimestampStrategy": "guess"},
+     "startingOffsetsByTimestampStrategy must be error or latest"),
+    ({**BASE, "maxOffsetsPerTrigger": "-5"}, "maxOffsetsPerTrigger must be an integer in 1.."),
+    ({**BASE, "minOffsetsPerTrigger": "many"}, "minOffsetsPerTrigger must be an integer"),
+    ({**BASE, "maxTriggerDelay": "-1s"}, "maxTriggerDelay must be a duration"),
+    ({**BASE, "maxTriggerDelay": "0"}, "maxTriggerDelay must be a positive duration"),
     ({**BASE, "startingOffset": "earliest"}, "unknown option 'startingOffset'"),
     ({**BASE, "path": "/x"}, "takes no path"),
     ({**BASE, "startingOffsets": "newest"}, "startingOffsets must be earliest, latest"),
