@@ -250,9 +250,9 @@ def wait_action(group: Group, mid: str, timeout: float = 30.0) -> float:
     return group.actions[mid]
 
 
-def one_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
-            args: argparse.Namespace, workers: list[Worker], logdir: Path) -> dict[str, Any]:
-    chroot = f"/gs-{members}x{nparts}-{strategy}-{run}"
+def publish(hosts: str, chroot: str, nparts: int) -> tuple[str, KazooClient, set[str]]:
+    """A fresh chroot with the topic published under BROKERS broker ids (no brokers run):
+    its connect string, a started client on it, and the partition names."""
     admin = KazooClient(hosts=hosts)
     admin.start()
     admin.ensure_path(chroot)
@@ -266,7 +266,13 @@ def one_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
         client.create(L.topic_sub(TOPIC, b),
                       encode_topic_broker(TopicBroker(num_parts=per, broker_id=b)),
                       makepath=True)
-    parts = {f"{b}-{i}" for b in range(BROKERS) for i in range(per)}
+    return zk, client, {f"{b}-{i}" for b in range(BROKERS) for i in range(per)}
+
+
+def one_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
+            args: argparse.Namespace, workers: list[Worker], logdir: Path) -> dict[str, Any]:
+    chroot = f"/gs-{members}x{nparts}-{strategy}-{run}"
+    zk, client, parts = publish(hosts, chroot, nparts)
     group = Group(parts)
     procs = max(2, min(args.procs, members))
     try:
@@ -339,20 +345,7 @@ def rolling_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
     restart any partition waited for its owner (revoked to assigned again; 0 or less
     when nothing but its own member's restart kept it waiting)."""
     chroot = f"/gs-rolling-{members}x{nparts}-{strategy}-{run}"
-    admin = KazooClient(hosts=hosts)
-    admin.start()
-    admin.ensure_path(chroot)
-    admin.stop()
-    admin.close()
-    zk = hosts + chroot
-    client = KazooClient(hosts=zk)
-    client.start()
-    per = nparts // BROKERS
-    for b in range(BROKERS):
-        client.create(L.topic_sub(TOPIC, b),
-                      encode_topic_broker(TopicBroker(num_parts=per, broker_id=b)),
-                      makepath=True)
-    parts = {f"{b}-{i}" for b in range(BROKERS) for i in range(per)}
+    zk, client, parts = publish(hosts, chroot, nparts)
     group = Group(parts)
     procs = max(1, min(args.procs, members))
     try:

@@ -223,20 +223,29 @@ def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     return out
 
 
-def decode_topic_broker(data: bytes | str | None, path: str = "") -> TopicBroker:
-    """Parse the topic JSON; any whitespace and key order, unknown keys ignored,
-    but ``numParts`` must be a JSON integer >= 0 and ``broker`` a ``"<id>-m"`` /
-    ``"<id>-s<N>"`` string."""
+def json_object(data: bytes | str | None, path: str, what: str,
+                required: tuple[str, ...]) -> dict[str, object]:
+    """A node's data as a strict JSON object (no NaN, no duplicate keys) holding the
+    ``required`` keys, or :class:`NodeDataError` saying what is wrong (``what``
+    describes the object expected)."""
     text = node_text(data, path)
     try:
         obj = json.loads(text, parse_constant=reject_constant, object_pairs_hook=no_duplicate_keys)
     except (ValueError, RecursionError) as e:
         raise NodeDataError(path, data, f"not valid JSON ({e})") from None
     if not isinstance(obj, dict):
-        raise NodeDataError(path, data, "expected a JSON object with numParts and broker")
-    for key in ("numParts", "broker"):
+        raise NodeDataError(path, data, f"expected a JSON object {what}")
+    for key in required:
         if key not in obj:
             raise NodeDataError(path, data, f"missing {key!r}")
+    return obj
+
+
+def decode_topic_broker(data: bytes | str | None, path: str = "") -> TopicBroker:
+    """Parse the topic JSON; any whitespace and key order, unknown keys ignored,
+    but ``numParts`` must be a JSON integer >= 0 and ``broker`` a ``"<id>-m"`` /
+    ``"<id>-s<N>"`` string."""
+    obj = json_object(data, path, "with numParts and broker", ("numParts", "broker"))
     num_parts, broker = obj["numParts"], obj["broker"]
     if isinstance(num_parts, bool) or not isinstance(num_parts, int):
         raise NodeDataError(path, data, f"numParts must be an integer, not {num_parts!r}")

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from zk_layout._codecs import no_duplicate_keys, node_text, reject_constant
+from zk_layout._codecs import json_object
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import INT32_MAX, check_consumer_id, check_name, check_topic
 
@@ -94,16 +94,8 @@ def encode_static_member(value: StaticMember) -> bytes:
 def decode_static_member(data: bytes | str | None, path: str = "") -> StaticMember:
     """Parse a static member record; anything but a well-formed one is a
     :class:`NodeDataError` naming what is wrong."""
-    text = node_text(data, path)
-    try:
-        obj = json.loads(text, parse_constant=reject_constant, object_pairs_hook=no_duplicate_keys)
-    except (ValueError, RecursionError) as e:
-        raise NodeDataError(path, data, f"not valid JSON ({e})") from None
-    if not isinstance(obj, dict):
-        raise NodeDataError(path, data, "expected a JSON object (a static member record)")
-    for key in ("instanceId", "consumerId", "topics", "graceMs", "sessionTimeoutMs"):
-        if key not in obj:
-            raise NodeDataError(path, data, f"missing {key!r}")
+    obj = json_object(data, path, "(a static member record)",
+                      ("instanceId", "consumerId", "topics", "graceMs", "sessionTimeoutMs"))
     topics = obj["topics"]
     if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
         raise NodeDataError(path, data, f"topics must be a list of strings, not {topics!r}")
