@@ -8,8 +8,9 @@ States and transitions (``Coordinator.state``)::
     CLAIMING --claim retry succeeds--> STABLE
     STABLE | CLAIMING --member/topic/broker change--> REBALANCING
     any live state --connection SUSPENDED--> SUSPENDED   (fetching stops)
-    SUSPENDED --CONNECTED, same session--> STABLE | CLAIMING (fetching resumes; no
-                                       rebalance unless a watch fired meanwhile)
+    SUSPENDED --CONNECTED, same session--> STABLE | CLAIMING (fetching resumes; the
+                                       group is read again, as kazoo dropped every
+                                       watch: nothing moves unless the group changed)
     any --session LOST--> CONNECTING  (fetchers stopped, progress dropped,
                                        nothing committed, generation bumped)
     any --close()--> CLOSED
@@ -23,12 +24,16 @@ notify (they never block); this thread coalesces bursts of events into one
 rebalance.  Each rebalance is a *generation*; its decisions are logged at INFO
 with the group, the consumer id and the generation.
 
-A rebalance is incremental: partitions that stay keep fetching; a leaving
-partition is stopped, its offset committed (fenced), then its owner node
-deleted; an arriving one is claimed with an ephemeral owner node.  A claim
-that finds the old owner still there watches that node and retries with
-backoff and jitter, forever, until the node goes or the assignment changes:
-no partition stays unowned while this member could take it.
+A rebalance is incremental: partitions that stay keep fetching; leaving
+partitions are stopped together, then each one's offset is committed and its
+owner node deleted in one fenced transaction, all pipelined; an arriving one is
+claimed with an ephemeral owner node.  The group is read through a
+:class:`~metaq.consumer._view.GroupView` that re-reads only what its watches
+name.  A claim that finds the old owner still there watches that node and is
+retried (against the same plan, no re-read) the moment it goes, with backoff
+and jitter as a safety net, forever, until it succeeds or the assignment
+changes: no partition stays unowned while this member could take it.  Static
+members' holds come from :class:`~metaq.consumer._static.StaticMembership`.
 
 Its collaborators are passed in, each for what the coordinator needs of it:
 the :class:`~metaq.consumer._subscription.SubscriptionState` (the topics, and
