@@ -269,6 +269,17 @@ def publish(hosts: str, chroot: str, nparts: int) -> tuple[str, KazooClient, set
     return zk, client, {f"{b}-{i}" for b in range(BROKERS) for i in range(per)}
 
 
+def start_all(group: Group, workers: list[Worker], ids: list[str], where: dict[str, int],
+              args: argparse.Namespace) -> bool:
+    """Start every member in its process; True once the group has settled."""
+    for i, worker in enumerate(workers):
+        mine = [m for m in ids if where[m] == i]
+        for m in mine:
+            group.add_live(m)
+        worker.send(cmd="start", ids=mine)
+    return group.wait_settled(args.settle_timeout * 3, args.quiet) is not None
+
+
 def one_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
             args: argparse.Namespace, workers: list[Worker], logdir: Path) -> dict[str, Any]:
     chroot = f"/gs-{members}x{nparts}-{strategy}-{run}"
@@ -285,13 +296,8 @@ def one_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
         where: dict[str, int] = {victim: procs - 1}
         for k, mid in enumerate(ids[:-1]):
             where[mid] = k % (procs - 1)
-        for i in range(procs):
-            mine = [m for m in ids if where[m] == i]
-            for m in mine:
-                group.add_live(m)
-            workers[i].send(cmd="start", ids=mine)
         out: dict[str, Any] = {}
-        if group.wait_settled(args.settle_timeout * 3, args.quiet) is None:
+        if not start_all(group, workers, ids, where, args):
             out["initial"] = "did not settle"
             return out
         out["floor"] = floor(client, parts, members)
@@ -354,13 +360,8 @@ def rolling_run(hosts: str, members: int, nparts: int, strategy: str, run: int,
                                   logdir / f"{chroot[1:]}-p{i}.err", args.static_grace))
         ids = [f"m{i}" for i in range(members)]
         where = {mid: k % procs for k, mid in enumerate(ids)}
-        for i in range(procs):
-            mine = [m for m in ids if where[m] == i]
-            for m in mine:
-                group.add_live(m)
-            workers[i].send(cmd="start", ids=mine)
         out: dict[str, Any] = {}
-        if group.wait_settled(args.settle_timeout * 3, args.quiet) is None:
+        if not start_all(group, workers, ids, where, args):
             out["initial"] = "did not settle"
             return out
         out["floor"] = floor(client, parts, members)

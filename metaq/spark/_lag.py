@@ -12,7 +12,6 @@ offsets in ZooKeeper.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -21,7 +20,12 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq.spark._cluster import Cluster
 from metaq.spark._options import DEFAULT_GROUP
-from metaq.spark._ranges import PartitionOffsets, log_bounds, measure_backlog
+from metaq.spark._ranges import (
+    PartitionOffsets,
+    log_bounds,
+    measure_backlog,
+    progress_end_offsets,
+)
 
 __all__ = ["Lag", "PartitionLag", "stream_lag"]
 
@@ -55,23 +59,6 @@ class Lag:
     partitions: tuple[PartitionLag, ...]
 
 
-def _progress_offsets(query: Any) -> PartitionOffsets:
-    progress = query.lastProgress if not isinstance(query, Mapping) else query
-    out: PartitionOffsets = {}
-    for source in (progress or {}).get("sources", []):
-        end = source.get("endOffset")
-        if isinstance(end, str):
-            try:
-                end = json.loads(end)
-            except ValueError:
-                continue
-        if isinstance(end, dict):
-            for topic, parts in end.items():
-                if isinstance(parts, dict) and all(isinstance(v, int) for v in parts.values()):
-                    out.setdefault(topic, {}).update(parts)
-    return out
-
-
 def stream_lag(zk_connect: str, *, query: Any = None, offsets: Mapping | None = None,
                group: str | None = None, topics: Iterable[str] | None = None,
                zk_root: str = "/meta", zk_timeout: float = 15.0,
@@ -87,7 +74,7 @@ def stream_lag(zk_connect: str, *, query: Any = None, offsets: Mapping | None = 
     with Cluster(zk_connect, zk_root=zk_root, group=group or DEFAULT_GROUP,
                  zk_timeout=zk_timeout) as cluster:
         if query is not None:
-            start = _progress_offsets(query)
+            start = progress_end_offsets(query)
         elif offsets is not None:
             start = {str(t): {str(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()}
         else:

@@ -12,9 +12,11 @@ big ranges at boundaries the broker names.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from metaq._errors import ConfigError, ConnectionClosedError, CoordinationError, DataLossError
 from metaq._time import format_time_ms
@@ -23,8 +25,9 @@ from metaq.spark._cluster import Cluster
 from metaq.spark._options import EARLIEST_CODE, LATEST_CODE, OffsetSpec
 from zk_layout import NodeDataError, StoredOffset, parse_partition
 
-__all__ = ["OffsetRange", "PartitionOffsets", "resolve", "plan_ranges", "split_range",
-           "cap_offsets", "Backlog", "measure_backlog", "cap_messages", "SAMPLE_BYTES"]
+__all__ = ["OffsetRange", "PartitionOffsets", "resolve", "plan_ranges", "progress_end_offsets",
+           "split_range", "cap_offsets", "Backlog", "measure_backlog", "cap_messages",
+           "SAMPLE_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -381,4 +384,23 @@ def cap_messages(cluster: Cluster, start: PartitionOffsets, latest: PartitionOff
     if all(out[t][p] == b.start for (t, p), b in backlog.items()):
         (topic, part), b = max(backlog.items(), key=lambda kv: waiting[kv[0]])
         out[topic][part] = b.cut(cluster, topic, part, 1)
+    return out
+
+
+def progress_end_offsets(query: Any) -> PartitionOffsets:
+    """topic -> partition -> end offset of every ``metaq`` source in a streaming query's
+    ``lastProgress`` (or a progress mapping given directly); ``{}`` before any progress."""
+    progress = query.lastProgress if not isinstance(query, Mapping) else query
+    out: PartitionOffsets = {}
+    for source in (progress or {}).get("sources", []):
+        end = source.get("endOffset")
+        if isinstance(end, str):
+            try:
+                end = json.loads(end)
+            except ValueError:
+                continue
+        if isinstance(end, dict):
+            for topic, parts in end.items():
+                if isinstance(parts, dict) and all(isinstance(v, int) for v in parts.values()):
+                    out.setdefault(topic, {}).update(parts)
     return out

@@ -31,7 +31,7 @@ from metaq.spark._options import (
     OffsetSpec,
     parse_offsets,
 )
-from metaq.spark._ranges import OffsetRange, plan_ranges
+from metaq.spark._ranges import OffsetRange, plan_ranges, progress_end_offsets
 
 __all__ = ["offset_ranges", "foreach_partition", "commit_ranges", "commit_query_offsets"]
 
@@ -177,25 +177,9 @@ def commit_query_offsets(query: Any, *, zk_connect: str, group: str, zk_root: st
     -1) under ``group``, refused while the group has live consumers.  Returns
     what was committed (``{}`` when the query made no progress).
     """
-    import json
-
-    progress = query.lastProgress
-    if not progress:
-        return {}
-    offsets: dict[tuple[str, str], tuple[int, int]] = {}
-    for source in progress.get("sources", []):
-        end = source.get("endOffset")
-        if isinstance(end, str):
-            try:
-                end = json.loads(end)
-            except ValueError:
-                continue
-        if not isinstance(end, dict):
-            continue
-        for topic, parts in end.items():
-            if isinstance(parts, dict) and all(isinstance(v, int) for v in parts.values()):
-                for part, offset in parts.items():
-                    offsets[(topic, part)] = (offset, -1)
+    offsets = {(topic, part): (offset, -1)
+               for topic, parts in progress_end_offsets(query).items()
+               for part, offset in parts.items()}
     if not offsets:
         return {}
     with Cluster(zk_connect, zk_root=zk_root, group=group, zk_timeout=zk_timeout) as cluster:
