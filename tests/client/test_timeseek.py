@@ -92,7 +92,10 @@ def test_agrees_with_a_brute_force_scan(gaps, sizes, probe, picks):
                 assert r.offset == want, (when, r)
                 k = offsets.index(want)
                 assert r.msg_time_ms == (times[k] if k < len(times) else None)
-                assert r.round_trips <= bound(offsets[-1], probe), r
+                # messages bigger than the probe add a get each where the search meets
+                # one: at most one per probe and two in the final walk (module docstring)
+                big = r.probes + 2 if max(sizes[:len(times)], default=0) + 20 > probe else 0
+                assert r.round_trips <= bound(offsets[-1], probe) + big, r
 
 
 def test_a_big_log_takes_logarithmic_round_trips(tmp_path):

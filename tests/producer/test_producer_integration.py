@@ -147,10 +147,11 @@ def test_retries_on_another_partition_when_a_broker_dies(brokers: StartBroker,
         assert {r.broker_id for r in warm} == {0, 1}  # connected to both
         futures = []
         stop = threading.Event()
+        until = [2000]  # raised at the kill: some messages always go out after it
 
         def writer() -> None:
             i = 0
-            while not stop.is_set() or i < 2000:
+            while not stop.is_set() or i < until[0]:
                 futures.append((producer.send_async("t", b"w%d" % i), b"w%d" % i))
                 i += 1
 
@@ -158,6 +159,7 @@ def test_retries_on_another_partition_when_a_broker_dies(brokers: StartBroker,
         t.start()
         wait_until(lambda: len(futures) > 500, 10, what="messages in flight")
         b1.kill()  # SIGKILL while messages are in flight to it
+        until[0] = max(2000, len(futures) + 500)  # the writer cannot be done already
         stop.set()
         t.join(30)
         results = [(f.result(10), body) for f, body in futures]
