@@ -102,6 +102,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     start.add_argument("--max-hold", type=_float,
                        help="longest a get at the log end may be held for a metaq-py client, "
                             "seconds (default 30; 0: answer at once, as Metaq does)")
+    start.add_argument("--no-time-index", dest="time_index", action="store_const",
+                       const=False, default=None,
+                       help="do not offer the time index (clients then find offsets for a "
+                            "time by searching the log, as against Java Metaq)")
     add_zk_security_args(start)
     start.set_defaults(func=_start)
 
@@ -123,7 +127,8 @@ def _start(args: argparse.Namespace) -> int:
         unflush_interval=args.unflush_interval, max_segment_size=args.max_segment_size,
         retention_hours=args.retention_hours, max_transfer_size=args.max_transfer_size,
         max_message_size=args.max_message_size, correct_offsets=args.correct_offsets,
-        max_hold=args.max_hold, max_connections=args.max_connections,
+        max_hold=args.max_hold, time_index=args.time_index,
+        max_connections=args.max_connections,
         max_connections_per_address=args.max_connections_per_address,
         request_timeout=args.request_timeout, idle_timeout=args.idle_timeout,
         zk_security=security_from_args(args))

@@ -132,6 +132,10 @@ class BrokerConfig:
     max_hold: float = 30.0
     #: Most gets held at once over all connections; beyond, gets are answered at once.
     max_held_gets: int = 100_000
+    #: Answer ``offset ... time=<ms>`` from each segment's time index (metaq-py's
+    #: ``+timeindex`` extension; the files ``<segment>.timeindex``).  Off: the
+    #: extension is not offered and clients search the log by time as with Java Metaq.
+    time_index: bool = True
 
     def __post_init__(self) -> None:
         _int("broker_id", self.broker_id, 0, 1023)
@@ -169,6 +173,7 @@ class BrokerConfig:
         _int("max_transfer_size", self.max_transfer_size, 1024, 2**31 - 1)
         _int("max_message_size", self.max_message_size, 1, 2**31 - 1)
         _bool("correct_offsets", self.correct_offsets)
+        _bool("time_index", self.time_index)
         if self.zk_connect is not None:
             _str("zk_connect", self.zk_connect)
         try:

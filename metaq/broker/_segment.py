@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from metaq._errors import StorageError
+from metaq.broker._timeindex import TimeIndex, last_message_time, time_of
 from metaq.protocol import HEADER, HEADER_SIZE, INT32_MAX, scan_messages
 
 __all__ = ["Segment", "segment_name", "parse_segment_name", "INDEX_STEP"]
@@ -55,6 +56,8 @@ class Segment:
             self.wfd = os.open(path, os.O_WRONLY)
         self.index: list[int] = [start]     # absolute offsets of known message boundaries
         self.indexed = False                # True once index covers the whole segment
+        #: where the messages of a time start (``_timeindex``); None until loaded or built
+        self.tindex: TimeIndex | None = TimeIndex() if self.size == 0 else None
         self.pins = 0                       # reads (sendfile) in progress
         #: ``(start, end, why)`` absolute offset ranges known to hold no valid message
         self.damaged: list[tuple[int, int, str]] = []
@@ -90,10 +93,16 @@ class Segment:
         self.size = old + len(data)
         if start - self.index[-1] >= INDEX_STEP:
             self.index.append(start)
+        ti = self.tindex
+        if ti is not None and (not ti.offsets or start - ti.offsets[-1] >= INDEX_STEP):
+            ti.add(start, time_of(data, 0))
 
     def seal(self) -> int | None:
-        """Stop writing; return the write fd for the caller to fsync and close."""
+        """Stop writing; return the write fd for the caller to fsync and close.  The
+        time index is finished (its ``last_time``) for the caller to save."""
         fd, self.wfd = self.wfd, None
+        if self.tindex is not None:
+            self.tindex.last_time = last_message_time(self)
         return fd
 
     # -- reading ----------------------------------------------------------------------------
@@ -124,9 +133,10 @@ class Segment:
         """
         fd = self.rfile.fileno()
         index = [self.start]
+        tindex = TimeIndex()
         pos = count = cut = 0
         while pos < self.size:
-            stop, n, problem = self._scan_from(pos, index)
+            stop, n, problem = self._scan_from(pos, index, tindex)
             count += n
             if stop >= self.size:
                 break
@@ -158,18 +168,20 @@ class Segment:
                 index.append(self.start + pos)
         self.index = index
         self.indexed = True
+        self.tindex = tindex
         return count, cut
 
-    def _scan_from(self, pos: int, index: list[int]) -> tuple[int, int, str | None]:
+    def _scan_from(self, pos: int, index: list[int], tindex: TimeIndex | None = None
+                   ) -> tuple[int, int, str | None]:
         """Walk valid messages from ``pos``: ``(first position not part of one, count,
         problem)``; problem None at the end or at a truncated message.  Extends the
-        sparse ``index`` with the boundaries it passes."""
+        sparse ``index`` (and ``tindex``) with the boundaries it passes."""
         fd = self.rfile.fileno()
         count = 0
         want = _SCAN_CHUNK
         while pos < self.size:
             chunk = os.pread(fd, min(want, self.size - pos), pos)
-            valid, n, problem = self._check(chunk, self.start + pos, index)
+            valid, n, problem = self._check(chunk, self.start + pos, index, tindex)
             count += n
             pos += valid
             if problem is not None or pos >= self.size:
@@ -186,7 +198,8 @@ class Segment:
         return pos, count, None
 
     @staticmethod
-    def _check(chunk: bytes, at: int, index: list[int]) -> tuple[int, int, str | None]:
+    def _check(chunk: bytes, at: int, index: list[int], tindex: TimeIndex | None = None
+               ) -> tuple[int, int, str | None]:
         """:func:`scan_messages` of ``chunk`` (at absolute offset ``at``), where an
         all-zero header also ends the valid messages (a hole, :func:`_hole`); extends
         the sparse ``index`` over the valid ones (:func:`_index_starts`)."""
@@ -196,7 +209,7 @@ class Segment:
         if hole is not None:
             valid, n = hole
             problem = "an all-zero message header"
-        _index_starts(view, valid, at, index)
+        _index_starts(view, valid, at, index, tindex)
         return valid, n, problem
 
     def _anchor(self, pos: int) -> int | None:
@@ -357,6 +370,32 @@ class Segment:
             self.add_damage(bad, good, "found while looking for a valid offset")
         return good
 
+    def build_time_index(self) -> TimeIndex:
+        """Rebuild the time index (and the boundary index) of a sealed segment with a
+        checked scan, resuming after damaged bytes; blocking.  The caller saves it."""
+        index = [self.start]
+        tindex = TimeIndex()
+        pos = 0
+        while pos < self.size:
+            stop, _n, problem = self._scan_from(pos, index, tindex)
+            if stop >= self.size:
+                break
+            nxt = self._chain_start(stop + 1)
+            end = self.size if nxt is None else nxt
+            self.add_damage(self.start + stop, self.start + end,
+                            problem or "a message cut short inside a sealed segment")
+            if nxt is None:
+                break
+            pos = nxt
+        self.index, self.indexed = index, True
+        self.tindex = tindex
+        tindex.last_time = last_message_time(self)
+        return tindex
+
+    def next_valid(self, pos: int) -> int:
+        """The first valid message start after ``pos`` (absolute), or the segment end."""
+        return self._resync(pos + 1)
+
     def _resync(self, pos: int) -> int:
         """First offset >= pos where a valid message with a payload starts
         (:meth:`_anchor`); the segment end when there is none."""
@@ -408,13 +447,19 @@ def _hole(chunk: bytes, view: memoryview, valid: int) -> tuple[int, int] | None:
 _HOLE_SEARCH_MISSES = 16
 
 
-def _index_starts(view: memoryview, valid: int, at: int, index: list[int]) -> None:
+def _index_starts(view: memoryview, valid: int, at: int, index: list[int],
+                  tindex: TimeIndex | None = None) -> None:
     """Extend the sparse ``index`` over the (whole, checked) messages of
     ``view[:valid]`` (at absolute offset ``at``, a message start): each entry is the
     first message start at least :data:`INDEX_STEP` bytes past the one before.
+    ``tindex`` gets an entry at each of them (and at ``at`` when it has none
+    within a step).
 
     :func:`scan_messages` of the bytes up to that point gives the last boundary
     before it, one header the next one."""
+    if tindex is not None and valid and (
+            not tindex.offsets or at - tindex.offsets[-1] >= INDEX_STEP):
+        tindex.add(at, time_of(view, 0))
     b = 0
     while True:
         t = index[-1] + INDEX_STEP - at
@@ -428,6 +473,8 @@ def _index_starts(view: memoryview, valid: int, at: int, index: list[int]) -> No
         if b >= valid:
             return
         index.append(at + b)
+        if tindex is not None:
+            tindex.add(at + b, time_of(view, b))
 
 
 def check_contiguous(segments: list[Segment], where: Path) -> None:

@@ -28,10 +28,11 @@ from metaq.broker._connection import Connection
 from metaq.broker._hold import HeldGets
 from metaq.broker._puts import opaque_of, put_group, store, store_requests, target_of
 from metaq.broker._replies import FileReply, Gate, answer, result
-from metaq.broker._storage import Storage
+from metaq.broker._storage import PartitionLog, Storage
 from metaq.broker._topics import Topics
 from metaq.protocol import (
     HOLD_CAPABILITY,
+    TIME_INDEX_CAPABILITY,
     BadRequest,
     GetRequest,
     MsgIdGenerator,
@@ -51,7 +52,8 @@ SMALL_CLIENT = 8
 log = logging.getLogger(__name__)
 
 #: Answer to ``version``: the Metaq release we speak, then ours; then the extensions a
-#: broker offers are listed (``+hold``: held gets, see ``_hold``, unless max_hold is 0).
+#: broker offers are listed (``+hold``: held gets, see ``_hold``, unless max_hold is 0;
+#: ``+timeindex``: ``offset ... time=<ms>``, see ``_timeindex``, unless time_index is off).
 VERSION = f"1.4.6 metaq-py/{__version__}"
 
 
@@ -72,7 +74,11 @@ class BrokerServer:
         self._refusals_logged: dict[str, float] = {}
         self.started = time.time()
         self.stats = collections.Counter()
-        self.version_text = VERSION + (f" {HOLD_CAPABILITY}" if config.max_hold > 0 else "")
+        self.version_text = VERSION + "".join(
+            f" {cap}" for cap, offered in ((HOLD_CAPABILITY, config.max_hold > 0),
+                                          (TIME_INDEX_CAPABILITY, config.time_index))
+            if offered)
+        self._continue_ids()
         self.held = HeldGets(self._get, max_hold=config.max_hold,
                              max_held=config.max_held_gets, stats=self.stats)
         self.topics = Topics(storage, auto_create=config.auto_create_topics,
@@ -169,6 +175,7 @@ class BrokerServer:
     def add_topic(self, topic: str, partitions: int) -> None:
         """Serve ``topic`` with (at least) ``partitions`` partitions."""
         self.topics.add(topic, partitions)
+        self._continue_ids()  # its logs may be older ones, reopened
 
     # -- requests --------------------------------------------------------------------------
     def handle(self, conn: Connection, reqs: list) -> None:
@@ -298,12 +305,23 @@ class BrokerServer:
         self.stats["get_bytes"] += s.length
         conn.send_file(FileReply(encode_value_header(s.length, opaque), s, plog))
 
+    def _continue_ids(self) -> None:
+        """msgIds continue after the greatest time in the logs (``_timeindex``)."""
+        ahead = self.ids.continue_after(self.storage.last_time)
+        if ahead > 1000:
+            log.warning("the logs hold messages %.1f s later than this machine's clock; "
+                        "new msgIds carry the logs' last time until the clock catches up "
+                        "(so times never go back within a partition)", ahead / 1000)
+
     def _offset(self, conn: Connection, r: OffsetRequest) -> None:
         self.stats["cmd_offset"] += 1
         plog = self.storage.get(r.topic, r.partition)
         if plog is None:
             conn.send(result(404, f"topic {r.topic} partition {r.partition} not found",
                               r.opaque))
+            return
+        if r.time_ms >= 0:
+            self._offset_for_time(conn, r, plog)
             return
         if r.offset <= plog.min_offset or r.offset >= plog.end:
             conn.send(answer(b"%d" % plog.nearest_valid_offset(r.offset), r.opaque))
@@ -325,6 +343,32 @@ class BrokerServer:
                                        r.opaque))
             else:
                 out.set_result(answer(b"%d" % f.result(), r.opaque))
+
+        fut.add_done_callback(done)
+        conn.send_gated(Gate(out, b"", []))
+
+    def _offset_for_time(self, conn: Connection, r: OffsetRequest, plog: PartitionLog
+                         ) -> None:
+        """``offset ... time=<ms>``: ``<offset> <its time or -1>`` from the time index,
+        looked up off the event loop with the segments pinned."""
+        self.stats["cmd_offset_time"] += 1
+        if not self.config.time_index:
+            conn.send(result(400, "this broker does not offer the time index "
+                                  "(time_index is off)", r.opaque))
+            return
+        segments = plog.pin_all()
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(None, plog.offset_for_time, r.time_ms)
+        out = loop.create_future()
+
+        def done(f: asyncio.Future) -> None:
+            plog.unpin_all(segments)
+            e = f.exception()
+            if e is not None:
+                log.error("time %d of %s-%d: %s", r.time_ms, r.topic, r.partition, e)
+                out.set_result(result(500, f"cannot look up time {r.time_ms}: {e}", r.opaque))
+            else:
+                out.set_result(answer(b"%d %d" % f.result(), r.opaque))
 
         fut.add_done_callback(done)
         conn.send_gated(Gate(out, b"", []))
@@ -354,7 +398,8 @@ class BrokerServer:
             for key in ("cmd_put", "put_failed", "cmd_get", "get_miss", "get_bytes",
                         "get_hold_asked", "get_held", "get_held_woken", "get_held_expired",
                         "get_hold_refused", "get_damaged",
-                        "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_stats",
+                        "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_offset_time",
+                        "cmd_stats",
                         "bad_requests", "connections_total", "connections_refused",
                         "clients_vanished", "requests_dropped", "slow_closed", "idle_closed"):
                 lines.append(f"{key} {self.stats[key]}")

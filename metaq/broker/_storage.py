@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from metaq._errors import StorageError
+from metaq.broker import _timeindex as timeindex
 from metaq.broker._segment import Segment, check_contiguous, parse_segment_name, segment_name
 
 __all__ = ["Storage", "PartitionLog", "LogSlice"]
@@ -102,7 +103,7 @@ class PartitionLog:
         for name in names:
             start = parse_segment_name(name)
             if start is None:
-                if ".meta.cut-" not in name:
+                if ".meta.cut-" not in name and not name.endswith(_KNOWN_SUFFIXES):
                     log.warning("ignoring stray file %s in %s", name, self.dir)
                 continue
             starts.append(start)
@@ -116,6 +117,8 @@ class PartitionLog:
                 seg = Segment(self.dir / segment_name(start), start, writable=last)
                 self.segments.append(seg)
                 seg.load_damage()
+                if not last:
+                    seg.tindex = timeindex.load(seg)
             check_contiguous(self.segments, self.dir)
             kept, cut = self.segments[-1].recover()
             if cut or kept:
@@ -181,6 +184,7 @@ class PartitionLog:
         old = self.segments[-1]
         new = Segment(self.dir / segment_name(old.end), old.end, writable=True)
         fd = old.seal()
+        timeindex.save(old)
         if fd is not None:
             self._sealed.append(fd)
         self._dir_dirty = True
@@ -339,6 +343,43 @@ class PartitionLog:
         assert seg is not None
         return seg.boundary_at_or_before(offset)
 
+    # -- time --------------------------------------------------------------------------------
+    def offset_for_time(self, when_ms: int) -> tuple[int, int]:
+        """``(offset, time)`` of the first message whose msgId time is at or after
+        ``when_ms``, or ``(end, -1)`` (``_timeindex.find``).  Blocking (reads the
+        segments, builds a sealed segment's missing index and saves it): run it off
+        the event loop with the segments pinned (:meth:`pin_all`)."""
+        segments = list(self.segments)
+        built = [s for s in segments if s.tindex is None]
+        found = timeindex.find(segments, self.end, when_ms)
+        for seg in built:
+            if seg.tindex is not None and seg is not segments[-1]:
+                timeindex.save(seg)
+        return found
+
+    def last_time(self) -> int | None:
+        """The greatest msgId time in the writable segment (where the latest are), or
+        in the newest segment that has a message; None for an empty log."""
+        for seg in reversed(self.segments):
+            ti = seg.tindex if seg.tindex is not None else seg.build_time_index()
+            t = ti.last_time if ti.last_time is not None else timeindex.last_message_time(seg)
+            if t is not None:
+                return t
+        return None
+
+    def pin_all(self) -> list[Segment]:
+        """Pin every segment (retention closes none of them) until :meth:`unpin_all`."""
+        segments = list(self.segments)
+        for seg in segments:
+            seg.pins += 1
+        return segments
+
+    def unpin_all(self, segments: list[Segment]) -> None:
+        for seg in segments:
+            seg.pins -= 1
+        if any(seg.retired for seg in segments):
+            self._reap_retired()
+
     # -- retention -------------------------------------------------------------------------
     def delete_older_than(self, cutoff: float) -> list[Path]:
         """Delete whole segments last modified before ``cutoff`` (epoch seconds), oldest
@@ -357,6 +398,11 @@ class PartitionLog:
             except OSError as e:
                 log.error("retention could not delete %s: %s", seg.path, e)
                 break
+            try:
+                timeindex.path_for(seg.path).unlink(missing_ok=True)
+            except OSError as e:
+                log.warning("retention could not delete the time index of %s: %s",
+                            seg.path, e)
             self.segments.pop(0)
             self._starts.pop(0)
             seg.retired = True
@@ -414,6 +460,10 @@ class PartitionLog:
             self._close_files()
 
 
+#: Files beside the segments that are the broker's own (not stray).
+_KNOWN_SUFFIXES = (".meta.damaged", timeindex.SUFFIX)
+
+
 class Storage:
     """Every partition log of a broker under one data directory (locked while open)."""
 
@@ -425,6 +475,9 @@ class Storage:
         self.flush_errors = 0
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self.topics: dict[str, int] = {}
+        #: the greatest msgId time found in the logs opened (epoch ms), None if none:
+        #: the broker's msgIds continue after it (``_timeindex``, "The answer")
+        self.last_time: int | None = None
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.data_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -440,10 +493,14 @@ class Storage:
                                            thread_name_prefix="metaq-broker-flush")
 
     def open_topic(self, topic: str, partitions: int) -> list[PartitionLog]:
-        """Open (creating if needed) partitions ``0..partitions-1`` of ``topic``."""
+        """Open (creating if needed) partitions ``0..partitions-1`` of ``topic``;
+        :attr:`last_time` covers them."""
         have = self.topics.get(topic, 0)
         for p in range(have, partitions):
-            self._logs[(topic, p)] = PartitionLog(self, topic, p)
+            plog = self._logs[(topic, p)] = PartitionLog(self, topic, p)
+            t = plog.last_time()
+            if t is not None and (self.last_time is None or t > self.last_time):
+                self.last_time = t
         self.topics[topic] = max(have, partitions)
         return [self._logs[(topic, p)] for p in range(self.topics[topic])]
 

@@ -127,6 +127,24 @@ class BrokerConnection:
         except ValueError:
             raise ProtocolError(f"offset reply body is not a number: {body[:80]!r}") from None
 
+    def offset_for_time(self, topic: str, group: str, partition: int, when_ms: int
+                        ) -> tuple[int, int | None]:
+        """``(offset, its msgId time or None at the log end)`` of the first message at or
+        after ``when_ms``: metaq-py's ``offset ... time=<ms>`` (only for a broker whose
+        ``version`` lists ``+timeindex``; others answer it with an error)."""
+        opaque = next(self._opaque)
+        self._send(encode_offset(topic, group, partition, 0, opaque, when_ms))
+        body = bytes(self._reply(opaque, want_value=False))
+        parts = body.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            offset, t = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise ProtocolError("offset-for-time reply is not '<offset> <time>': "
+                                f"{body[:80]!r}") from None
+        return offset, (t if t >= 0 else None)
+
     def stats(self, item: str | None = None) -> str:
         opaque = next(self._opaque)
         self._send(encode_stats(item, opaque))

@@ -1,4 +1,10 @@
-"""Find the offset for a time: a binary search over a partition's bytes.
+"""Find the offset for a time: the broker's time index, or a binary search over a
+partition's bytes.
+
+A metaq-py broker offers a time index (``+timeindex`` in its ``version`` answer):
+one ``offset ... time=<ms>`` round trip answers (:mod:`metaq.broker._timeindex`,
+exact for the logs it writes).  Against a Java Metaq broker, or with
+``use_index=False``, the search below finds it with ~30 round trips.
 
 :func:`offset_for_time` answers "where do the messages of time ``when_ms`` start?"
 with a few ``offset``/``get`` round trips and no index: a message's time is the
@@ -82,9 +88,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaq._errors import BrokerError
-from metaq.protocol import HEADER, HEADER_SIZE, MAX_PAYLOAD_SIZE, MSG_ID_EPOCH_MS, scan
+from metaq.protocol import (
+    HEADER,
+    HEADER_SIZE,
+    MAX_PAYLOAD_SIZE,
+    MSG_ID_EPOCH_MS,
+    TIME_INDEX_CAPABILITY,
+    scan,
+)
 
-__all__ = ["TimeSeek", "offset_for_time", "time_at"]
+__all__ = ["TimeSeek", "offset_for_time", "time_at", "broker_has_time_index"]
 
 _INT64_MAX = (1 << 63) - 1
 _ID = struct.Struct(">q")
@@ -259,11 +272,24 @@ class _Seeker:
         return self.read_from(b, x, limit)
 
 
+def broker_has_time_index(conn: Any) -> bool:
+    """Whether ``conn``'s broker answers ``offset ... time=<ms>`` (its ``version``
+    answer lists ``+timeindex``: metaq-py's broker unless told not to)."""
+    return TIME_INDEX_CAPABILITY in conn.version().split()
+
+
 def offset_for_time(conn, topic: str, partition: int, when_ms: int, *,
-                    group: str = "metaq-timeseek", probe_size: int = 64 * 1024) -> TimeSeek:
+                    group: str = "metaq-timeseek", probe_size: int = 64 * 1024,
+                    use_index: bool | None = None) -> TimeSeek:
     """The offset of the first message of ``topic``-``partition`` whose msgId time
-    is at or after ``when_ms`` (epoch ms), found by a binary search over the
-    partition's bytes through ``conn`` (a :class:`BrokerConnection`).
+    is at or after ``when_ms`` (epoch ms), through ``conn`` (a
+    :class:`BrokerConnection`).
+
+    ``use_index``: ask the broker's time index (one round trip, metaq-py's
+    ``+timeindex`` extension, exact for the logs it writes; see
+    :mod:`metaq.broker._timeindex`); None (the default) asks when the broker offers
+    it (one ``version`` round trip more), False never: then, and against a Java
+    Metaq broker, a binary search over the partition's bytes finds it.
 
     The log end when no message is that late, the log start when all are; for times
     out of order, damaged bytes and the number of round trips see the module
@@ -272,7 +298,15 @@ def offset_for_time(conn, topic: str, partition: int, when_ms: int, *,
     """
     if probe_size < HEADER_SIZE:
         raise ValueError(f"probe_size must be at least {HEADER_SIZE}, got {probe_size}")
+    asked = 0
+    if use_index is None:
+        use_index = broker_has_time_index(conn)
+        asked = 1
+    if use_index:
+        offset, t = conn.offset_for_time(topic, group, partition, max(0, when_ms))
+        return TimeSeek(offset, t, asked + 1, 0)
     s = _Seeker(conn, topic, partition, group, probe_size)
+    s.round_trips = asked
     start = s.offset(0)
     end = s.offset(_INT64_MAX)
 

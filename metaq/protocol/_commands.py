@@ -78,6 +78,10 @@ class OffsetRequest(NamedTuple):
     partition: int
     offset: int
     opaque: int
+    #: metaq-py's extension (``time=<ms>`` after the opaque): instead of the nearest
+    #: valid offset, the first message whose msgId time is at or after this epoch ms
+    #: (answered ``<offset> <its time ms or -1>``); -1 = a plain ``offset``
+    time_ms: int = -1
 
 
 class StatsRequest(NamedTuple):
@@ -247,7 +251,14 @@ def encode_get(topic: str, group: str, partition: int, offset: int, max_size: in
         _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size, opaque)
 
 
-def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int) -> bytes:
+def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int,
+                  time_ms: int = -1) -> bytes:
+    """An ``offset``; ``time_ms`` >= 0 adds metaq-py's ``time=<ms>`` field (send it
+    only to a broker whose ``version`` answer lists ``+timeindex``)."""
+    if time_ms >= 0:
+        return b"offset %b %b %d %d %d time=%d\r\n" % (
+            _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, opaque,
+            time_ms)
     return b"offset %b %b %d %d %d\r\n" % (
         _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, opaque)
 

@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_MAX_BODY",
     "QUIT",
     "HOLD_CAPABILITY",
+    "TIME_INDEX_CAPABILITY",
 ]
 
 #: Java's ``Integer.MAX_VALUE``: Metaq's lengths, opaques and offsets within a reply are int32.
@@ -64,3 +65,6 @@ QUIT = b"quit\r\n"
 #: Token in a broker's ``version`` answer saying it honours ``get ... hold=<ms>``
 #: (metaq-py's long-polling extension of Metaq 1.4; README, "Protocol").
 HOLD_CAPABILITY = "+hold"
+#: Token in a broker's ``version`` answer saying it answers ``offset ... time=<ms>``
+#: from its segments' time index (metaq-py's extension; README, "Protocol").
+TIME_INDEX_CAPABILITY = "+timeindex"

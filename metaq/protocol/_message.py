@@ -207,6 +207,20 @@ class MsgIdGenerator:
     def _now_ms(self) -> int:
         return self._anchor_ms + (time.monotonic_ns() - self._anchor_mono) // 1_000_000
 
+    def continue_after(self, ms: int | None) -> int:
+        """Make every later id's time at least ``ms`` and every later id greater than
+        any id of a millisecond up to ``ms`` (a broker passes the greatest time in its
+        logs when it starts, so a clock set back across a restart neither makes times
+        go back nor repeats ids).  Returns how far ``ms`` is ahead of the clock (0 when
+        it is not)."""
+        if ms is None:
+            return 0
+        with self._lock:
+            if ms >= self._last_ms:
+                self._last_ms = ms
+                self._seq = 0xFFF  # the next id borrows the next millisecond
+            return max(0, ms - self._now_ms())
+
     def next_id(self) -> int:
         """One new msgId."""
         return self.next_ids(1)[0]

@@ -4,7 +4,7 @@ Requests (client → broker), space separated, lines end in CRLF::
 
     put <topic> <part> <len> <flag> <checksum> [<txKey>] <opaque>\\r\\n<payload>
     get <topic> <group> <part> <offset> <maxSize> <opaque> [hold=<ms>]\\r\\n
-    offset <topic> <group> <part> <offset> <opaque>\\r\\n
+    offset <topic> <group> <part> <offset> <opaque> [time=<ms>]\\r\\n
     stats [<item>] <opaque>\\r\\n
     version <opaque>\\r\\n
     quit\\r\\n
@@ -391,13 +391,16 @@ def _get_request(parts: list) -> GetRequest:
 
 
 def _offset_request(parts: list) -> OffsetRequest:
-    if len(parts) != 6:
-        raise ProtocolError("expected 'offset <topic> <group> <partition> <offset> <opaque>'")
+    n = len(parts)
+    if n != 6 and not (n == 7 and parts[6][:5] == b"time="):
+        raise ProtocolError("expected 'offset <topic> <group> <partition> <offset> <opaque>"
+                            " [time=<ms>]'")
     return OffsetRequest(
         parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
         parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
         parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
-        parse_int(parts[5], "opaque", INT32_MIN, INT32_MAX))
+        parse_int(parts[5], "opaque", INT32_MIN, INT32_MAX),
+        parse_int(parts[6][5:], "time", 0, INT64_MAX) if n == 7 else -1)
 
 
 def _version_request(parts: list) -> VersionRequest:

@@ -1,5 +1,7 @@
 """offset_for_time: the offset for a time, against a real (in-process) broker serving
-logs written with chosen msgIds, compared with a brute-force scan."""
+logs written with chosen msgIds, compared with a brute-force scan; both ways: the
+client's search (``use_index=False``, as against a Java broker) and the broker's
+time index (``use_index=True``, one round trip)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from metaq import BrokerError
 from metaq.broker import Broker, BrokerConfig, Storage
 from metaq.net import BrokerConnection, TimeSeek, offset_for_time
 from metaq.protocol import MSG_ID_EPOCH_MS, encode_message
@@ -64,16 +67,20 @@ def bound(size: int, probe: int) -> int:
     return 2 + 2 * (math.ceil(math.log2(max(size / probe, 1))) + 1) + 3
 
 
-def seek(conn, when: int, probe: int) -> TimeSeek:
-    return offset_for_time(conn, TOPIC, 0, when, probe_size=probe)
+def seek(conn, when: int, probe: int, index: bool = False) -> TimeSeek:
+    return offset_for_time(conn, TOPIC, 0, when, probe_size=probe, use_index=index)
+
+
+both = pytest.mark.parametrize("index", [False, True], ids=["search", "index"])
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(gaps=st.lists(st.integers(0, 3), min_size=1, max_size=400),
        sizes=st.lists(st.integers(0, 700), min_size=400, max_size=400),
        probe=st.sampled_from([256, 1024, 4096]),
-       picks=st.lists(st.integers(0, 10_000), min_size=6, max_size=6))
-def test_agrees_with_a_brute_force_scan(gaps, sizes, probe, picks):
+       picks=st.lists(st.integers(0, 10_000), min_size=6, max_size=6),
+       index=st.booleans())
+def test_agrees_with_a_brute_force_scan(gaps, sizes, probe, picks, index):
     times = []
     t = T0
     for g in gaps:
@@ -87,11 +94,14 @@ def test_agrees_with_a_brute_force_scan(gaps, sizes, probe, picks):
         whens += [times[p % len(times)] + (p % 3) - 1 for p in picks]
         with serve(Path(d), 4096) as conn:
             for when in whens:
-                r = seek(conn, when, probe)
+                r = seek(conn, when, probe, index)
                 want = brute(times, offsets, when)
                 assert r.offset == want, (when, r)
                 k = offsets.index(want)
                 assert r.msg_time_ms == (times[k] if k < len(times) else None)
+                if index:
+                    assert r.round_trips == 1 and r.probes == 0
+                    continue
                 # messages bigger than the probe add a get each where the search meets
                 # one: at most one per probe and two in the final walk (module docstring)
                 big = r.probes + 2 if max(sizes[:len(times)], default=0) + 20 > probe else 0
@@ -114,15 +124,34 @@ def test_an_empty_partition_gives_its_end(tmp_path):
     write_log(tmp_path, [], 4096)
     with serve(tmp_path, 4096) as conn:
         assert seek(conn, T0, 1024) == TimeSeek(0, None, 2, 0)
+        assert seek(conn, T0, 1024, True) == TimeSeek(0, None, 1, 0)
 
 
-def test_messages_bigger_than_the_probe(tmp_path):
+def test_the_index_is_used_when_offered(tmp_path):
+    times = [T0 + i for i in range(500)]
+    offsets = write_log(tmp_path, [(t, 100) for t in times], 4096)
+    with serve(tmp_path, 4096) as conn:
+        r = offset_for_time(conn, TOPIC, 0, T0 + 250)  # asks version, then the index
+        assert (r.offset, r.msg_time_ms, r.round_trips, r.probes) == (
+            offsets[250], T0 + 250, 2, 0)
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=free_port(), topics={TOPIC: 1},
+                       max_segment_size=4096, time_index=False)
+    with Broker(cfg) as b, BrokerConnection("127.0.0.1", b.port) as conn:
+        assert "+timeindex" not in conn.version().split()
+        r = offset_for_time(conn, TOPIC, 0, T0 + 250)  # falls back to the search
+        assert r.offset == offsets[250] and r.probes > 0
+        with pytest.raises(BrokerError, match="does not offer the time index"):
+            offset_for_time(conn, TOPIC, 0, T0 + 250, use_index=True)
+
+
+@both
+def test_messages_bigger_than_the_probe(tmp_path, index):
     sizes = [30, 5000, 40, 20_000, 10, 9000, 9000, 50, 3000] * 5
     times = [T0 + i for i in range(len(sizes))]
     offsets = write_log(tmp_path, list(zip(times, sizes, strict=True)), 4096)
     with serve(tmp_path, 4096) as conn:
         for when in [T0 - 1, *times, times[-1] + 1]:
-            r = seek(conn, when, 256)
+            r = seek(conn, when, 256, index)
             assert r.offset == brute(times, offsets, when), when
             assert r.round_trips <= bound(offsets[-1], 256) + 4, r
 
@@ -138,7 +167,8 @@ def transitions(times: Sequence[int], offsets: Sequence[int], when: int) -> set[
     return out
 
 
-def test_times_out_of_order_give_a_transition(tmp_path):
+@both
+def test_times_out_of_order_give_a_transition(tmp_path, index):
     # a broker restarted with its clock 500 ms back: 1000..1999, then 1500..2499
     run_a = [T0 + 1000 + i // 2 for i in range(2000)]
     run_b = [T0 + 1500 + i // 2 for i in range(2000)]
@@ -147,18 +177,19 @@ def test_times_out_of_order_give_a_transition(tmp_path):
     offsets = write_log(tmp_path, [(t, rnd.randrange(0, 200)) for t in times], 8192)
     with serve(tmp_path, 8192) as conn:
         for when in range(T0 + 900, T0 + 2600, 37):
-            r = seek(conn, when, 512)
+            r = seek(conn, when, 512, index)
             ok = transitions(times, offsets, when)
             assert r.offset in ok, (when - T0, r)
             if len(ok) == 1:  # no overlap with the set-back run: the one answer
                 assert r.offset == brute(times, offsets, when)
         # before the overlap the answer is in the first run, after it in the second
-        assert seek(conn, T0 + 1200, 512).offset == brute(times, offsets, T0 + 1200)
-        r = seek(conn, T0 + 2200, 512)
+        assert seek(conn, T0 + 1200, 512, index).offset == brute(times, offsets, T0 + 1200)
+        r = seek(conn, T0 + 2200, 512, index)
         assert r.offset == brute(times[2000:], offsets[2000:], T0 + 2200)
 
 
-def test_a_damaged_message_is_skipped(tmp_path):
+@both
+def test_a_damaged_message_is_skipped(tmp_path, index):
     times = [T0 + i for i in range(600)]
     offsets = write_log(tmp_path, [(t, 100) for t in times], 4096)
     bad = 100  # in the fourth segment of many: a sealed one, not checked at start
@@ -176,7 +207,7 @@ def test_a_damaged_message_is_skipped(tmp_path):
     with serve(tmp_path, 4096) as conn:
         for when in [times[bad] - 1, times[bad], times[bad] + 1, T0 - 1, T0 + 300]:
             for probe in (128, 1024):
-                r = seek(conn, when, probe)
+                r = seek(conn, when, probe, index)
                 assert r.offset == brute(valid, offsets, when), (when - T0, probe, r)
 
 
@@ -206,5 +237,5 @@ def test_a_broker_answering_coarse_offsets(tmp_path):
         coarse = CoarseOffsets(conn, starts)
         for when in [T0 - 1, times[0], times[1500], times[-1], times[-1] + 1,
                      *(T0 + rnd.randrange(0, 5000) for _ in range(20))]:
-            r = offset_for_time(coarse, TOPIC, 0, when, probe_size=1024)
+            r = offset_for_time(coarse, TOPIC, 0, when, probe_size=1024, use_index=False)
             assert r.offset == brute(times, offsets, when), when - T0

@@ -61,6 +61,8 @@ def test_exact_bytes():
     assert encode_put("t", -1, b"", 0, 0, 8, tx_key="tx1") == b"put t -1 0 0 0 tx1 8\r\n"
     assert encode_get("t", "g", 0, 4096, 1024, 9) == b"get t g 0 4096 1024 9\r\n"
     assert encode_offset("t", "g", 1, 5, 10) == b"offset t g 1 5 10\r\n"
+    assert encode_offset("t", "g", 1, 0, 10, 1_700_000_000_000) == \
+        b"offset t g 1 0 10 time=1700000000000\r\n"
     assert encode_stats(None, 11) == b"stats 11\r\n"
     assert encode_stats("topics", 12) == b"stats topics 12\r\n"
     assert encode_version(13) == b"version 13\r\n"
@@ -82,7 +84,8 @@ requests = st.one_of(
               st.one_of(st.none(), names), int32),
     st.builds(GetRequest, names, names, int32, int64, int32, int32,
               st.one_of(st.just(0), st.integers(1, 2**31 - 1))),
-    st.builds(OffsetRequest, names, names, int32, int64, int32),
+    st.builds(OffsetRequest, names, names, int32, int64, int32,
+              st.one_of(st.just(-1), st.integers(0, 2**63 - 1))),
     st.builds(StatsRequest, st.one_of(st.none(), names), int32),
     st.builds(VersionRequest, int32),
     st.just(QuitRequest()),
@@ -96,7 +99,7 @@ def encode_request(r) -> bytes:
         return encode_get(r.topic, r.group, r.partition, r.offset, r.max_size, r.opaque,
                           r.hold_ms)
     if isinstance(r, OffsetRequest):
-        return encode_offset(r.topic, r.group, r.partition, r.offset, r.opaque)
+        return encode_offset(r.topic, r.group, r.partition, r.offset, r.opaque, r.time_ms)
     if isinstance(r, StatsRequest):
         return encode_stats(r.item, r.opaque)
     if isinstance(r, VersionRequest):
