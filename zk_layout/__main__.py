@@ -3,7 +3,10 @@
 ::
 
     python -m zk_layout --zk HOST:PORT[,HOST:PORT...][/chroot] [--root /meta] [--timeout 10]
-                        {tree,brokers,topics,groups,group NAME} [--json]
+                        {tree,brokers,topics,groups,group NAME [--brokers]} [--json]
+
+It reads ZooKeeper only, except ``group NAME --brokers``, which also asks each
+partition's broker for its log end: lag in bytes and seconds (``_probe``).
 
 Exit codes: 0 done (also when the tree is empty or has damaged nodes, which
 are shown), 1 ZooKeeper unreachable or failing, or no such group, 2 bad arguments.
@@ -19,8 +22,9 @@ import sys
 from collections.abc import Sequence
 
 from zk_layout._errors import InvalidNameError
-from zk_layout._names import check_group
+from zk_layout._names import Partition, check_group
 from zk_layout._paths import DEFAULT_ROOT, Layout
+from zk_layout._probe import PartitionLag, probe_partitions
 from zk_layout._render import (
     render_brokers,
     render_group,
@@ -30,7 +34,7 @@ from zk_layout._render import (
     to_json,
     to_jsonable,
 )
-from zk_layout._snapshot import read_tree, take_snapshot
+from zk_layout._snapshot import GroupInfo, Snapshot, read_tree, take_snapshot
 
 __all__ = ["build_parser", "main", "parse_zk_hosts"]
 
@@ -111,6 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print machine-readable JSON")
         if name == "group":
             p.add_argument("name", type=_group_name, metavar="NAME", help="the group name")
+            p.add_argument("--brokers", action="store_true",
+                           help="also ask each partition's broker (TCP) for its log end: "
+                                "LOG END, LAG (bytes) and LAG S (age of the oldest "
+                                "unconsumed message) columns")
     return parser
 
 
@@ -132,7 +140,15 @@ def _run(args: argparse.Namespace, client: object) -> int:
             print(f"{PROG}: error: no consumer group {args.name!r} under "
                   f"{layout.consumer_groups()}", file=sys.stderr)
             return 1
-        out.write(to_json(group) if args.json else render_group(group))
+        lags = _probe_group(snap, group, args.timeout) if args.brokers else None
+        if args.json:
+            doc = to_jsonable(group)
+            if lags is not None:
+                doc["lag"] = [{"topic": t, "partition": str(p), **to_jsonable(lag)}
+                              for (t, p), lag in lags.items()]
+            out.write(to_json(doc))
+        else:
+            out.write(render_group(group, lags))
         out.write("\n")
         return 0
     if args.json:
@@ -150,6 +166,20 @@ def _run(args: argparse.Namespace, client: object) -> int:
         out.write(render[args.command](snap))
     out.write("\n")
     return 0
+
+
+def _probe_group(snap: Snapshot, group: GroupInfo, timeout: float
+                 ) -> dict[tuple[str, Partition], PartitionLag]:
+    keys, wanted = [], []
+    for t in group.topics:
+        for p in t.partitions:
+            broker = snap.broker(p.partition.broker_id)
+            keys.append((t.topic, p.partition))
+            wanted.append((t.topic, p.partition.index,
+                           None if broker is None else broker.master,
+                           None if p.offset is None else p.offset.offset))
+    lags = probe_partitions(wanted, group=group.group, timeout=timeout)
+    return dict(zip(keys, lags, strict=True))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

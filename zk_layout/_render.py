@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from zk_layout._codecs import BrokerUri, StoredOffset
@@ -201,7 +201,10 @@ def _consumed_at(offset: StoredOffset | None) -> object:
     return None if t is None else iso_ms(t)
 
 
-def render_group(group: GroupInfo) -> str:
+def render_group(group: GroupInfo, lags: Mapping[tuple[str, Partition], Any] | None = None
+                 ) -> str:
+    """The group's members and partitions; with ``lags`` (``group --brokers``, each a
+    ``_probe.PartitionLag``) also LOG END, LAG and LAG S columns."""
     out = [_members_line(group),
            format_table(("CONSUMER ID", "TOPICS", "INSTANCE", "HOST", "ERROR", "STATE"),
                         _member_rows(group))]
@@ -211,9 +214,19 @@ def render_group(group: GroupInfo) -> str:
         for p in t.partitions:
             notes = [HELD_NOTE] if p.owner is None and t.topic in held else []
             notes += ["DAMAGED: " + "; ".join(p.errors)] if p.errors else []
-            prows.append((t.topic, p.partition, p.owner,
+            row: tuple = (t.topic, p.partition, p.owner,
                           None if p.offset is None else p.offset.offset,
-                          _msg_id(p.offset), _consumed_at(p.offset), "; ".join(notes) or None))
-    out.append(format_table(("TOPIC", "PARTITION", "OWNER", "OFFSET", "MSGID", "CONSUMED UP TO",
-                             "NOTE"), prows))
+                          _msg_id(p.offset), _consumed_at(p.offset))
+            if lags is not None:
+                lag = lags.get((t.topic, p.partition))
+                if lag is not None and lag.error:
+                    notes.append("BROKER: " + lag.error)
+                row += (None, None, None) if lag is None else (
+                    lag.log_end, lag.lag_bytes,
+                    None if lag.lag_seconds is None else f"{lag.lag_seconds:.1f}")
+            prows.append((*row, "; ".join(notes) or None))
+    heads = ("TOPIC", "PARTITION", "OWNER", "OFFSET", "MSGID", "CONSUMED UP TO")
+    if lags is not None:
+        heads += ("LOG END", "LAG", "LAG S")
+    out.append(format_table((*heads, "NOTE"), prows))
     return "\n\n".join(out) + _damage_section(group.damaged)

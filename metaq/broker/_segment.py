@@ -22,7 +22,7 @@ from pathlib import Path
 
 from metaq._errors import StorageError
 from metaq.broker._timeindex import TimeIndex, last_message_time, time_of
-from metaq.protocol import HEADER, HEADER_SIZE, INT32_MAX, scan_messages
+from metaq.protocol import HEADER, HEADER_SIZE, INT32_MAX, scan, scan_messages
 
 __all__ = ["Segment", "segment_name", "parse_segment_name", "INDEX_STEP"]
 
@@ -91,11 +91,12 @@ class Segment:
             raise StorageError(f"cannot write {len(data)} bytes to {self.path}: {e}") from e
         start = self.start + old
         self.size = old + len(data)
-        if start - self.index[-1] >= INDEX_STEP:
-            self.index.append(start)
         ti = self.tindex
-        if ti is not None and (not ti.offsets or start - ti.offsets[-1] >= INDEX_STEP):
-            ti.add(start, time_of(data, 0))
+        if self.start + self.size - self.index[-1] >= INDEX_STEP or (
+                ti is not None and not ti.offsets):
+            # entries inside a big write too (one every step), found by walking its
+            # headers in C without checking them again: the put step just did
+            _index_starts(memoryview(data), len(data), start, self.index, ti, verify=False)
 
     def seal(self) -> int | None:
         """Stop writing; return the write fd for the caller to fsync and close.  The
@@ -448,15 +449,16 @@ _HOLE_SEARCH_MISSES = 16
 
 
 def _index_starts(view: memoryview, valid: int, at: int, index: list[int],
-                  tindex: TimeIndex | None = None) -> None:
+                  tindex: TimeIndex | None = None, *, verify: bool = True) -> None:
     """Extend the sparse ``index`` over the (whole, checked) messages of
     ``view[:valid]`` (at absolute offset ``at``, a message start): each entry is the
     first message start at least :data:`INDEX_STEP` bytes past the one before.
     ``tindex`` gets an entry at each of them (and at ``at`` when it has none
     within a step).
 
-    :func:`scan_messages` of the bytes up to that point gives the last boundary
-    before it, one header the next one."""
+    :func:`~metaq.protocol.scan` of the bytes up to that point (checking their CRCs
+    again unless ``verify`` is False) gives the last boundary before it, one header
+    the next one."""
     if tindex is not None and valid and (
             not tindex.offsets or at - tindex.offsets[-1] >= INDEX_STEP):
         tindex.add(at, time_of(view, 0))
@@ -466,8 +468,7 @@ def _index_starts(view: memoryview, valid: int, at: int, index: list[int],
         if t > b:
             if t >= valid:
                 return
-            v, _n, _problem = scan_messages(view[b:t], max_payload=INT32_MAX)
-            b += v
+            b += scan(view[b:t], verify, INT32_MAX, False)[2]
             if b < t:  # the message at b holds t: the next start follows it
                 b += HEADER_SIZE + HEADER.unpack_from(view, b)[0]
         if b >= valid:

@@ -81,6 +81,7 @@ _HEAD = struct.Struct(">4sB3xqqqI")  # magic, version, segment start, size cover
 _CRC = struct.Struct(">I")
 _ID = struct.Struct(">q")
 _READ = 256 * 1024
+_NEAR = 2048
 _ZEROS = bytes(HEADER_SIZE)
 
 
@@ -205,14 +206,17 @@ def decode(data: bytes, start: int, size: int) -> TimeIndex | str:
 
 # -- reading messages ----------------------------------------------------------------------
 
-def _messages(seg: Segment, pos: int, limit: int):
+def _messages(seg: Segment, pos: int, limit: int, first_read: int = _READ):
     """``(offset, time)`` of each valid message of ``seg`` from the message start
-    ``pos`` up to ``limit`` (absolute offsets), stepping over damaged bytes."""
+    ``pos`` up to ``limit`` (absolute offsets), stepping over damaged bytes; the
+    first read is of ``first_read`` bytes (where the caller expects its answer)."""
+    want = first_read
     while pos < limit:
-        want = min(_READ, limit - pos)
+        want = min(want, limit - pos)
         chunk = seg.pread(pos, want)
         if not chunk:
             return
+        want = _READ
         view = memoryview(chunk)
         bounds, count, stop, kind, _a, _b = scan(view, True, INT32_MAX)
         starts = memoryview(bounds).cast("i").tolist() if count else []
@@ -273,7 +277,9 @@ def find(segments: list[Segment], end: int, when_ms: int) -> tuple[int, int]:
         n = min(len(ti.offsets), len(ti.times))
         k = bisect.bisect_left(ti.times, when_ms, 0, n)
         pos = ti.offsets[k - 1] if k > 0 else seg.start
-        for o, t in _messages(seg, pos, min(seg.end, end)):
+        # the answer is the message at offsets[k] or before it: read to a little past it
+        first = ti.offsets[k] - pos + _NEAR if k < n else _READ
+        for o, t in _messages(seg, pos, min(seg.end, end), min(first, _READ)):
             if t >= when_ms:
                 return o, t
     return end, -1
