@@ -15,11 +15,14 @@ Evaluation Rules") over a window of two samples (``interval``):
 - ours beside Burrow's: ``unowned`` (lag > 0 and no live member owns it; its ``note``
   says when it may be held for an away static member), ``damaged`` (garbage in its
   offset node), ``data lost`` (committed below the log start: retention deleted
-  unread bytes), ``out of range`` (committed beyond the log end), ``unknown`` (the
-  broker could not be asked).
+  unread bytes), ``out of range`` (committed beyond the log end), ``over transfer
+  cap`` (the message at the committed offset is bigger than its broker sends per
+  get: a Java broker's ``maxTransferSize``; no consumer can read it), ``unknown``
+  (the broker could not be asked).
 
 :attr:`GroupReport.status` sums them up as Burrow does: ``error`` when any
-partition is in stall, stop, rewind, data lost, damaged or out of range, ``warn``
+partition is in stall, stop, rewind, data lost, damaged, out of range or over
+transfer cap, ``warn``
 when any is in warn, lagging or unowned, else ``ok``.  Lag is given in bytes and
 in seconds: the age of the oldest unconsumed message, from its msgId time.
 
@@ -37,7 +40,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from metaq._errors import ConfigError, MetaqError
+from metaq._errors import BrokerError, ConfigError, MetaqError
 from metaq.net import BrokerConnection, offset_for_time, time_at
 from zk_layout import (
     GroupInfo,
@@ -57,6 +60,9 @@ __all__ = ["MemberState", "PartitionLag", "GroupReport", "describe_group", "log_
 
 log = logging.getLogger(__name__)
 _LOG_END = 2**63 - 1
+#: ``PartitionLag.note`` (and ``metaq topic describe``'s) of a partition a Java broker
+#: has never written: it has no storage for it yet and answers 404; taken as empty
+UNWRITTEN_NOTE = "empty: never written (its Java broker has no storage for it yet)"
 #: ``PartitionLag.note`` of a partition nobody owns whose topic an away static member
 #: subscribes to (which partitions it holds is its group's strategy's to say).
 HELD_NOTE = "may be held for an away static member"
@@ -121,7 +127,8 @@ class GroupReport:
     def status(self) -> str:
         """The group's status over its partitions' states (see the module docstring)."""
         states = {p.state for p in self.partitions}
-        if states & {"stall", "stop", "rewind", "data lost", "damaged", "out of range"}:
+        if states & {"stall", "stop", "rewind", "data lost", "damaged", "out of range",
+                     "over transfer cap"}:
             return "error"
         if states & {"warn", "lagging", "unowned"}:
             return "warn"
@@ -139,8 +146,14 @@ class GroupReport:
 
 
 def log_ends(client: KazooClient, layout: Layout, topic: str, *, group: str = "metaq-admin",
-             timeout: float = 5.0) -> dict[str, tuple[int | None, int | None]]:
-    """partition -> (log start, log end), asked of each partition's broker."""
+             timeout: float = 5.0, unwritten: set[str] | None = None
+             ) -> dict[str, tuple[int | None, int | None]]:
+    """partition -> (log start, log end), asked of each partition's broker; (None, None)
+    where the broker did not answer, for that partition alone.
+
+    A partition a Java broker has never written (it answers 404 "... is not exists")
+    is empty, ``(0, 0)``, and is added to ``unwritten`` when given, for the caller to
+    say so."""
     out: dict[str, tuple[int | None, int | None]] = {}
     by_broker: dict[int, list[str]] = {}
     for p in read_partitions(client, layout, topic):
@@ -154,8 +167,15 @@ def log_ends(client: KazooClient, layout: Layout, topic: str, *, group: str = "m
             with BrokerConnection(*address, timeout=timeout) as conn:
                 for p in parts:
                     index = int(p.split("-", 1)[1])
-                    out[p] = (conn.offset(topic, group, index, 0),
-                              conn.offset(topic, group, index, _LOG_END))
+                    try:
+                        out[p] = (conn.offset(topic, group, index, 0),
+                                  conn.offset(topic, group, index, _LOG_END))
+                    except BrokerError as e:  # this partition only; the others go on
+                        log.warning("broker %d at %s:%s could not say where %s/%s ends: %s",
+                                    bid, *address, topic, p, e)
+                        out[p] = (None, None)
+                    if unwritten is not None and (topic, index) in conn.unwritten:
+                        unwritten.add(p)
         except (OSError, MetaqError) as e:
             log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
             out.update({p: (None, None) for p in parts if p not in out})
@@ -226,7 +246,8 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
     held = info.held_topics
     now = time.time()
     for gt in info.topics:
-        ends = log_ends(client, layout, gt.topic, timeout=timeout)
+        unwritten: set[str] = set()
+        ends = log_ends(client, layout, gt.topic, timeout=timeout, unwritten=unwritten)
         behind: dict[str, int] = {}
         pending = []
         for ps in gt.partitions:
@@ -238,7 +259,9 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
             if lag:
                 behind[name] = position
             pending.append((ps, name, start, end, committed, lag))
-        times = position_times(client, layout, gt.topic, behind, timeout=timeout)
+        capped: dict[str, tuple[int, int]] = {}
+        times = position_times(client, layout, gt.topic, behind, timeout=timeout,
+                               capped=capped)
         for ps, name, start, end, committed, lag in pending:
             msg_id = ps.offset.msg_id if ps.offset else None
             t = times.get(name)
@@ -254,6 +277,8 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
                 state = "data lost"  # below the log start: retention deleted unread bytes
             elif lag is None:
                 state = "unknown"
+            elif name in capped:
+                state = "over transfer cap"  # its broker never sends the message whole
             elif lag == 0:
                 state = "ok"
             elif ps.owner is None:
@@ -269,9 +294,16 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
                                      log_end=end, lag=lag, lag_seconds=lag_seconds,
                                      state=state,
                                      note=HELD_NOTE if ps.owner is None and gt.topic in held
+                                     else UNWRITTEN_NOTE if name in unwritten
+                                     else _cap_note(*capped[name]) if name in capped
                                      else None))
     return GroupReport(group=group, members=tuple(m.consumer_id for m in info.members),
                        partitions=tuple(rows), member_states=member_states(info))
+
+
+def _cap_note(size: int, sent: int) -> str:
+    return (f"the message at the committed offset is {size} bytes; its broker sends at most "
+            f"{sent} per get (Java's maxTransferSize): raise it above {size}")
 
 
 def _burrow(client: KazooClient, layout: Layout, group: str, topic: str, part: str,
@@ -293,9 +325,12 @@ def _burrow(client: KazooClient, layout: Layout, group: str, topic: str, part: s
 
 
 def position_times(client: KazooClient, layout: Layout, topic: str, positions: dict[str, int],
-                   *, group: str = "metaq-admin", timeout: float = 5.0) -> dict[str, int]:
+                   *, group: str = "metaq-admin", timeout: float = 5.0,
+                   capped: dict[str, tuple[int, int]] | None = None) -> dict[str, int]:
     """partition -> msgId time (epoch ms) of the message at its position, for those of
-    ``positions`` whose broker answered and holds a message there."""
+    ``positions`` whose broker answered and holds a message there.  With ``capped``,
+    also fills it with the partitions whose message there is bigger than its broker
+    sends per get (``(message size, bytes sent)``): stuck for every consumer."""
     out: dict[str, int] = {}
     by_broker: dict[int, list[str]] = {}
     for p in positions:
@@ -307,12 +342,37 @@ def position_times(client: KazooClient, layout: Layout, topic: str, positions: d
         try:
             with BrokerConnection(*address, timeout=timeout) as conn:
                 for p in parts:
-                    t = time_at(conn, topic, int(p.split("-", 1)[1]), positions[p], group=group)
+                    index = int(p.split("-", 1)[1])
+                    t = time_at(conn, topic, index, positions[p], group=group)
                     if t is not None:
                         out[p] = t
+                        if capped is not None:
+                            sent = _over_cap(conn, topic, index, positions[p], group)
+                            if sent is not None:
+                                capped[p] = sent
         except (OSError, MetaqError) as e:
             log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
     return out
+
+
+#: A message at a position smaller than this is never checked against the broker's
+#: transfer cap (a Java broker's is 1 MiB unless set lower).
+_CAP_CHECK_FROM = 64 * 1024
+
+
+def _over_cap(conn: BrokerConnection, topic: str, index: int, position: int,
+              group: str) -> tuple[int, int] | None:
+    """``(message size, bytes the broker sends)`` when the message at ``position`` is
+    bigger than what the broker sends for one get asking for all of it (a Java
+    broker's ``maxTransferSize``: no consumer can ever read it), else None."""
+    head = conn.get(topic, group, index, position, 20)
+    if len(head) < 20:
+        return None
+    need = 20 + int.from_bytes(head[:4], "big", signed=True)
+    if need <= _CAP_CHECK_FROM:
+        return None
+    sent = len(conn.get(topic, group, index, position, need))
+    return (need, sent) if sent < need else None
 
 
 def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *,

@@ -106,8 +106,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        const=False, default=None,
                        help="do not offer the time index (clients then find offsets for a "
                             "time by searching the log, as against Java Metaq)")
+    start.add_argument("--java", metavar="BEHAVIOURS", type=_java_behaviours, default={},
+                       help="answer as a Java Metaq 1.4 broker does in these ways, for "
+                            "interoperability tests (comma-separated: "
+                            f"{', '.join(_JAVA)})")
     add_zk_security_args(start)
     start.set_defaults(func=_start)
+
+
+#: ``--java`` names -> BrokerConfig's java_* fields (README, "Running against an existing
+#: Java Metaq cluster")
+_JAVA = {"unwritten-404": "java_unwritten_404", "tell-max-offset": "java_tell_max_offset",
+         "transfer-cap": "java_transfer_cap"}
+
+
+def _java_behaviours(text: str) -> dict[str, bool]:
+    out = {}
+    for name in filter(None, (n.strip() for n in text.split(","))):
+        if name not in _JAVA:
+            raise argparse.ArgumentTypeError(
+                f"unknown Java behaviour {name!r} (known: {', '.join(_JAVA)})")
+        out[_JAVA[name]] = True
+    return out
 
 
 def _start(args: argparse.Namespace) -> int:
@@ -131,7 +151,7 @@ def _start(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_connections_per_address=args.max_connections_per_address,
         request_timeout=args.request_timeout, idle_timeout=args.idle_timeout,
-        zk_security=security_from_args(args))
+        zk_security=security_from_args(args), **args.java)
 
     def ready(broker: Broker) -> None:
         print(f"metaq broker {config.broker_id} serving on {config.host}:{broker.port}",

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from metaq._admin import describe_group, log_damage, log_ends, reset_offsets
+from metaq._admin import UNWRITTEN_NOTE, describe_group, log_damage, log_ends, reset_offsets
 from metaq._cli._zkflags import add_zk_security_args, security_from_args
 from metaq._errors import ConfigError, CoordinationError
 from metaq._time import parse_time_ms
@@ -185,18 +185,22 @@ def topic_describe(args: argparse.Namespace) -> int:
     with _client(args) as client:
         if client.exists(layout.topic_sub_dir(args.topic)) is None:
             raise ConfigError(f"no topic {args.topic!r} under {args.root}")
-        ends = log_ends(client, layout, args.topic, timeout=args.timeout)
+        unwritten: set[str] = set()
+        ends = log_ends(client, layout, args.topic, timeout=args.timeout, unwritten=unwritten)
         damage = log_damage(client, layout, args.topic, timeout=args.timeout)
     rows = [{"partition": p, "broker_id": int(p.split("-", 1)[0]), "log_start": s,
              "log_end": e, "bytes": None if s is None or e is None else e - s,
              "damaged": None if damage.get(p) is None else damage[p][0],
-             "damaged_bytes": None if damage.get(p) is None else damage[p][1]}
+             "damaged_bytes": None if damage.get(p) is None else damage[p][1],
+             "note": UNWRITTEN_NOTE if p in unwritten else
+             "its broker did not answer" if s is None else None}
             for p, (s, e) in ends.items()]
     if args.json:
         print(json.dumps({"topic": args.topic, "partitions": rows}, indent=2))
     else:
         print(_table(["partition", "broker", "log start", "log end", "bytes", "damaged",
-                      "damaged bytes"],
+                      "damaged bytes", "note"],
                      [[r["partition"], r["broker_id"], r["log_start"], r["log_end"],
-                       r["bytes"], r["damaged"], r["damaged_bytes"]] for r in rows]))
+                       r["bytes"], r["damaged"], r["damaged_bytes"], r["note"]]
+                      for r in rows]))
     return 0

@@ -136,6 +136,20 @@ class BrokerConfig:
     #: ``+timeindex`` extension; the files ``<segment>.timeindex``).  Off: the
     #: extension is not offered and clients search the log by time as with Java Metaq.
     time_index: bool = True
+    #: Java Metaq 1.4's behaviours, each off by default, for interoperability tests and
+    #: for running beside Java brokers exactly as they answer (README, "Running against
+    #: an existing Java Metaq cluster"):
+    #: ``offset`` of a partition never written answers 404 "The topic `t` in partition
+    #: `p` is not exists" (Java creates a partition's storage on its first put).
+    java_unwritten_404: bool = False
+    #: A ``get`` that finds nothing past the fsynced end answers 301 with the fsynced end
+    #: (Java's ``updateConsumerOffsets``, whose max offset lags what it serves): the
+    #: client is sent back over messages it already has.
+    java_tell_max_offset: bool = False
+    #: Never send more than ``max_transfer_size`` in one ``get`` reply, even when one
+    #: message is bigger (Java caps at ``min(maxTransferSize, maxSize)``): such a
+    #: message can then never be read from this broker.
+    java_transfer_cap: bool = False
 
     def __post_init__(self) -> None:
         _int("broker_id", self.broker_id, 0, 1023)
@@ -174,6 +188,9 @@ class BrokerConfig:
         _int("max_message_size", self.max_message_size, 1, 2**31 - 1)
         _bool("correct_offsets", self.correct_offsets)
         _bool("time_index", self.time_index)
+        _bool("java_unwritten_404", self.java_unwritten_404)
+        _bool("java_tell_max_offset", self.java_tell_max_offset)
+        _bool("java_transfer_cap", self.java_transfer_cap)
         if self.zk_connect is not None:
             _str("zk_connect", self.zk_connect)
         try:

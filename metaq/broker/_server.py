@@ -42,6 +42,7 @@ from metaq.protocol import (
     StatsRequest,
     VersionRequest,
     encode_value_header,
+    unwritten_partition_text,
 )
 
 __all__ = ["BrokerServer", "VERSION", "SMALL_CLIENT"]
@@ -287,7 +288,7 @@ class BrokerServer:
             conn.send(result(301, str(end), opaque))
             return
         cap = min(max_size, self.config.max_transfer_size)
-        if max_size > cap:
+        if max_size > cap and not self.config.java_transfer_cap:
             # One message bigger than maxTransferSize must still be readable (the producer
             # accepts up to 4 MiB): serve it whole when the client asked for that much.
             head = plog.read_bytes(offset, 4)
@@ -297,6 +298,9 @@ class BrokerServer:
                     cap = need
         s = plog.read(offset, cap)
         if s is None:
+            if self.config.java_tell_max_offset and offset > plog.durable_end:
+                conn.send(result(301, str(plog.durable_end), opaque))  # Java's rewind
+                return
             if hold_ms and plog.readable_end <= offset <= end and self.held.hold(conn, r, plog):
                 return  # answered when a put lands (or at the end of the hold)
             self.stats["get_miss"] += 1
@@ -319,6 +323,9 @@ class BrokerServer:
         if plog is None:
             conn.send(result(404, f"topic {r.topic} partition {r.partition} not found",
                               r.opaque))
+            return
+        if self.config.java_unwritten_404 and plog.end == 0:
+            conn.send(result(404, unwritten_partition_text(r.topic, r.partition), r.opaque))
             return
         if r.time_ms >= 0:
             self._offset_for_time(conn, r, plog)

@@ -308,10 +308,14 @@ class MessageConsumer:
             "damaged_offsets": subs.damaged_offsets,
             "damaged_messages": sum(pf.damaged for pf in owned),
             "offset_resets": sum(pf.resets for pf in owned),
+            "broker_rewinds": sum(pf.rewinds for pf in owned),
+            "redelivered_skipped": sum(pf.redelivered_skipped for pf in owned),
             "partitions": {f"{pf.topic}/{pf.partition}": {
                 "position": pf.offset, "committed": pf.committed[1], "consumed": pf.consumed,
                 "damaged": pf.damaged, "skipped_bytes": pf.skipped,
                 "stalled": None if pf.stalled is None else str(pf.stalled),
+                "over_transfer_cap": None if pf.capped is None else
+                {"message_size": pf.capped[0], "broker_sends": pf.capped[1]},
                 **({"lag": None if (d := lags.get(pf.key)) is None else d[0],
                     "lag_seconds": None if d is None else d[1]} if with_lag else {})}
                 for pf in owned},

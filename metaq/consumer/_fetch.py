@@ -31,6 +31,7 @@ before its next fetch.  What differs from Metaq:
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Callable
 
 from metaq._errors import (
@@ -45,13 +46,14 @@ from metaq.consumer._lease import Lease
 from metaq.consumer._processor import process_batch
 from metaq.consumer._subscription import BY_TIME, LATEST, PartitionState
 from metaq.net import BrokerConnection, offset_for_time
-from metaq.protocol import HOLD_CAPABILITY
+from metaq.protocol import HOLD_CAPABILITY, MAX_PAYLOAD_SIZE, scan
 
 __all__ = ["PartitionFetcher", "PARK", "ErrorHandler", "Connections"]
 
 log = logging.getLogger(__name__)
 
 _LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
+_ID = struct.Struct(">q")
 _FLOW_POLL = 0.02  # seconds between looks at a flow-controlled partition
 #: ``fetch_once``'s answer for "at the log end: park it with the long poller"
 PARK = -1.0
@@ -157,6 +159,16 @@ class PartitionFetcher:
             self._end_ahead(pf, conn, ahead, None, address, connections)
             pf.drop_ready()
             return self._step  # the lease ran out while we fetched: deliver nothing
+        if pf.rewound is not None:
+            moved = pf.offset
+            data = self._after_rewind(pf, data)
+            if data is None:  # the log changed where it was: a real rewind
+                self._end_ahead(pf, conn, ahead, None, address, connections)
+                return self._out_of_range(pf, conn, address, connections, start=None,
+                                          end=moved)
+            if not data:  # all of it delivered already
+                self._end_ahead(pf, conn, ahead, data, address, connections)
+                return 0.0
         base = pf.offset
         try:
             result = process_batch(pf, data)
@@ -187,6 +199,8 @@ class PartitionFetcher:
                 delay = self._check_position(pf, conn, address, connections)  # inside one
                 if delay is not None:
                     return delay
+            if len(data) < result.needed_size <= pf.max_size:
+                return self._capped(pf, result.needed_size, len(data))
             return self._grow(pf, result.needed_size)
         return self.backoff(pf)
 
@@ -244,9 +258,59 @@ class PartitionFetcher:
         pf.grow(new)
         return 0.0
 
+    def _capped(self, pf: PartitionState, needed: int, got: int) -> float:
+        """Asked for at least the whole message, sent only ``got`` bytes: the broker caps
+        its replies below the message (a Java broker: ``min(maxTransferSize, maxSize)``)
+        and will never send it.  Reported once (MessageError to on_error, ``capped`` in
+        metrics), then retried at the slowest backoff in case the cap is raised."""
+        first = pf.capped is None
+        pf.capped = (needed, got)
+        if first:
+            err = MessageError(
+                f"message at {pf.topic}/{pf.partition} offset {pf.offset} is {needed} bytes "
+                f"but its broker sends at most {got} bytes per get (a Java Metaq broker's "
+                f"maxTransferSize, 1 MiB by default): it can never be read; raise "
+                f"maxTransferSize in the broker's server.ini above {needed} and restart it. "
+                f"The partition waits and retries every {self._max_delay:g} s")
+            log.error("%s", err)
+            self._on_error(err, pf)
+        return self._max_delay
+
+    def _after_rewind(self, pf: PartitionState, data: memoryview) -> memoryview | None:
+        """The bytes re-read after a rewind (from ``pf.offset``): when the message ending
+        where the partition was is still there with the msgId delivered last, the log is
+        the same and everything before it was delivered: those bytes are passed over
+        (counted); None when the log changed (a real rewind)."""
+        assert pf.rewound is not None
+        was, msg_id = pf.rewound
+        gap = was - pf.offset
+        found = None
+        if 0 < gap <= len(data) and msg_id != -1:
+            bounds, count, stop, _kind, _a, _b = scan(data[:gap], True, MAX_PAYLOAD_SIZE)
+            if count and stop == gap:
+                last = memoryview(bounds).cast("i")[count - 1]
+                if _ID.unpack_from(data, last + 8)[0] == msg_id:
+                    found = count
+        if found is None:
+            log.warning("%s/%s: the broker moved it back from %d to %d and the log there "
+                        "changed (not the message delivered last): a real rewind",
+                        pf.topic, pf.partition, was, pf.offset)
+            pf.rewind_checked(None)
+            return None
+        log.info("%s/%s: the broker moved it back from %d to %d; the %d message(s) read "
+                 "again were delivered already: not delivered again",
+                 pf.topic, pf.partition, was, was - gap, found)
+        pf.rewind_checked(gap, found)
+        return data[gap:]
+
     def _on_broker_error(self, pf: PartitionState, e: BrokerError, conn: BrokerConnection,
                          address: tuple[str, int], connections: Connections) -> float:
         if e.code == 404:
+            if pf.rewound is not None:  # sent back, and nothing is there now: the log is
+                moved = pf.offset      # shorter than what was delivered (a real rewind)
+                pf.rewind_checked(None)
+                return self._out_of_range(pf, conn, address, connections, start=None,
+                                          end=moved)
             if not pf.checked:  # nothing here: the end, or a position beyond it?
                 delay = self._check_position(pf, conn, address, connections)
                 if delay is not None:
@@ -271,6 +335,14 @@ class PartitionFetcher:
                 # below the log start: retention deleted what was not read
                 return self._out_of_range(pf, conn, address, connections,
                                           start=moved, end=None)
+            if pf.offset == pf.rewind_seen:
+                return self.backoff(pf)  # sent back again from where a re-read proved
+                #                          the log the same: nothing new yet, wait
+            if pf.msg_id != -1 and pf.rewound is None:
+                # above what the broker calls its end, where we read (a Java broker whose
+                # max offset lags): re-read from there, passing over what was delivered
+                pf.rewind(moved)
+                return 0.0
             return self._out_of_range(pf, conn, address, connections,  # above the end
                                       start=None, end=moved)
         log.warning("fetch %s/%s: %s", pf.topic, pf.partition, e)

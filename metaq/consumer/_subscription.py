@@ -92,7 +92,8 @@ class PartitionState:
         "offset", "msg_id", "consumed", "retry_offset", "retry_count", "retry_delay",
         "max_size", "checked", "stalled", "damaged", "skipped", "resets", "delay",
         "failures", "grow_size_streak", "checksum_failures", "ready", "rbuf",
-        "ready_offset", "ready_address", "time_ms",
+        "ready_offset", "ready_address", "time_ms", "rewound", "rewind_seen", "rewinds",
+        "redelivered_skipped", "capped",
         # requests
         "seek_to", "seek_time", "rollback", "acked",
         # scheduling
@@ -156,6 +157,19 @@ class PartitionState:
         self.damaged = 0
         self.skipped = 0
         self.resets = 0
+        #: the broker sent it back from a position it had delivered from (a Java broker's
+        #: 301 with a max offset that lags what it serves): ``(that position, the msgId
+        #: of the message ending there)``, until the re-read shows whether the log is the
+        #: same there (skip what was delivered) or not (a real rewind)
+        self.rewound: tuple[int, int] | None = None
+        #: the position a rewind's re-read came back to (the broker may send it back
+        #: again from there until its max offset catches up: then it just waits)
+        self.rewind_seen = -1
+        self.rewinds = 0
+        #: messages read again after a rewind and not delivered again (already were)
+        self.redelivered_skipped = 0
+        #: a message the broker will never send whole: ``(its size, the broker's cap)``
+        self.capped: tuple[int, int] | None = None
         # backoff and failure counters
         self.delay = 0.0
         self.failures = 0
@@ -241,6 +255,7 @@ class PartitionState:
             self.offset, self.msg_id = to, -1
             self.time_ms = self.seek_time if to == BY_TIME else None
             self.checked, self.stalled = False, None
+            self.rewound = self.capped = None
             if not self.auto_ack:
                 self.acked = (-1, to)
         self.ready = None  # bytes fetched ahead belong to the old position
@@ -337,6 +352,7 @@ class PartitionState:
     def delivered(self) -> None:
         """Messages were delivered from ``offset``: a boundary, no backoff, no growth."""
         self.checked = True
+        self.capped = None
         self.delay = 0.0
         self.grow_size_streak = 0
 
@@ -374,6 +390,26 @@ class PartitionState:
         self.damaged += 1
         self.skipped += valid - bad
         self.offset, self.checked = valid, True
+
+    def rewind(self, to: int) -> None:
+        """The broker moved it back to ``to``: remember where it was (``rewound``)."""
+        self.rewound = (self.offset, self.msg_id)
+        self.rewinds += 1
+        self.offset = to
+        self.ready = None
+
+    def rewind_checked(self, skip: int | None, messages: int = 0) -> None:
+        """The re-read after a rewind: ``skip`` bytes (``messages``) were delivered
+        already and are passed over; None: the log changed there (a real rewind), so
+        the old position is restored for offset_reset to handle."""
+        assert self.rewound is not None
+        if skip is None:
+            self.offset = self.rewound[0]
+        else:
+            self.offset += skip
+            self.redelivered_skipped += messages
+            self.rewind_seen = self.offset
+        self.rewound = None
 
     def count_reset(self) -> None:
         """Its position was outside the log (or inside a message): one reset more."""

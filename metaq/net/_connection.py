@@ -18,7 +18,13 @@ import itertools
 import socket
 
 from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError
-from metaq.protocol import encode_get, encode_offset, encode_stats, encode_version
+from metaq.protocol import (
+    encode_get,
+    encode_offset,
+    encode_stats,
+    encode_version,
+    is_unwritten_partition,
+)
 
 __all__ = ["BrokerConnection", "parse_meta_uri"]
 
@@ -47,6 +53,8 @@ class BrokerConnection:
         self._end = 0
         self._opaque = itertools.count(1)
         self._closed = False
+        #: ``(topic, partition)`` a Java broker said it has no storage for (see offset())
+        self.unwritten: set[tuple[str, int]] = set()
 
     def __enter__(self) -> BrokerConnection:
         return self
@@ -118,10 +126,21 @@ class BrokerConnection:
             pass
 
     def offset(self, topic: str, group: str, partition: int, offset: int) -> int:
-        """The broker's nearest valid offset to ``offset`` (the ``offset`` command)."""
+        """The broker's nearest valid offset to ``offset`` (the ``offset`` command).
+
+        A Java Metaq broker answers 404 "... is not exists" for a partition it has not
+        created storage for (never written): that partition is empty, so this answers
+        0 (log start = log end = 0), as Metaq's own client does, and remembers the
+        partition in :attr:`unwritten` for tools to say so."""
         opaque = next(self._opaque)
         self._send(encode_offset(topic, group, partition, offset, opaque))
-        body = bytes(self._reply(opaque, want_value=False))
+        try:
+            body = bytes(self._reply(opaque, want_value=False))
+        except BrokerError as e:
+            if e.code == 404 and is_unwritten_partition(e.detail):
+                self.unwritten.add((topic, partition))
+                return 0
+            raise
         try:
             return int(body)
         except ValueError:

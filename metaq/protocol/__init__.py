@@ -57,6 +57,8 @@ from metaq.protocol._constants import (
     OPAQUE_MASK,
     QUIT,
     TIME_INDEX_CAPABILITY,
+    is_unwritten_partition,
+    unwritten_partition_text,
 )
 from metaq.protocol._fast import (
     CRC32_IMPL,
@@ -95,7 +97,7 @@ __all__ = [
     "INT32_MAX", "CHECKSUM_MASK", "OPAQUE_MASK", "HEADER_SIZE", "MAX_PAYLOAD",
     "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "MSG_ID_EPOCH_MS", "FLAG_HAS_ATTRIBUTE",
     "MAX_LINE", "DEFAULT_MAX_PAYLOAD", "DEFAULT_MAX_BODY", "QUIT", "HOLD_CAPABILITY",
-    "TIME_INDEX_CAPABILITY",
+    "TIME_INDEX_CAPABILITY", "is_unwritten_partition", "unwritten_partition_text",
     # message bytes
     "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "build_payload", "split_payload",
     "encode_message", "iter_messages", "scan_messages", "scan_problem", "msg_id_parts",

@@ -6,6 +6,8 @@ here; the rest of the package and its callers import them by name.
 
 from __future__ import annotations
 
+import re
+
 #: ms timestamp Metaq subtracts before shifting it into a msgId (defined once, in
 #: zk_layout, which reads msgIds in offset nodes too).
 from zk_layout import MSG_ID_EPOCH_MS
@@ -29,6 +31,8 @@ __all__ = [
     "QUIT",
     "HOLD_CAPABILITY",
     "TIME_INDEX_CAPABILITY",
+    "unwritten_partition_text",
+    "is_unwritten_partition",
 ]
 
 #: Java's ``Integer.MAX_VALUE``: Metaq's lengths, opaques and offsets within a reply are int32.
@@ -68,3 +72,19 @@ HOLD_CAPABILITY = "+hold"
 #: Token in a broker's ``version`` answer saying it answers ``offset ... time=<ms>``
 #: from its segments' time index (metaq-py's extension; README, "Protocol").
 TIME_INDEX_CAPABILITY = "+timeindex"
+
+
+#: The 404 text a Java Metaq 1.4 broker answers ``offset`` (and ``get``) with for a
+#: partition whose storage it has not created yet: it creates it on the first put.
+_UNWRITTEN = re.compile(r"The topic `([^`]*)` in partition `(-?\d+)` is not exists")
+
+
+def unwritten_partition_text(topic: str, partition: int) -> str:
+    """Java Metaq's 404 text for a partition never written (see :data:`_UNWRITTEN`)."""
+    return f"The topic `{topic}` in partition `{partition}` is not exists"
+
+
+def is_unwritten_partition(text: str) -> bool:
+    """Whether a 404's text is Java Metaq's "never written" answer: such a partition
+    is empty (log start = log end = 0), as Metaq's own client takes it."""
+    return _UNWRITTEN.search(text) is not None

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from metaq import Producer
+
 pytestmark = pytest.mark.spark
 
 
@@ -119,3 +121,14 @@ def test_offset_reset_for_a_damaged_or_out_of_range_group_offset(spark, make_top
     assert _read(spark, topic.options(offsetReset="latest", **group)).count() == 0
     with pytest.raises(Exception, match="damaged committed offset|past the log end"):
         _read(spark, topic.options(offsetReset="fail", **group)).count()
+
+
+def test_an_unwritten_partition_of_a_java_broker_reads_as_empty(spark, make_topic) -> None:  # type: ignore[no-untyped-def]
+    """A Java broker answers ``offset`` with 404 "... is not exists" for a partition
+    never written (issue 19): planning takes it as empty instead of failing."""
+    topic = make_topic("sparse", parts=3, extra_args=["--java", "unwritten-404"])
+    with Producer(topic.zk_connect, partitioner=lambda t, parts, body, key: "0-1") as p:
+        sent = [p.send("sparse", b"only-%d" % i) for i in range(5)]
+    assert {r.partition for r in sent} == {"0-1"}
+    rows = _read(spark, topic.options()).collect()
+    assert sorted(bytes(r.value) for r in rows) == [b"only-%d" % i for i in range(5)]

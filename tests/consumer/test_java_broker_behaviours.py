@@ -1,0 +1,199 @@
+"""Issue 19: what a real Java Metaq 1.4 broker does that ours does not, reproduced with our
+broker's ``java_*`` options (a real broker over TCP, registered in a real ZooKeeper):
+
+1. ``offset`` of a partition never written answers 404 "... is not exists": such a
+   partition is empty for every tool and for Spark planning;
+2. a get past the fsynced end answers 301 with an earlier offset: the consumer re-reads
+   and delivers nothing twice, and still delivers everything when the log really changed;
+3. a message bigger than the broker's transfer cap can never be read: reported once,
+   backed off, read as soon as the cap is raised.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from metaq import MessageConsumer, MessageError, OffsetOutOfRangeError, Producer
+from metaq._admin import UNWRITTEN_NOTE, describe_group, log_ends, reset_offsets
+from metaq.broker import Broker, BrokerConfig
+from metaq.testing import free_port, wait_until
+from zk_layout import Layout
+
+pytestmark = [pytest.mark.broker, pytest.mark.zk]
+
+TOPIC = "jv"
+LAYOUT = Layout()
+
+
+def broker_config(zk_connect: str, data_dir: Path, port: int | None = None, **kw) -> BrokerConfig:
+    return BrokerConfig(broker_id=0, data_dir=data_dir, port=port or free_port(),
+                        topics={TOPIC: 2}, zk_connect=zk_connect, zk_session_timeout=6.0, **kw)
+
+
+class Got:
+    def __init__(self) -> None:
+        self.bodies: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, m) -> None:  # noqa: ANN001
+        with self.lock:
+            self.bodies.append(bytes(m.body))
+
+    def snapshot(self) -> list[bytes]:
+        with self.lock:
+            return list(self.bodies)
+
+
+def send(zk_connect: str, bodies: list[bytes], partition: str = "0-0") -> None:
+    with Producer(zk_connect, partitioner=lambda topic, parts, body, key: partition) as p:
+        for b in bodies:
+            p.send(TOPIC, b)
+
+
+def cli(zk_connect: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "metaq", *args, "--zk", zk_connect],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.getcwd()})
+
+
+# -- 1. unwritten partitions ---------------------------------------------------------------
+
+def test_an_unwritten_partition_is_empty_for_the_tools(zk_connect, zk_client, tmp_path):
+    with Broker(broker_config(zk_connect, tmp_path, java_unwritten_404=True)):
+        send(zk_connect, [b"a", b"b", b"c"], "0-0")  # 0-1 is never written
+        unwritten: set[str] = set()
+        ends = log_ends(zk_client, LAYOUT, TOPIC, unwritten=unwritten)
+        assert ends["0-1"] == (0, 0) and unwritten == {"0-1"}
+        assert ends["0-0"][1] > 0
+
+        r = cli(zk_connect, "topic", "describe", TOPIC)
+        assert r.returncode == 0, r.stderr
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith("0-1")]
+        assert len(lines) == 1, r.stdout
+        line = lines[0]
+        assert UNWRITTEN_NOTE in line and line.split()[2:4] == ["0", "0"]
+
+        zk_client.ensure_path(LAYOUT.consumer_ids("g-un"))
+        zk_client.ensure_path(LAYOUT.offsets_dir("g-un", TOPIC))
+        report = describe_group(zk_client, LAYOUT, "g-un")
+        (p1,) = [p for p in report.partitions if p.partition == "0-1"]
+        assert (p1.log_end, p1.lag, p1.note) == (0, 0, UNWRITTEN_NOTE)
+
+        out = reset_offsets(zk_client, LAYOUT, "g-un", TOPIC, to="latest")
+        assert out["0-1"] == (None, 0) and out["0-0"][1] == ends["0-0"][1]
+
+        # a consumer of the group reads the written partition and waits on the other
+        got = Got()
+        c = MessageConsumer("g-new", zk_connect, commit_period=0.2)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            wait_until(lambda: len(got.snapshot()) == 3, 30, what="the three messages")
+            send(zk_connect, [b"late"], "0-1")  # the first put creates it
+            wait_until(lambda: b"late" in got.snapshot(), 30, what="the first message of 0-1")
+
+
+# -- 2. rewinds ------------------------------------------------------------------------------
+
+def test_a_rewind_to_the_fsynced_end_delivers_nothing_twice(zk_connect, tmp_path):
+    # nothing is fsynced for a long time: every get at the end is sent back to offset 0..
+    cfg = broker_config(zk_connect, tmp_path, java_tell_max_offset=True,
+                        unflush_threshold=1_000_000, unflush_interval=3600.0)
+    errors: list = []
+    with Broker(cfg):
+        got = Got()
+        c = MessageConsumer("g-rw", zk_connect, commit_period=0.2, max_fetch_delay=0.2,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            for k in range(5):  # rounds: each ends with the consumer sent back
+                send(zk_connect, [b"m%d-%d" % (k, i) for i in range(7)])
+                want = [b"m%d-%d" % (j, i) for j in range(k + 1) for i in range(7)]
+                wait_until(lambda w=want: got.snapshot() == w, 30,
+                           what=f"round {k}'s messages, once each")
+                wait_until(lambda k=k: c.metrics()["broker_rewinds"] > k, 30,
+                           what="the broker sending it back")
+            m = c.metrics()
+            assert m["redelivered_skipped"] >= 5 * 7
+            assert got.snapshot() == want  # nothing delivered twice, in order
+    assert not [e for e in errors if isinstance(e, OffsetOutOfRangeError)]
+
+
+def test_a_real_rewind_still_delivers_everything(zk_connect, tmp_path):
+    """The log really lost its last messages (cut while the broker was down): the
+    consumer, sent back, finds the message it delivered last gone and follows
+    offset_reset (earliest: everything again, never a gap)."""
+    cfg = broker_config(zk_connect, tmp_path, java_tell_max_offset=True,
+                        unflush_threshold=1)
+    errors: list = []
+    got = Got()
+    with Broker(cfg):
+        send(zk_connect, [b"old-%d" % i for i in range(6)])
+        c = MessageConsumer("g-real", zk_connect, commit_period=0.2, max_fetch_delay=0.2,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        c.start()
+        wait_until(lambda: len(got.snapshot()) == 6, 30, what="the six messages")
+    seg = sorted((tmp_path / f"{TOPIC}-0").glob("*.meta"))[-1]
+    size = seg.stat().st_size
+    os.truncate(seg, size - 2 * (size // 6))  # the last two messages are gone
+    cfg = broker_config(zk_connect, tmp_path, port=cfg.port, java_tell_max_offset=True,
+                        unflush_threshold=1)
+    with Broker(cfg):
+        send(zk_connect, [b"new-0"])
+        wait_until(lambda: b"new-0" in got.snapshot(), 30, what="the message written after")
+        c.close()
+    seen = got.snapshot()
+    assert seen[:6] == [b"old-%d" % i for i in range(6)]
+    assert [e for e in errors if isinstance(e, OffsetOutOfRangeError)]
+    assert set(seen) >= {b"old-0", b"old-1", b"old-2", b"old-3", b"new-0"}
+
+
+# -- 3. over the transfer cap ----------------------------------------------------------------
+
+def test_a_message_over_the_transfer_cap_is_reported_then_read_when_raised(zk_connect,
+                                                                           zk_client, tmp_path):
+    cap = 64 * 1024
+    cfg = broker_config(zk_connect, tmp_path, java_transfer_cap=True, max_transfer_size=cap)
+    errors: list = []
+    got = Got()
+    big = os.urandom(100_000)
+    with Broker(cfg) as b:
+        send(zk_connect, [b"before", big, b"after"])
+        c = MessageConsumer("g-cap", zk_connect, commit_period=0.2, max_fetch_delay=0.5,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        c.start()
+        wait_until(lambda: any(isinstance(e, MessageError) for e in errors), 30,
+                   what="the over-cap message reported")
+        (err,) = [e for e in errors if isinstance(e, MessageError)]
+        assert "100020 bytes" in str(err) and f"at most {cap} bytes" in str(err)
+        assert "maxTransferSize" in str(err)
+        part = c.metrics()["partitions"][f"{TOPIC}/0-0"]
+        assert part["over_transfer_cap"] == {"message_size": 100_020, "broker_sends": cap}
+        assert got.snapshot() == [b"before"]  # in order: nothing after it either
+        wait_until(lambda: c.metrics()["partitions"][f"{TOPIC}/0-0"]["committed"] > 0, 30,
+                   what="the first message committed")
+        report = describe_group(zk_client, LAYOUT, "g-cap")
+        (p0,) = [p for p in report.partitions if p.partition == "0-0"]
+        assert p0.state == "over transfer cap" and report.status == "error"
+        assert "100020 bytes" in p0.note and f"at most {cap}" in p0.note
+        gets = int(next(ln.split()[2] for ln in b.stats().splitlines()
+                        if ln.startswith("STAT cmd_get ")))
+    assert gets < 50  # backed off, not the thousands of a silent loop
+    # the operator raises the cap (here: the broker without Java's cap) and restarts it
+    cfg = broker_config(zk_connect, tmp_path, port=cfg.port)
+    with Broker(cfg):
+        wait_until(lambda: len(got.snapshot()) == 3, 30, what="the big message, then after")
+        assert got.snapshot() == [b"before", big, b"after"]
+        assert c.metrics()["partitions"][f"{TOPIC}/0-0"]["over_transfer_cap"] is None
+        c.close()
+    assert len([e for e in errors if isinstance(e, MessageError)]) == 1  # reported once
+
