@@ -27,7 +27,9 @@ builtin type.
     ├── ProducerError
     │   ├── NoBrokerAvailableError          no partition of the topic can be written
     │   ├── SendTimeoutError                retries exhausted within the send timeout
-    │   └── BatchSendError                  some messages of a batch were not stored
+    │   ├── BatchSendError                  some messages of a batch were not stored
+    │   └── TransactionError                a transaction could not be done (rolled back)
+    │       └── XAError                     an XA request failed (``code``: XAException's)
     └── ConsumerError
         ├── ConsumerClosedError             the consumer was used after close()
         ├── DataLossError                   wanted messages are gone (retention, short log)
@@ -68,6 +70,8 @@ __all__ = [
     "NoBrokerAvailableError",
     "SendTimeoutError",
     "BatchSendError",
+    "TransactionError",
+    "XAError",
     "ConsumerError",
     "ConsumerClosedError",
     "DataLossError",
@@ -170,6 +174,22 @@ class BatchSendError(ProducerError):
         super().__init__(message)
         self.results = results
         self.errors = errors
+
+
+class TransactionError(ProducerError):
+    """A transaction was refused or failed; when raised by a commit, nothing of it
+    was stored (the broker rolled it back) unless the message says the outcome is
+    unknown."""
+
+
+class XAError(TransactionError):
+    """An XA request failed; ``code`` is the broker's ``javax.transaction.xa.
+    XAException`` error code (-4 XAER_NOTA: no such branch, -6 XAER_PROTO: not
+    now, 100..107 XA_RB*: rolled back...)."""
+
+    def __init__(self, message: str, *, code: int) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ConsumerError(MetaqError):

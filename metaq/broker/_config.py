@@ -136,6 +136,12 @@ class BrokerConfig:
     #: ``+timeindex`` extension; the files ``<segment>.timeindex``).  Off: the
     #: extension is not offered and clients search the log by time as with Java Metaq.
     time_index: bool = True
+    #: Longest a transaction may stay open before it is rolled back (a BEGIN's own
+    #: timeout is capped by it; Java's maxTxTimeoutInSeconds), seconds.
+    max_transaction_timeout: float = 60.0
+    #: Most bytes of messages one transaction may hold until its commit (kept in
+    #: memory and in the journal); beyond, its puts are refused.
+    max_transaction_size: int = 64 * MiB
     #: Java Metaq 1.4's behaviours, each off by default, for interoperability tests and
     #: for running beside Java brokers exactly as they answer (README, "Running against
     #: an existing Java Metaq cluster"):
@@ -188,6 +194,8 @@ class BrokerConfig:
         _int("max_message_size", self.max_message_size, 1, 2**31 - 1)
         _bool("correct_offsets", self.correct_offsets)
         _bool("time_index", self.time_index)
+        _num("max_transaction_timeout", self.max_transaction_timeout, 0)
+        _int("max_transaction_size", self.max_transaction_size, 1024, 2**62)
         _bool("java_unwritten_404", self.java_unwritten_404)
         _bool("java_tell_max_offset", self.java_tell_max_offset)
         _bool("java_transfer_cap", self.java_transfer_cap)

@@ -30,6 +30,7 @@ from metaq.broker._puts import opaque_of, put_group, store, store_requests, targ
 from metaq.broker._replies import FileReply, Gate, answer, result
 from metaq.broker._storage import PartitionLog, Storage
 from metaq.broker._topics import Topics
+from metaq.broker._transactions import Transactions
 from metaq.protocol import (
     HOLD_CAPABILITY,
     TIME_INDEX_CAPABILITY,
@@ -40,6 +41,7 @@ from metaq.protocol import (
     PutRequest,
     QuitRequest,
     StatsRequest,
+    TransactionRequest,
     VersionRequest,
     encode_value_header,
     unwritten_partition_text,
@@ -80,6 +82,12 @@ class BrokerServer:
                                           (TIME_INDEX_CAPABILITY, config.time_index))
             if offered)
         self._continue_ids()
+        #: open transactions and their journal (recovered here, before serving)
+        self.tx = Transactions(storage, ids, group_commit=config.unflush_threshold == 0,
+                               max_message_size=config.max_message_size,
+                               max_timeout=config.max_transaction_timeout,
+                               max_size=config.max_transaction_size, stats=self.stats)
+        self.tx.recover()
         self.held = HeldGets(self._get, max_hold=config.max_hold,
                              max_held=config.max_held_gets, stats=self.stats)
         self.topics = Topics(storage, auto_create=config.auto_create_topics,
@@ -103,6 +111,7 @@ class BrokerServer:
             conn.abort("broker shutting down")
         if self._server is not None:
             await self._server.wait_closed()
+        self.tx.close()
 
     # -- connections -----------------------------------------------------------------------
     def admit(self, address: str) -> str | None:
@@ -156,6 +165,7 @@ class BrokerServer:
                 del self.per_address[conn.address]
         if conn.held:
             self.held.drop(conn)
+        self.tx.connection_closed(conn)
 
     def close_idle(self, now: float, idle: float, slow: float) -> None:
         """Close the connections that sent nothing for ``idle`` seconds, and those whose
@@ -189,6 +199,10 @@ class BrokerServer:
                 return
             r = reqs[i]
             t = type(r)
+            if t is PutRequest and r.tx_key is not None:  # joins a transaction
+                self.tx.put(conn, r)
+                i += 1
+                continue
             if t is tuple or t is PutRequest:  # a run of puts (tuple: see RequestParser)
                 if not i and t is tuple and type(reqs[-1]) is tuple and (
                         n < 3 or list(map(type, reqs)).count(tuple) == n):
@@ -199,7 +213,7 @@ class BrokerServer:
                 while j < n:
                     tj = type(reqs[j])
                     if tj is not tuple:
-                        if tj is not PutRequest:
+                        if tj is not PutRequest or reqs[j].tx_key is not None:
                             break
                         tuples_only = False
                     j += 1
@@ -224,6 +238,8 @@ class BrokerServer:
             elif t is StatsRequest:
                 self.stats["cmd_stats"] += 1
                 conn.send(answer(self.stats_text(r.item).encode(), r.opaque))
+            elif t is TransactionRequest:
+                self.tx.handle(conn, r)
             elif t is QuitRequest:
                 conn.close_after_replies()
                 return
@@ -393,6 +409,7 @@ class BrokerServer:
                 f"version {VERSION}",
                 f"curr_connections {len(self.connections)}",
                 f"held_gets {len(self.held)}",
+                f"open_transactions {len(self.tx.xa) + sum(map(len, self.tx.local.values()))}",
                 f"queued_replies {sum(c.queued for c in self.connections)}",
                 f"unsent_reply_bytes {sum(c.unsent_bytes for c in self.connections)}",
                 f"topics {len(self.storage.topics)}",
@@ -406,7 +423,8 @@ class BrokerServer:
                         "get_hold_asked", "get_held", "get_held_woken", "get_held_expired",
                         "get_hold_refused", "get_damaged",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_offset_time",
-                        "cmd_stats",
+                        "cmd_stats", "cmd_transaction", "tx_begun", "tx_puts", "tx_prepared",
+                        "tx_committed", "tx_rolled_back", "tx_timed_out", "tx_errors",
                         "bad_requests", "connections_total", "connections_refused",
                         "clients_vanished", "requests_dropped", "slow_closed", "idle_closed"):
                 lines.append(f"{key} {self.stats[key]}")

@@ -21,7 +21,9 @@ from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError
 from metaq.protocol import (
     encode_get,
     encode_offset,
+    encode_put,
     encode_stats,
+    encode_transaction,
     encode_version,
     is_unwritten_partition,
 )
@@ -163,6 +165,28 @@ class BrokerConnection:
             raise ProtocolError("offset-for-time reply is not '<offset> <time>': "
                                 f"{body[:80]!r}") from None
         return offset, (t if t >= 0 else None)
+
+    def send_put(self, topic: str, partition: int, payload: bytes, flag: int, checksum: int,
+                 tx_key: str | None = None) -> int:
+        """Send a ``put`` without waiting; its opaque, for :meth:`read_result`."""
+        opaque = next(self._opaque)
+        self._send(encode_put(topic, partition, payload, flag, checksum, opaque, tx_key))
+        return opaque
+
+    def read_result(self, opaque: int) -> bytes:
+        """The body of the ``result 200`` answering ``opaque``; BrokerError otherwise."""
+        return bytes(self._reply(opaque, want_value=False))
+
+    def transaction(self, key: str, session_id: str, type: str, *, timeout: int = 0,
+                    unique_qualifier: str | None = None) -> bytes | None:
+        """A ``transaction`` request; the body of its ``result 200`` (BrokerError for
+        another code), or None for END, which the broker does not answer."""
+        opaque = next(self._opaque)
+        self._send(encode_transaction(key, session_id, type, opaque, timeout=timeout,
+                                      unique_qualifier=unique_qualifier))
+        if type == "END":
+            return None
+        return bytes(self._reply(opaque, want_value=False))
 
     def stats(self, item: str | None = None) -> str:
         opaque = next(self._opaque)

@@ -17,6 +17,8 @@ One concept per module:
                    pick, connection, attempts, the retry step and its thread
 ``_batch``         batches: encoded in one pass, written in chunks to one
                    partition, one future (:class:`BatchResults`)
+``_transaction``   transactional sends: :class:`LocalTransaction` and the
+                   :class:`XAResource` of a two-phase commit (:class:`Xid`)
 ``_producer``      the :class:`Producer` facade: arguments, payloads, lifecycle
 =================  ==========================================================
 
@@ -27,5 +29,7 @@ from metaq.producer._batch import BatchResults
 from metaq.producer._config import ProducerConfig
 from metaq.producer._producer import Producer
 from metaq.producer._send import SendResult
+from metaq.producer._transaction import LocalTransaction, XAResource, Xid
 
-__all__ = ["BatchResults", "Producer", "ProducerConfig", "SendResult"]
+__all__ = ["BatchResults", "Producer", "ProducerConfig", "SendResult", "LocalTransaction",
+           "XAResource", "Xid"]

@@ -46,6 +46,7 @@ from metaq.producer._message import MessageEncoder
 from metaq.producer._path import SendPath
 from metaq.producer._router import Router
 from metaq.producer._send import Send, SendResult
+from metaq.producer._transaction import LocalTransaction, XAResource
 from metaq.protocol import CHECKSUM_MASK, FLAG_HAS_ATTRIBUTE
 from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 from zk_layout import Layout
@@ -233,6 +234,26 @@ class Producer:
         if self._closed:
             raise ProducerError("the producer is closed")
         return self._batches.submit(topic, bodies, attribute, key)
+
+    def transaction(self, *, timeout: int = 0) -> LocalTransaction:
+        """A local transaction: its messages go to one broker and become visible
+        together, in order, when it commits (``with producer.transaction() as tx:
+        tx.send(...)`` commits at the end of the block, rolls back on an exception).
+        ``timeout`` (seconds, 0: none): the broker rolls it back if it is not committed
+        by then.  See :mod:`metaq.producer._transaction`."""
+        if self._closed:
+            raise ProducerError("the producer is closed")
+        return LocalTransaction(self, timeout=timeout)
+
+    def xa_resource(self, unique_qualifier: str, *, topic: str | None = None,
+                    broker_id: int | None = None) -> XAResource:
+        """An XA resource on one broker (the first publishing ``topic``, or
+        ``broker_id``) for a transaction manager: start / send / end / prepare /
+        commit / rollback / recover / forget, as Java Metaq's XA producer.  The
+        ``unique_qualifier`` names this resource's branches (RECOVER lists them)."""
+        if self._closed:
+            raise ProducerError("the producer is closed")
+        return XAResource(self, unique_qualifier, topic=topic, broker_id=broker_id)
 
     def partitions(self, topic: str) -> list[str]:
         """The names of ``topic``'s writable partitions, in Metaq order."""

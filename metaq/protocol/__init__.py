@@ -91,6 +91,15 @@ from metaq.protocol._message import (
     split_payload,
 )
 from metaq.protocol._parsers import ReplyParser, RequestParser
+from metaq.protocol._transaction import (
+    TX_TYPES,
+    TransactionKey,
+    TransactionRequest,
+    encode_transaction,
+    local_key,
+    parse_transaction_key,
+    xa_key,
+)
 
 __all__ = [
     # constants
@@ -114,4 +123,6 @@ __all__ = [
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts",
+    "TX_TYPES", "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
+    "parse_transaction_key", "xa_key",
 ]

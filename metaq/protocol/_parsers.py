@@ -54,6 +54,7 @@ from metaq.protocol._constants import (
     INT64_MIN,
     MAX_LINE,
 )
+from metaq.protocol._transaction import transaction_request
 
 __all__ = ["RequestParser", "ReplyParser"]
 
@@ -435,6 +436,7 @@ _COMMANDS: dict[bytes, Callable[[list], NamedTuple]] = {
     b"version": _version_request,
     b"stats": _stats_request,
     b"quit": _quit_request,
+    b"transaction": transaction_request,
 }
 
 

@@ -1,0 +1,434 @@
+"""Metaq's transactions on the broker (Java's ``TransactionalCommandProcessor``,
+``LocalTransaction``, ``XATransaction``, ``TransactionProcessor``).
+
+A transaction collects puts that carry its key; none of them is visible to any
+``get`` until the commit appends them, together and in the order they were put,
+to their partitions' logs.  Rolled back or timed out, they never appear.
+
+- **Local** transactions (``TX:<session>:<n>``) belong to the connection that began
+  them, as in Java: another connection cannot see or finish them, and a closed
+  connection rolls back the ones it left open.  They have no prepare.
+- **XA** branches (``XID:...:<uniqueQualifier>``) belong to the broker: any
+  connection may finish them, and a prepared branch survives a crash (the
+  journal, :mod:`metaq.broker._txjournal`) until its transaction manager commits
+  or rolls it back; RECOVER lists the prepared branches of a unique qualifier.
+
+States (Java's ``Transaction``)::
+
+    START --put--> IN_USE --PREPARE (XA)--> PREPARED
+      |              |                         |
+      +--------------+--COMMIT / ROLLBACK------+--> FINISHED (forgotten)
+
+PREPARE of a branch with no put answers XA_RDONLY and finishes it; COMMIT_TWO_PHASE
+needs PREPARED (else XAER_PROTO); COMMIT_ONE_PHASE commits START or IN_USE (and,
+as Java does, PREPARED); a timeout given at BEGIN (capped by
+``max_transaction_timeout``) rolls back a transaction not prepared by then.
+
+Each put is assigned its msgId when it arrives (the producer is told it, with
+offset -1, as Java answers), so a committed transaction's messages carry times
+up to its duration before the messages appended around its commit.
+
+Durability follows the broker's flush rules: with group commit every answer waits
+for the journal's (and, for a commit, the partitions') fsync; otherwise only
+PREPARE and the commit of a prepared branch wait for the journal's fsync, the
+rest is written at once (kill -9 loses nothing: the page cache keeps it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from metaq._errors import StorageError
+from metaq.broker._replies import Gate, answer, result
+from metaq.broker._txjournal import COMPACT_AT, Replayed, TxJournal
+from metaq.protocol import (
+    CHECKSUM_MASK,
+    HEADER,
+    HEADER_SIZE,
+    INT32_MAX,
+    PutRequest,
+    TransactionRequest,
+    crc32,
+    encode_message,
+    parse_transaction_key,
+    scan_messages,
+)
+from metaq.protocol._transaction import (
+    XA_OK,
+    XA_RBOTHER,
+    XA_RDONLY,
+    XAER_NOTA,
+    XAER_PROTO,
+    XAER_RMERR,
+)
+
+if TYPE_CHECKING:
+    from metaq.broker._connection import Connection
+    from metaq.broker._storage import PartitionLog, Storage
+    from metaq.protocol import MsgIdGenerator
+
+__all__ = ["Transactions"]
+
+log = logging.getLogger(__name__)
+
+START, IN_USE, PREPARED, FINISHED = "START", "IN_USE", "PREPARED", "FINISHED"
+
+
+class TxError(Exception):
+    """A request a transaction refuses: answered ``result 500`` with ``text``."""
+
+    def __init__(self, text: str, code: int | None = None) -> None:
+        super().__init__(text)
+        self.text = text if code is None else f"XAException:code={code},msg={text}"
+
+
+@dataclass
+class Tx:
+    key: str
+    xa: bool
+    unique_qualifier: str | None
+    conn: Any = None                       # the owning connection (local transactions)
+    state: str = START
+    #: ``(log, topic, partition, message bytes)`` in the order they were put
+    puts: list[tuple[PartitionLog, str, int, bytes]] = field(default_factory=list)
+    size: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+class Transactions:
+    """Every open transaction of one broker (event loop thread only)."""
+
+    def __init__(self, storage: Storage, ids: MsgIdGenerator, *, group_commit: bool,
+                 max_message_size: int, max_timeout: float, max_size: int,
+                 stats: collections.Counter) -> None:
+        self.storage = storage
+        self.ids = ids
+        self.group_commit = group_commit
+        self.max_message_size = max_message_size
+        self.max_timeout = max_timeout
+        self.max_size = max_size
+        self.stats = stats
+        self.journal = TxJournal(storage.data_dir / "transactions")
+        self.xa: dict[str, Tx] = {}
+        self.local: dict[Any, dict[str, Tx]] = {}
+
+    # -- start and stop --------------------------------------------------------------------
+    def recover(self) -> None:
+        """Replay the journal: finish commits a crash cut short, prepare the prepared
+        branches again, roll back what was in flight; rewrite it with the prepared."""
+        keep: list[Replayed] = []
+        rolled = 0
+        for tx in self.journal.replay():
+            if tx.committed is not None:
+                self._redo(tx)
+            elif tx.rolled_back:
+                continue
+            elif tx.prepared and parse_transaction_key(tx.key).is_xa:
+                branch = self._restore(tx)
+                if branch is not None:
+                    self.xa[tx.key] = branch
+                    keep.append(tx)
+            else:
+                rolled += 1
+        if rolled:
+            log.warning("%d transaction(s) in flight when the broker stopped were rolled back",
+                        rolled)
+        if self.xa:
+            log.info("%d prepared XA branch(es) recovered: %s", len(self.xa),
+                     ", ".join(self.xa))
+        self.journal.rewrite(keep)
+
+    def _restore(self, tx: Replayed) -> Tx | None:
+        key = parse_transaction_key(tx.key)
+        branch = Tx(tx.key, True, key.unique_qualifier, state=PREPARED)
+        for topic, partition, message in tx.puts:
+            plog = self.storage.get(topic, partition)
+            if plog is None:
+                log.error("prepared branch %s puts to %s-%d, which this broker no longer "
+                          "serves: the branch is dropped", tx.key, topic, partition)
+                return None
+            branch.puts.append((plog, topic, partition, message))
+            branch.size += len(message)
+        return branch
+
+    def _redo(self, tx: Replayed) -> None:
+        """A commit the journal has: append what the logs lack (a crash between the
+        journal's record and the appends), never twice."""
+        assert tx.committed is not None
+        by_part: dict[tuple[str, int], list[bytes]] = collections.defaultdict(list)
+        for topic, partition, message in tx.puts:
+            by_part[(topic, partition)].append(message)
+        for topic, partition, start, length in tx.committed:
+            plog = self.storage.get(topic, partition)
+            data = b"".join(by_part.get((topic, partition), []))
+            if plog is None or len(data) != length:
+                log.error("committed transaction %s: cannot finish its part in %s-%d",
+                          tx.key, topic, partition)
+                continue
+            have = plog.end - start
+            if have >= length:
+                continue
+            if have < 0 or not _at_boundary(data, have):
+                log.error("committed transaction %s: %s-%d ends at %d, not inside its "
+                          "messages at %d..%d; not appended again", tx.key, topic,
+                          partition, plog.end, start, start + length)
+                continue
+            rest = data[have:]
+            plog.append(rest, _count(rest))
+            log.warning("committed transaction %s: appended the %d bytes a crash left out "
+                        "of %s-%d", tx.key, len(rest), topic, partition)
+
+    def close(self) -> None:
+        for tx in list(self.xa.values()) + [t for m in self.local.values() for t in m.values()]:
+            if tx.timer is not None:
+                tx.timer.cancel()
+        self.journal.close()
+
+    # -- requests --------------------------------------------------------------------------
+    def handle(self, conn: Connection, r: TransactionRequest) -> None:
+        """One ``transaction`` request; its answer is queued on ``conn`` (END: none)."""
+        self.stats["cmd_transaction"] += 1
+        try:
+            if r.type == "END":
+                return  # Java ignores END and does not answer it
+            if r.type == "RECOVER":
+                keys = [k for k, t in self.xa.items() if t.state == PREPARED and (
+                    r.unique_qualifier is None or t.unique_qualifier == r.unique_qualifier)]
+                conn.send(answer("\r\n".join(keys).encode(), r.opaque))
+                return
+            key = r.key
+            if key.kind == "null":
+                raise TxError(f"{r.type} needs a transaction key", XAER_NOTA)
+            if r.type == "BEGIN":
+                self._begin(conn, r)
+                conn.send(result(200, "", r.opaque))
+            elif r.type == "PREPARE":
+                self._prepare(conn, r)
+            elif r.type in ("COMMIT_ONE_PHASE", "COMMIT_TWO_PHASE"):
+                self._commit(conn, r, r.type == "COMMIT_ONE_PHASE")
+            elif r.type == "ROLLBACK":
+                tx = self._find(conn, key.text, key.is_xa)
+                self._finish(tx, committed=False)
+                self.stats["tx_rolled_back"] += 1
+                self._reply(conn, r.opaque, b"", sync=self.group_commit)
+            elif r.type == "FORGET":
+                if not key.is_xa:
+                    raise TxError(f"{key.text} is not a valid xid", XAER_NOTA)
+                conn.send(result(200, "", r.opaque))  # no heuristic outcomes to forget
+        except TxError as e:
+            self.stats["tx_errors"] += 1
+            conn.send(result(500, e.text, r.opaque))
+        except StorageError as e:
+            log.error("transaction %s: %s", r.key.text, e)
+            conn.send(result(500, f"XAException:code={XA_RBOTHER},msg={e}", r.opaque))
+
+    def put(self, conn: Connection, p: PutRequest) -> None:
+        """A put carrying a transaction key: kept (and journaled) until the commit."""
+        self.stats["cmd_put"] += 1
+        try:
+            key = parse_transaction_key(p.tx_key)
+            tx = self._find(conn, key.text, key.is_xa)
+            if tx.state not in (START, IN_USE):
+                raise TxError(f"transaction {key.text} is {tx.state.lower()}: no more puts",
+                              XAER_PROTO)
+            if p.partition < 0:
+                raise TxError(f"Invalid partition for transaction command:{p.partition}")
+            plog = self.storage.get(p.topic, p.partition)
+            if plog is None:
+                conn.send(result(404, f"topic {p.topic} partition {p.partition} not found",
+                                 p.opaque))
+                return
+            payload = p.payload
+            check = crc32(payload) & CHECKSUM_MASK
+            if p.checksum is not None and p.checksum != -1 and p.checksum != check:
+                conn.send(result(400, "checksum mismatch", p.opaque))
+                return
+            if len(payload) > self.max_message_size:
+                conn.send(result(400, f"message of {len(payload)} bytes is over "
+                                      f"max_message_size {self.max_message_size}", p.opaque))
+                return
+            if tx.size + len(payload) > self.max_size:
+                raise TxError(f"transaction {key.text} would hold more than "
+                              f"max_transaction_size={self.max_size} bytes", XAER_RMERR)
+            msg_id = self.ids.next_ids(1)[0]
+            message = encode_message(msg_id, p.flag, payload)
+            self.journal.put(key.text, p.topic, p.partition, message)
+            tx.puts.append((plog, p.topic, p.partition, message))
+            tx.size += len(message)
+            tx.state = IN_USE
+            self.stats["tx_puts"] += 1
+            self._reply(conn, p.opaque, answer(b"%d %d -1" % (msg_id, p.partition), p.opaque),
+                        sync=self.group_commit, ok_is_body=True)
+        except TxError as e:
+            self.stats["put_failed"] += 1
+            conn.send(result(500, e.text, p.opaque))
+        except StorageError as e:
+            self.stats["put_failed"] += 1
+            conn.send(result(500, f"write failed: {e}", p.opaque))
+
+    def connection_closed(self, conn: Connection) -> None:
+        """Roll back the local transactions ``conn`` left open (Java's
+        LocalTransactionRollbackListener)."""
+        mine = self.local.pop(conn, None)
+        for tx in (mine or {}).values():
+            log.info("connection from %s closed: its open local transaction %s is rolled "
+                     "back", getattr(conn, "peer", "?"), tx.key)
+            self._finish(tx, committed=False, drop=False)
+            self.stats["tx_rolled_back"] += 1
+
+    # -- the steps -------------------------------------------------------------------------
+    def _find(self, conn: Connection, key: str, xa: bool) -> Tx:
+        tx = self.xa.get(key) if xa else self.local.get(conn, {}).get(key)
+        if tx is not None:
+            return tx
+        if xa:
+            raise TxError(f"XA transaction '{key}' has not been started.", XAER_NOTA)
+        raise TxError(f"Local transaction '{key}' has not been started.")
+
+    def _begin(self, conn: Connection, r: TransactionRequest) -> None:
+        key = r.key
+        if key.is_xa:
+            if key.text in self.xa:
+                return
+            tx = self.xa[key.text] = Tx(key.text, True, key.unique_qualifier)
+        else:
+            mine = self.local.setdefault(conn, {})
+            if key.text in mine:
+                return
+            tx = mine[key.text] = Tx(key.text, False, r.unique_qualifier, conn=conn)
+        self.stats["tx_begun"] += 1
+        if r.timeout > 0:
+            delay = min(float(r.timeout), self.max_timeout)
+            tx.timer = asyncio.get_running_loop().call_later(delay, self._timed_out, tx)
+
+    def _timed_out(self, tx: Tx) -> None:
+        tx.timer = None
+        if tx.state in (START, IN_USE):
+            log.warning("transaction %s timed out: rolled back", tx.key)
+            self._finish(tx, committed=False)
+            self.stats["tx_timed_out"] += 1
+
+    def _prepare(self, conn: Connection, r: TransactionRequest) -> None:
+        key = r.key
+        if not key.is_xa:
+            self._find(conn, key.text, False)
+            raise TxError("Prepare not implemented on Local Transactions.", XAER_RMERR)
+        tx = self._find(conn, key.text, True)
+        if tx.state == START:  # nothing to commit
+            self._finish(tx, committed=False, journal=False)
+            conn.send(answer(b"%d" % XA_RDONLY, r.opaque))
+            return
+        if tx.state != IN_USE:
+            raise TxError("Cannot call prepare now.", XAER_PROTO)
+        self.journal.prepare(tx.key)
+        tx.state = PREPARED
+        if tx.timer is not None:
+            tx.timer.cancel()
+            tx.timer = None
+        self.stats["tx_prepared"] += 1
+        self._reply(conn, r.opaque, answer(b"%d" % XA_OK, r.opaque), sync=True,
+                    ok_is_body=True)
+
+    def _commit(self, conn: Connection, r: TransactionRequest, one_phase: bool) -> None:
+        key = r.key
+        tx = self._find(conn, key.text, key.is_xa)
+        if tx.state == IN_USE and not one_phase:
+            raise TxError("Cannot do 2 phase commit if the transaction has not been prepared.",
+                          XAER_PROTO)
+        if tx.state not in (START, IN_USE, PREPARED):
+            raise TxError("Cannot call commit now.", XAER_PROTO)
+        closed = [f"{t}-{p}" for plog, t, p, _m in tx.puts if plog.closed]
+        if closed:
+            self._finish(tx, committed=False)
+            raise TxError(f"COMMIT FAILED: partition {closed[0]} is closed; transaction "
+                          f"rolled back", XA_RBOTHER)
+        was_prepared = tx.state == PREPARED
+        written = self._append(tx)
+        self._finish(tx, committed=True)
+        self.stats["tx_committed"] += 1
+        sync = self.group_commit or was_prepared
+        futs = [plog.request_flush() for plog in written] if self.group_commit else []
+        self._reply(conn, r.opaque, b"", sync=sync, also=futs)
+
+    def _append(self, tx: Tx) -> list[PartitionLog]:
+        """The commit itself: the journal's ``C`` record (where each partition's
+        messages go), then one append per partition, in put order."""
+        groups: dict[PartitionLog, list[bytes]] = {}
+        names: dict[PartitionLog, tuple[str, int]] = {}
+        for plog, topic, partition, message in tx.puts:
+            groups.setdefault(plog, []).append(message)
+            names[plog] = (topic, partition)
+        blobs = {plog: b"".join(msgs) for plog, msgs in groups.items()}
+        places = [(*names[plog], plog.end, len(data)) for plog, data in blobs.items()]
+        self.journal.commit(tx.key, places)
+        for plog, data in blobs.items():
+            plog.append(data, len(groups[plog]))
+        return list(blobs)
+
+    def _finish(self, tx: Tx, *, committed: bool, journal: bool = True,
+                drop: bool = True) -> None:
+        if tx.timer is not None:
+            tx.timer.cancel()
+            tx.timer = None
+        if not committed and journal and tx.puts:
+            self.journal.rollback(tx.key)
+        tx.state = FINISHED
+        if tx.xa:
+            self.xa.pop(tx.key, None)
+        elif drop:
+            mine = self.local.get(tx.conn)
+            if mine is not None:
+                mine.pop(tx.key, None)
+                if not mine:
+                    self.local.pop(tx.conn, None)
+        if not self.xa and not self.local and self.journal.size > COMPACT_AT:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Nothing open: start the journal afresh once the partitions hold what the
+        commits appended (their fsync), if still nothing is open then."""
+        logs = self.storage.logs()
+        futs = [p.request_flush() for p in logs]
+
+        def done(_f: asyncio.Future) -> None:
+            if not self.xa and not self.local:
+                try:
+                    self.journal.rewrite([])
+                    log.info("transaction journal compacted")
+                except StorageError as e:
+                    log.error("%s", e)
+
+        if futs:
+            asyncio.gather(*futs, return_exceptions=True).add_done_callback(done)
+
+    def _reply(self, conn: Connection, opaque: int, body: bytes, *, sync: bool,
+               ok_is_body: bool = False, also: list | None = None) -> None:
+        """``body`` (or an empty 200) to ``conn``, after the journal's fsync when
+        ``sync`` (and the futures ``also``)."""
+        data = body if ok_is_body else result(200, "", opaque)
+        if not sync and not also:
+            conn.send(data)
+            return
+        loop = asyncio.get_running_loop()
+        waits = list(also or [])
+        if sync:
+            waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
+        fut = asyncio.gather(*waits) if len(waits) > 1 else waits[0]
+        conn.send_gated(Gate(fut, data, [opaque]))
+
+
+def _count(data: bytes) -> int:
+    return scan_messages(data, max_payload=INT32_MAX)[1]
+
+
+def _at_boundary(data: bytes, pos: int) -> bool:
+    """Whether ``pos`` is 0, the end, or a message start in ``data`` (whole messages)."""
+    b = 0
+    while b < pos:
+        b += HEADER_SIZE + HEADER.unpack_from(data, b)[0]
+    return b == pos
+

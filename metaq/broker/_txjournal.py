@@ -1,0 +1,234 @@
+"""The transaction journal: ``<data_dir>/transactions/journal`` (one per broker).
+
+What a transaction did before it is committed lives here, not in the partition
+logs (where nothing of it is visible until the commit appends it).  Records are
+appended; each is ``length (u32) | crc32 of the body (u32) | body`` with the body
+``kind (1 byte) | key length (u16) | key | data``:
+
+========  =========================================================================
+``P``     a put: ``topic length (u16) | topic | partition (i32) | message bytes``
+          (the whole stored message, msgId assigned at the put)
+``R``     prepared (XA): the branch must survive a crash until committed or rolled back
+``C``     committed: ``count (u16)`` then per partition ``topic length (u16) | topic |
+          partition (i32) | start offset (i64) | length (i64)``: where its messages
+          go.  Written before they are appended, so recovery can finish a commit a
+          crash cut short (append what is missing; never twice)
+``X``     rolled back (or timed out)
+========  =========================================================================
+
+:func:`replay` reads the records back after a restart: a branch with ``R`` and no
+``C``/``X`` is prepared again (RECOVER lists it); a transaction with neither ``R``
+nor ``C`` was in flight when the broker stopped and is rolled back, as Java Metaq
+does; a ``C`` is finished where the logs lack it.  A torn record at the end (a
+crash while writing) is cut; a damaged record in the middle (bad CRC) stops the
+replay there with an error naming its offset, and the file is kept aside.
+
+The journal is rewritten (:meth:`TxJournal.rewrite`) with only the prepared
+branches at each start and whenever no transaction is open and it has grown past
+:data:`COMPACT_AT`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from metaq._errors import StorageError
+
+__all__ = ["TxJournal", "Replayed", "COMPACT_AT"]
+
+log = logging.getLogger(__name__)
+
+COMPACT_AT = 64 * 1024 * 1024
+_HEAD = struct.Struct(">II")
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+_PLACE = struct.Struct(">iqq")
+_MAX_RECORD = 1 << 30
+
+
+@dataclass
+class Replayed:
+    """One transaction as the journal tells it."""
+
+    key: str
+    puts: list[tuple[str, int, bytes]] = field(default_factory=list)
+    prepared: bool = False
+    #: ``(topic, partition, start offset, length)`` once committed
+    committed: list[tuple[str, int, int, int]] | None = None
+    rolled_back: bool = False
+
+
+def _name(b: bytes, pos: int) -> tuple[str, int]:
+    (n,) = _U16.unpack_from(b, pos)
+    return b[pos + 2:pos + 2 + n].decode("utf-8"), pos + 2 + n
+
+
+def _put_name(s: str) -> bytes:
+    raw = s.encode("utf-8")
+    return _U16.pack(len(raw)) + raw
+
+
+class TxJournal:
+    """The append-only journal file (event loop thread: appends; :meth:`sync` may run
+    on an executor thread)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.path = directory / "journal"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as e:
+            raise StorageError(f"cannot open the transaction journal {self.path}: {e}") from e
+        self.size = os.fstat(self.fd).st_size
+
+    # -- writing ---------------------------------------------------------------------------
+    def _append(self, kind: bytes, key: str, data: bytes = b"") -> None:
+        body = kind + _put_name(key) + data
+        rec = _HEAD.pack(len(body), zlib.crc32(body)) + body
+        try:
+            n = os.write(self.fd, rec)
+            while n < len(rec):
+                n += os.write(self.fd, rec[n:])
+        except OSError as e:
+            raise StorageError(f"cannot write the transaction journal {self.path}: {e}") from e
+        self.size += len(rec)
+
+    def put(self, key: str, topic: str, partition: int, message: bytes) -> None:
+        self._append(b"P", key, _put_name(topic) + _I32.pack(partition) + message)
+
+    def prepare(self, key: str) -> None:
+        self._append(b"R", key)
+
+    def commit(self, key: str, places: list[tuple[str, int, int, int]]) -> None:
+        data = _U16.pack(len(places)) + b"".join(
+            _put_name(t) + _PLACE.pack(p, start, length) for t, p, start, length in places)
+        self._append(b"C", key, data)
+
+    def rollback(self, key: str) -> None:
+        self._append(b"X", key)
+
+    def sync(self) -> None:
+        """fsync (blocking)."""
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        try:
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+
+    # -- reading ---------------------------------------------------------------------------
+    def replay(self) -> list[Replayed]:
+        """Every transaction the journal names, in the order first seen; a torn tail
+        is cut, a damaged record ends the replay (logged, file copied aside)."""
+        try:
+            data = Path(self.path).read_bytes()
+        except OSError as e:
+            raise StorageError(f"cannot read the transaction journal {self.path}: {e}") from e
+        txs: dict[str, Replayed] = {}
+        pos = 0
+        while pos < len(data):
+            if len(data) - pos < _HEAD.size:
+                self._cut(pos, len(data), "a torn record header")
+                break
+            length, crc = _HEAD.unpack_from(data, pos)
+            end = pos + _HEAD.size + length
+            if length > _MAX_RECORD or end > len(data):
+                if length <= _MAX_RECORD:
+                    self._cut(pos, len(data), "a torn record")
+                    break
+                self._damaged(data, pos, f"an impossible record length {length}")
+                break
+            body = data[pos + _HEAD.size:end]
+            if zlib.crc32(body) != crc:
+                if end == len(data):
+                    self._cut(pos, len(data), "a torn last record (bad CRC)")
+                else:
+                    self._damaged(data, pos, "a record whose CRC does not match")
+                break
+            try:
+                self._apply(body, txs)
+            except (ValueError, struct.error, UnicodeDecodeError) as e:
+                self._damaged(data, pos, f"a record that cannot be read ({e})")
+                break
+            pos = end
+        return list(txs.values())
+
+    @staticmethod
+    def _apply(body: bytes, txs: dict[str, Replayed]) -> None:
+        kind = body[:1]
+        key, pos = _name(body, 1)
+        tx = txs.get(key)
+        if tx is None:
+            tx = txs[key] = Replayed(key)
+        if kind == b"P":
+            topic, pos = _name(body, pos)
+            (partition,) = _I32.unpack_from(body, pos)
+            tx.puts.append((topic, partition, body[pos + 4:]))
+        elif kind == b"R":
+            tx.prepared = True
+        elif kind == b"C":
+            (n,) = _U16.unpack_from(body, pos)
+            pos += 2
+            places = []
+            for _ in range(n):
+                topic, pos = _name(body, pos)
+                partition, start, length = _PLACE.unpack_from(body, pos)
+                pos += _PLACE.size
+                places.append((topic, partition, start, length))
+            tx.committed = places
+        elif kind == b"X":
+            tx.rolled_back = True
+        else:
+            raise ValueError(f"unknown record kind {kind!r}")
+
+    def _cut(self, pos: int, end: int, why: str) -> None:
+        log.warning("transaction journal %s: %s at offset %d; %d bytes cut", self.path, why,
+                    pos, end - pos)
+        os.ftruncate(self.fd, pos)
+        self.size = pos
+
+    def _damaged(self, data: bytes, pos: int, why: str) -> None:
+        keep = self.path.with_name(f"journal.damaged-{pos}")
+        try:
+            keep.write_bytes(data)
+        except OSError as e:
+            log.error("cannot copy the damaged journal to %s: %s", keep, e)
+        log.error("transaction journal %s: %s at offset %d; the records after it are not "
+                  "read (the whole file is copied to %s)", self.path, why, pos, keep)
+        os.ftruncate(self.fd, pos)
+        self.size = pos
+
+    # -- compaction ------------------------------------------------------------------------
+    def rewrite(self, keep: list[Replayed]) -> None:
+        """Replace the journal with the records of ``keep`` (prepared branches), atomically
+        (a new file fsynced, renamed over the old one, the directory fsynced)."""
+        tmp = self.dir / "journal.new"
+        fresh = TxJournal.__new__(TxJournal)
+        fresh.dir, fresh.path = self.dir, tmp
+        fresh.fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        fresh.size = 0
+        try:
+            for tx in keep:
+                for topic, partition, message in tx.puts:
+                    fresh.put(tx.key, topic, partition, message)
+                if tx.prepared:
+                    fresh.prepare(tx.key)
+            os.fsync(fresh.fd)
+            os.replace(tmp, self.path)
+            dfd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            os.close(fresh.fd)
+            raise StorageError(f"cannot rewrite the transaction journal {self.path}: {e}") from e
+        os.close(self.fd)
+        self.fd, self.size = fresh.fd, fresh.size

@@ -1,0 +1,343 @@
+"""Transactional sends: Metaq's local transactions and XA branches, from a
+:class:`~metaq.Producer`.
+
+A **local transaction** (:meth:`Producer.transaction`) sends its messages to one
+broker (Metaq's rule: a local transaction is one broker's) and makes them visible
+together, in order, when it commits::
+
+    with producer.transaction(timeout=30) as tx:
+        tx.send("orders", b"created")
+        tx.send("audit", b"order 7 created")
+    # committed here; an exception in the block rolls it back instead
+
+The first :meth:`LocalTransaction.send` picks the partition (the producer's
+partitioner) and so the broker; later ones are kept on that broker (the
+partitioner's choice when it is there, else the topic's partitions on that
+broker, round-robin).  Puts are pipelined: :meth:`~LocalTransaction.send` does not
+wait; :meth:`~LocalTransaction.commit` reads every put's answer, and if any was
+refused rolls the transaction back and raises TransactionError.
+
+An **XA resource** (:meth:`Producer.xa_resource`) is what a transaction manager
+drives for a two-phase commit: ``start(xid)``, :meth:`XAResource.send`,
+``end(xid)``, ``prepare(xid)`` (durable on the broker: it survives a crash),
+``commit(xid)`` / ``rollback(xid)``, ``recover()`` (the prepared branches of this
+resource's unique qualifier, after a crash) and ``forget(xid)``.  The wire
+requests are exactly Java Metaq's (:mod:`metaq.protocol._transaction`), so a
+branch prepared by Java's ``XAMessageProducer`` can be recovered here and the
+other way round, given the same unique qualifier.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import socket
+import threading
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from metaq._errors import BrokerError, ProducerError, TransactionError, XAError
+from metaq.net import BrokerConnection
+from metaq.producer._send import SendResult
+from metaq.protocol import (
+    CHECKSUM_MASK,
+    FLAG_HAS_ATTRIBUTE,
+    crc32,
+    local_key,
+    parse_transaction_key,
+    xa_key,
+)
+from zk_layout import Partition
+
+if TYPE_CHECKING:
+    from metaq.producer._producer import Producer
+
+__all__ = ["LocalTransaction", "XAResource", "Xid"]
+
+_XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
+_sessions = itertools.count(1)
+
+
+def new_session_id() -> str:
+    """A session id unique to this process's transactions (no ':' nor spaces)."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}-{next(_sessions)}"
+
+
+class Xid(NamedTuple):
+    """An XA transaction branch id (``javax.transaction.xa.Xid``)."""
+
+    format_id: int
+    gtrid: bytes
+    bqual: bytes
+
+
+def _failure(e: BrokerError, what: str) -> TransactionError:
+    m = _XA_ERROR.match(e.detail)
+    if m is not None:
+        return XAError(f"{what}: {m.group(2)} (XAException code {m.group(1)})",
+                       code=int(m.group(1)))
+    return TransactionError(f"{what}: {e}")
+
+
+class _OnOneBroker:
+    """Sends of one transaction to one broker over a connection of its own."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+        self._broker: int | None = None
+        self._conn: BrokerConnection | None = None
+        self._pending: list[tuple[int, str]] = []   # (opaque, partition name)
+        self._results: list[SendResult] = []
+        self._rr = itertools.count()
+        self._lock = threading.Lock()
+
+    def _connect(self, broker_id: int, address: tuple[str, int]) -> BrokerConnection:
+        if self._conn is None:
+            self._conn = BrokerConnection(*address,
+                                          timeout=self._producer.config.send_timeout)
+            self._broker = broker_id
+        return self._conn
+
+    def _partition(self, topic: str, data: bytes, key: Any,
+                   partition: str | None) -> tuple[Partition, tuple[str, int]]:
+        path = self._producer._path
+        route = self._producer._router.get(topic) or path.load(topic)
+        if partition is not None:
+            part = Partition.parse(partition)
+            if part not in route.positions:
+                raise TransactionError(f"topic {topic!r} has no writable partition "
+                                       f"{partition!r}")
+        else:
+            part = path.pick(topic, route, data, key)
+            if part is None:
+                raise TransactionError(f"no broker publishes topic {topic!r}")
+            if self._broker is not None and part.broker_id != self._broker:
+                mine = [p for p in route.partitions if p.broker_id == self._broker]
+                if not mine:
+                    raise TransactionError(
+                        f"topic {topic!r} has no partition on broker {self._broker}, where "
+                        f"this transaction's messages go (a transaction is one broker's)")
+                part = mine[next(self._rr) % len(mine)]
+        if self._broker is not None and part.broker_id != self._broker:
+            raise TransactionError(f"partition {part} is on broker {part.broker_id}; this "
+                                   f"transaction's messages go to broker {self._broker}")
+        return part, route.addresses[part.broker_id]
+
+    def _put(self, tx_key_of, topic: str, body: Any, attribute: str | None, key: Any,
+             partition: str | None) -> None:
+        p = self._producer
+        data = body if type(body) is bytes and p._raw_bytes else p._encode(body)
+        if len(data) > p._max_size:
+            raise TransactionError(f"message body of {len(data)} bytes is over "
+                                   f"max_message_size={p._max_size}")
+        if attribute is None:
+            payload, flag = data, 0
+        else:
+            payload, flag = p._with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
+        with self._lock:
+            part, address = self._partition(topic, data, key, partition)
+            conn = self._connect(part.broker_id, address)
+            opaque = conn.send_put(topic, part.index, payload, flag,
+                                   crc32(payload) & CHECKSUM_MASK, tx_key_of(conn))
+            self._pending.append((opaque, str(part)))
+
+    def _collect(self) -> list[BaseException]:
+        """Read every pending put's answer; the failures."""
+        errors: list[BaseException] = []
+        conn = self._conn
+        for opaque, part in self._pending:
+            try:
+                body = conn.read_result(opaque).split()
+                self._results.append(SendResult(int(body[0]), part, int(body[2]),
+                                                *map(int, part.split("-"))))
+            except (BrokerError, OSError, ValueError, IndexError) as e:
+                errors.append(e)
+        self._pending = []
+        return errors
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+class LocalTransaction(_OnOneBroker):
+    """A local transaction (see the module docstring); use it with ``with``."""
+
+    def __init__(self, producer: Producer, *, timeout: int = 0) -> None:
+        super().__init__(producer)
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
+            raise TransactionError(f"timeout must be an int >= 0 (seconds), got {timeout!r}")
+        self.timeout = timeout
+        self.session_id = new_session_id()
+        self.key = local_key(self.session_id, 1)
+        self._state = "new"
+
+    def _begin(self, conn: BrokerConnection) -> str:
+        if self._state == "new":
+            try:
+                conn.transaction(self.key, self.session_id, "BEGIN", timeout=self.timeout)
+            except BrokerError as e:
+                raise _failure(e, f"begin of {self.key}") from None
+            self._state = "open"
+        return self.key
+
+    def send(self, topic: str, body: Any, attribute: str | None = None, key: Any = None, *,
+             partition: str | None = None) -> None:
+        """Queue a message in the transaction (not visible until :meth:`commit`)."""
+        if self._state not in ("new", "open"):
+            raise TransactionError(f"transaction {self.key} is {self._state}")
+        self._put(self._begin, topic, body, attribute, key, partition)
+
+    def commit(self) -> list[SendResult]:
+        """Make every message visible, together; their SendResults (offset -1: the
+        broker places them at the commit).  Raises TransactionError (rolled back)."""
+        if self._state == "new":
+            self._state = "committed"
+            return []
+        if self._state != "open":
+            raise TransactionError(f"transaction {self.key} is {self._state}")
+        conn = self._conn
+        assert conn is not None
+        try:
+            errors = self._collect()
+            if errors:
+                self.rollback()
+                raise TransactionError(f"{len(errors)} message(s) of {self.key} were refused "
+                                       f"({errors[0]}); the transaction was rolled back")
+            try:
+                conn.transaction(self.key, self.session_id, "COMMIT_ONE_PHASE")
+            except BrokerError as e:
+                self._state = "failed"
+                raise _failure(e, f"commit of {self.key}") from None
+            except OSError as e:
+                self._state = "unknown"
+                raise TransactionError(f"commit of {self.key}: the connection failed ({e}); "
+                                       f"the outcome is unknown") from e
+            self._state = "committed"
+            return list(self._results)
+        finally:
+            if self._state != "open":
+                self._close()
+
+    def rollback(self) -> None:
+        """Drop every message of the transaction."""
+        if self._state == "new":
+            self._state = "rolled back"
+            return
+        if self._state != "open":
+            return
+        self._state = "rolled back"
+        try:
+            if self._conn is not None:
+                self._collect()
+                self._conn.transaction(self.key, self.session_id, "ROLLBACK")
+        except (BrokerError, OSError):
+            pass  # the broker rolls back a transaction whose connection closes
+        finally:
+            self._close()
+
+    def __enter__(self) -> LocalTransaction:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.rollback()
+
+
+class XAResource(_OnOneBroker):
+    """An XA resource of one broker (see the module docstring)."""
+
+    def __init__(self, producer: Producer, unique_qualifier: str, *,
+                 broker_id: int | None = None, topic: str | None = None) -> None:
+        super().__init__(producer)
+        if not unique_qualifier or not re.fullmatch(r"[^:\s]+", unique_qualifier):
+            raise ProducerError(f"unique_qualifier must be a non-empty name without ':' or "
+                                f"spaces, got {unique_qualifier!r}")
+        self.unique_qualifier = unique_qualifier
+        self.session_id = new_session_id()
+        self.timeout = 0
+        self._xid: Xid | None = None
+        if broker_id is None:
+            if topic is None:
+                raise ProducerError("xa_resource needs a topic (to pick its broker) or a "
+                                    "broker_id")
+            route = producer._router.get(topic) or producer._path.load(topic)
+            if not route.partitions:
+                raise ProducerError(f"no broker publishes topic {topic!r}")
+            broker_id = route.partitions[0].broker_id
+            address = route.addresses[broker_id]
+        else:
+            address = producer._router._address(broker_id)
+            if address is None:
+                raise ProducerError(f"broker {broker_id} is not registered")
+        self._connect(broker_id, address)
+
+    def key(self, xid: Xid) -> str:
+        return xa_key(xid.format_id, xid.gtrid, xid.bqual, self.unique_qualifier)
+
+    def _request(self, xid: Xid | None, type: str, **kw: Any) -> bytes | None:
+        key = "null" if xid is None else self.key(xid)
+        try:
+            return self._conn.transaction(key, self.session_id, type,
+                                          unique_qualifier=self.unique_qualifier, **kw)
+        except BrokerError as e:
+            raise _failure(e, f"{type} of {key}") from None
+
+    def set_transaction_timeout(self, seconds: int) -> None:
+        self.timeout = seconds
+
+    def start(self, xid: Xid) -> None:
+        self._request(xid, "BEGIN", timeout=self.timeout)
+        self._xid = xid
+
+    def send(self, topic: str, body: Any, attribute: str | None = None, key: Any = None, *,
+             partition: str | None = None) -> None:
+        """Queue a message in the started branch."""
+        if self._xid is None:
+            raise TransactionError("send outside a started XA branch (call start(xid))")
+        branch = self.key(self._xid)
+        self._put(lambda _c: branch, topic, body, attribute, key, partition)
+
+    def end(self, xid: Xid) -> None:
+        errors = self._collect()
+        self._request(xid, "END")
+        self._xid = None
+        if errors:
+            raise XAError(f"{len(errors)} message(s) of {self.key(xid)} were refused "
+                          f"({errors[0]})", code=100)
+
+    def prepare(self, xid: Xid) -> int:
+        """0 (XA_OK) or 3 (XA_RDONLY: nothing to commit, already finished)."""
+        return int(self._request(xid, "PREPARE") or b"0")
+
+    def commit(self, xid: Xid, one_phase: bool = False) -> None:
+        self._request(xid, "COMMIT_ONE_PHASE" if one_phase else "COMMIT_TWO_PHASE")
+
+    def rollback(self, xid: Xid) -> None:
+        self._request(xid, "ROLLBACK")
+
+    def forget(self, xid: Xid) -> None:
+        self._request(xid, "FORGET")
+
+    def recover(self) -> list[Xid]:
+        """The prepared branches of this unique qualifier on this broker."""
+        body = self._request(None, "RECOVER") or b""
+        out = []
+        for line in body.decode().split("\r\n"):
+            if line:
+                k = parse_transaction_key(line)
+                out.append(Xid(k.format_id, k.gtrid, k.bqual))
+        return out
+
+    def close(self) -> None:
+        self._close()
+
+    def __enter__(self) -> XAResource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
