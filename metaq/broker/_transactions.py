@@ -115,6 +115,7 @@ class Transactions:
         self.journal = TxJournal(storage.data_dir / "transactions")
         self.xa: dict[str, Tx] = {}
         self.local: dict[Any, dict[str, Tx]] = {}
+        self._keys: dict[str, Any] = {}  # parsed transaction keys of recent puts
 
     # -- start and stop --------------------------------------------------------------------
     def recover(self) -> None:
@@ -230,7 +231,12 @@ class Transactions:
         """A put carrying a transaction key: kept (and journaled) until the commit."""
         self.stats["cmd_put"] += 1
         try:
-            key = parse_transaction_key(p.tx_key)
+            key = self._keys.get(p.tx_key)
+            if key is None:
+                key = parse_transaction_key(p.tx_key)
+                if len(self._keys) > 10_000:
+                    self._keys.clear()
+                self._keys[p.tx_key] = key
             tx = self._find(conn, key.text, key.is_xa)
             if tx.state not in (START, IN_USE):
                 raise TxError(f"transaction {key.text} is {tx.state.lower()}: no more puts",
@@ -416,6 +422,7 @@ class Transactions:
         loop = asyncio.get_running_loop()
         waits = list(also or [])
         if sync:
+            self.journal.write()
             waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
         fut = asyncio.gather(*waits) if len(waits) > 1 else waits[0]
         conn.send_gated(Gate(fut, data, [opaque]))

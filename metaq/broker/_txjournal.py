@@ -49,6 +49,7 @@ _U16 = struct.Struct(">H")
 _I32 = struct.Struct(">i")
 _PLACE = struct.Struct(">iqq")
 _MAX_RECORD = 1 << 30
+_BUFFER_MAX = 1 << 20
 
 
 @dataclass
@@ -86,11 +87,21 @@ class TxJournal:
         except OSError as e:
             raise StorageError(f"cannot open the transaction journal {self.path}: {e}") from e
         self.size = os.fstat(self.fd).st_size
+        self._buffer: list[bytes] = []
+        self._buffered = 0
 
     # -- writing ---------------------------------------------------------------------------
     def _append(self, kind: bytes, key: str, data: bytes = b"") -> None:
         body = kind + _put_name(key) + data
         rec = _HEAD.pack(len(body), zlib.crc32(body)) + body
+        if self._buffer:
+            self._buffer.append(rec)
+            rec = b"".join(self._buffer)
+            self._buffer.clear()
+            self._buffered = 0
+        self._write(rec)
+
+    def _write(self, rec: bytes) -> None:
         try:
             n = os.write(self.fd, rec)
             while n < len(rec):
@@ -100,7 +111,22 @@ class TxJournal:
         self.size += len(rec)
 
     def put(self, key: str, topic: str, partition: int, message: bytes) -> None:
-        self._append(b"P", key, _put_name(topic) + _I32.pack(partition) + message)
+        """A put: kept in memory until the next other record, :meth:`write` or 1 MiB
+        of them (a put matters only once its transaction prepares or commits, and
+        those records write it first)."""
+        body = b"P" + _put_name(key) + _put_name(topic) + _I32.pack(partition) + message
+        self._buffer.append(_HEAD.pack(len(body), zlib.crc32(body)) + body)
+        self._buffered += len(body) + _HEAD.size
+        if self._buffered >= _BUFFER_MAX:
+            self.write()
+
+    def write(self) -> None:
+        """Write the buffered put records."""
+        if self._buffer:
+            data = b"".join(self._buffer)
+            self._buffer.clear()
+            self._buffered = 0
+            self._write(data)
 
     def prepare(self, key: str) -> None:
         self._append(b"R", key)
@@ -114,11 +140,12 @@ class TxJournal:
         self._append(b"X", key)
 
     def sync(self) -> None:
-        """fsync (blocking)."""
+        """fsync (blocking; the buffered puts must have been written: :meth:`write`)."""
         os.fsync(self.fd)
 
     def close(self) -> None:
         try:
+            self.write()
             os.fsync(self.fd)
         finally:
             os.close(self.fd)
@@ -214,12 +241,14 @@ class TxJournal:
         fresh.dir, fresh.path = self.dir, tmp
         fresh.fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
         fresh.size = 0
+        fresh._buffer, fresh._buffered = [], 0
         try:
             for tx in keep:
                 for topic, partition, message in tx.puts:
                     fresh.put(tx.key, topic, partition, message)
                 if tx.prepared:
                     fresh.prepare(tx.key)
+            fresh.write()
             os.fsync(fresh.fd)
             os.replace(tmp, self.path)
             dfd = os.open(self.dir, os.O_RDONLY)
@@ -230,5 +259,7 @@ class TxJournal:
         except OSError as e:
             os.close(fresh.fd)
             raise StorageError(f"cannot rewrite the transaction journal {self.path}: {e}") from e
+        self._buffer.clear()
+        self._buffered = 0
         os.close(self.fd)
         self.fd, self.size = fresh.fd, fresh.size

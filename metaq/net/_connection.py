@@ -31,6 +31,7 @@ from metaq.protocol import (
 __all__ = ["BrokerConnection", "parse_meta_uri"]
 
 _MAX_HEADER = 1024
+_HELD_MAX = 256 * 1024
 _HEADROOM = 64 * 1024
 
 
@@ -55,6 +56,8 @@ class BrokerConnection:
         self._end = 0
         self._opaque = itertools.count(1)
         self._closed = False
+        self._held: list[bytes] = []  # puts queued by send_put(hold=True)
+        self._held_size = 0
         #: ``(topic, partition)`` a Java broker said it has no storage for (see offset())
         self.unwritten: set[tuple[str, int]] = set()
 
@@ -167,14 +170,25 @@ class BrokerConnection:
         return offset, (t if t >= 0 else None)
 
     def send_put(self, topic: str, partition: int, payload: bytes, flag: int, checksum: int,
-                 tx_key: str | None = None) -> int:
-        """Send a ``put`` without waiting; its opaque, for :meth:`read_result`."""
+                 tx_key: str | None = None, *, hold: bool = False) -> int:
+        """Send a ``put`` without waiting; its opaque, for :meth:`read_result`.  With
+        ``hold`` it is only queued: sent with the next request that is not held (or
+        when the queue passes 256 KiB), several puts in one write."""
         opaque = next(self._opaque)
-        self._send(encode_put(topic, partition, payload, flag, checksum, opaque, tx_key))
+        data = encode_put(topic, partition, payload, flag, checksum, opaque, tx_key)
+        if hold:
+            self._held.append(data)
+            self._held_size += len(data)
+            if self._held_size >= _HELD_MAX:
+                self._send(b"")
+        else:
+            self._send(data)
         return opaque
 
     def read_result(self, opaque: int) -> bytes:
         """The body of the ``result 200`` answering ``opaque``; BrokerError otherwise."""
+        if self._held:
+            self._send(b"")
         return bytes(self._reply(opaque, want_value=False))
 
     def transaction(self, key: str, session_id: str, type: str, *, timeout: int = 0,
@@ -203,6 +217,11 @@ class BrokerConnection:
     def _send(self, data: bytes) -> None:
         if self._closed:
             raise ConnectionClosedError(f"connection to {self._where()} is closed")
+        if self._held:
+            self._held.append(data)
+            data = b"".join(self._held)
+            self._held.clear()
+            self._held_size = 0
         try:
             self._sock.sendall(data)
         except OSError:

@@ -139,7 +139,7 @@ class _OnOneBroker:
             part, address = self._partition(topic, data, key, partition)
             conn = self._connect(part.broker_id, address)
             opaque = conn.send_put(topic, part.index, payload, flag,
-                                   crc32(payload) & CHECKSUM_MASK, tx_key_of(conn))
+                                   crc32(payload) & CHECKSUM_MASK, tx_key_of(conn), hold=True)
             self._pending.append((opaque, str(part)))
 
     def _collect(self) -> list[BaseException]:

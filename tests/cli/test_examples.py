@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import start_broker
+from helpers.procs import read_partition, start_broker
 
 pytestmark = pytest.mark.broker
 
@@ -60,3 +60,16 @@ def test_broadcast_and_manual_ack_examples(zk_connect, cluster, tmp_path):
     out = run("manual_ack_consumer.py", "--zk", zk_connect, "--topic", TOPIC, "--group",
               "ledger", "--count", "60", "--fail-first-write")
     assert "wrote 60 messages with 1 rollback(s)" in out
+
+
+def test_transactional_producer_example(zk_connect, cluster):
+    out = run("transactional_producer.py", "--zk", zk_connect, "--topic", TOPIC)
+    assert "local transaction committed: 3 messages" in out
+    assert "local transaction rolled back: the order was cancelled" in out
+    assert "XA branch prepared (vote 0) and committed" in out
+    assert "recovered a prepared branch and rolled it back" in out
+    with cluster.connection() as conn:  # exactly what was committed is in the logs
+        bodies = sorted(bytes(m.payload) for p in range(3)
+                        for m in read_partition(conn, TOPIC, p))
+    assert bodies == sorted([b"order 0 created", b"order 1 created", b"order 2 created",
+                             b"paid"])
