@@ -136,8 +136,9 @@ class BrokerConfig:
     #: ``+timeindex`` extension; the files ``<segment>.timeindex``).  Off: the
     #: extension is not offered and clients search the log by time as with Java Metaq.
     time_index: bool = True
-    #: Longest a transaction may stay open before it is rolled back (a BEGIN's own
-    #: timeout is capped by it; Java's maxTxTimeoutInSeconds), seconds.
+    #: Cap on the timeout a BEGIN asks for (Java's maxTxTimeoutInSeconds), seconds; 0: no
+    #: cap.  A transaction begun without a timeout has none (as in Java): a local one
+    #: ends with its connection, an XA branch waits for its transaction manager.
     max_transaction_timeout: float = 60.0
     #: Most bytes of messages one transaction may hold until its commit (kept in
     #: memory and in the journal); beyond, its puts are refused.

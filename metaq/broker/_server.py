@@ -199,9 +199,12 @@ class BrokerServer:
                 return
             r = reqs[i]
             t = type(r)
-            if t is PutRequest and r.tx_key is not None:  # joins a transaction
-                self.tx.put(conn, r)
-                i += 1
+            if t is PutRequest and r.tx_key is not None:  # a run joining transactions
+                j = i + 1
+                while j < n and type(reqs[j]) is PutRequest and reqs[j].tx_key is not None:
+                    j += 1
+                self.tx.puts(conn, reqs[i:j])
+                i = j
                 continue
             if t is tuple or t is PutRequest:  # a run of puts (tuple: see RequestParser)
                 if not i and t is tuple and type(reqs[-1]) is tuple and (

@@ -227,8 +227,17 @@ class Transactions:
             log.error("transaction %s: %s", r.key.text, e)
             conn.send(result(500, f"XAException:code={XA_RBOTHER},msg={e}", r.opaque))
 
-    def put(self, conn: Connection, p: PutRequest) -> None:
-        """A put carrying a transaction key: kept (and journaled) until the commit."""
+    def puts(self, conn: Connection, run: list[PutRequest]) -> None:
+        """A run of puts carrying transaction keys: kept (and journaled) until their
+        commit; answered with one send (after the journal's fsync with group commit)."""
+        data = b"".join([self._put(conn, p) for p in run])
+        if self.group_commit:
+            self._reply(conn, run[0].opaque, data, sync=True, ok_is_body=True,
+                        opaques=[p.opaque for p in run])
+        else:
+            conn.send(data)
+
+    def _put(self, conn: Connection, p: PutRequest) -> bytes:
         self.stats["cmd_put"] += 1
         try:
             key = self._keys.get(p.tx_key)
@@ -245,18 +254,15 @@ class Transactions:
                 raise TxError(f"Invalid partition for transaction command:{p.partition}")
             plog = self.storage.get(p.topic, p.partition)
             if plog is None:
-                conn.send(result(404, f"topic {p.topic} partition {p.partition} not found",
-                                 p.opaque))
-                return
+                return result(404, f"topic {p.topic} partition {p.partition} not found",
+                              p.opaque)
             payload = p.payload
             check = crc32(payload) & CHECKSUM_MASK
             if p.checksum is not None and p.checksum != -1 and p.checksum != check:
-                conn.send(result(400, "checksum mismatch", p.opaque))
-                return
+                return result(400, "checksum mismatch", p.opaque)
             if len(payload) > self.max_message_size:
-                conn.send(result(400, f"message of {len(payload)} bytes is over "
-                                      f"max_message_size {self.max_message_size}", p.opaque))
-                return
+                return result(400, f"message of {len(payload)} bytes is over "
+                                   f"max_message_size {self.max_message_size}", p.opaque)
             if tx.size + len(payload) > self.max_size:
                 raise TxError(f"transaction {key.text} would hold more than "
                               f"max_transaction_size={self.max_size} bytes", XAER_RMERR)
@@ -267,14 +273,13 @@ class Transactions:
             tx.size += len(message)
             tx.state = IN_USE
             self.stats["tx_puts"] += 1
-            self._reply(conn, p.opaque, answer(b"%d %d -1" % (msg_id, p.partition), p.opaque),
-                        sync=self.group_commit, ok_is_body=True)
+            return answer(b"%d %d -1" % (msg_id, p.partition), p.opaque)
         except TxError as e:
             self.stats["put_failed"] += 1
-            conn.send(result(500, e.text, p.opaque))
+            return result(500, e.text, p.opaque)
         except StorageError as e:
             self.stats["put_failed"] += 1
-            conn.send(result(500, f"write failed: {e}", p.opaque))
+            return result(500, f"write failed: {e}", p.opaque)
 
     def connection_closed(self, conn: Connection) -> None:
         """Roll back the local transactions ``conn`` left open (Java's
@@ -308,7 +313,9 @@ class Transactions:
             tx = mine[key.text] = Tx(key.text, False, r.unique_qualifier, conn=conn)
         self.stats["tx_begun"] += 1
         if r.timeout > 0:
-            delay = min(float(r.timeout), self.max_timeout)
+            delay = float(r.timeout)
+            if self.max_timeout > 0:
+                delay = min(delay, self.max_timeout)
             tx.timer = asyncio.get_running_loop().call_later(delay, self._timed_out, tx)
 
     def _timed_out(self, tx: Tx) -> None:
@@ -412,7 +419,8 @@ class Transactions:
             asyncio.gather(*futs, return_exceptions=True).add_done_callback(done)
 
     def _reply(self, conn: Connection, opaque: int, body: bytes, *, sync: bool,
-               ok_is_body: bool = False, also: list | None = None) -> None:
+               ok_is_body: bool = False, also: list | None = None,
+               opaques: list[int] | None = None) -> None:
         """``body`` (or an empty 200) to ``conn``, after the journal's fsync when
         ``sync`` (and the futures ``also``)."""
         data = body if ok_is_body else result(200, "", opaque)
@@ -425,7 +433,7 @@ class Transactions:
             self.journal.write()
             waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
         fut = asyncio.gather(*waits) if len(waits) > 1 else waits[0]
-        conn.send_gated(Gate(fut, data, [opaque]))
+        conn.send_gated(Gate(fut, data, opaques or [opaque]))
 
 
 def _count(data: bytes) -> int:

@@ -111,6 +111,9 @@ class Producer:
         self._raw_bytes = encoder.raw_bytes  # bytes bodies go as they are
         self._max_size = encoder.max_size
         self._with_attribute = encoder.with_attribute
+        #: idle connections of finished transactions, per broker address (reused)
+        self._tx_idle: dict[tuple[str, int], list] = {}
+        self._tx_lock = threading.Lock()
         self._timeout = config.send_timeout
 
     # -- lifecycle -----------------------------------------------------------
@@ -135,6 +138,11 @@ class Producer:
         self._path.close(_monotonic() + (self.config.close_timeout if timeout is None
                                          else timeout))
         self._router.close()
+        with self._tx_lock:
+            for conns in self._tx_idle.values():
+                for conn in conns:
+                    conn.close()
+            self._tx_idle.clear()
         if self._own_client:
             try:
                 self._client.stop()

@@ -80,6 +80,11 @@ def _failure(e: BrokerError, what: str) -> TransactionError:
     return TransactionError(f"{what}: {e}")
 
 
+#: idle connections kept per broker address for a producer's next transactions
+_IDLE_MAX = 4
+
+
+
 class _OnOneBroker:
     """Sends of one transaction to one broker over a connection of its own."""
 
@@ -94,8 +99,11 @@ class _OnOneBroker:
 
     def _connect(self, broker_id: int, address: tuple[str, int]) -> BrokerConnection:
         if self._conn is None:
-            self._conn = BrokerConnection(*address,
-                                          timeout=self._producer.config.send_timeout)
+            with self._producer._tx_lock:
+                idle = self._producer._tx_idle.get(address)
+                conn = idle.pop() if idle else None
+            self._conn = conn or BrokerConnection(
+                *address, timeout=self._producer.config.send_timeout)
             self._broker = broker_id
         return self._conn
 
@@ -156,10 +164,19 @@ class _OnOneBroker:
         self._pending = []
         return errors
 
-    def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+    def _close(self, reuse: bool = False) -> None:
+        """Done with the connection: kept for the producer's next transaction to that
+        broker when ``reuse`` (every answer read), else closed."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        p = self._producer
+        with p._tx_lock:
+            idle = p._tx_idle.setdefault(conn.address, [])
+            if reuse and not self._pending and len(idle) < _IDLE_MAX and not p.closed:
+                idle.append(conn)
+                return
+        conn.close()
 
 
 class LocalTransaction(_OnOneBroker):
@@ -219,7 +236,7 @@ class LocalTransaction(_OnOneBroker):
             return list(self._results)
         finally:
             if self._state != "open":
-                self._close()
+                self._close(reuse=self._state == "committed")
 
     def rollback(self) -> None:
         """Drop every message of the transaction."""
@@ -229,14 +246,16 @@ class LocalTransaction(_OnOneBroker):
         if self._state != "open":
             return
         self._state = "rolled back"
+        reuse = False
         try:
             if self._conn is not None:
                 self._collect()
                 self._conn.transaction(self.key, self.session_id, "ROLLBACK")
+                reuse = True
         except (BrokerError, OSError):
             pass  # the broker rolls back a transaction whose connection closes
         finally:
-            self._close()
+            self._close(reuse=reuse)
 
     def __enter__(self) -> LocalTransaction:
         return self
