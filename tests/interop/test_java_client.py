@@ -9,12 +9,19 @@ prints one line per event on stdout (``SENT <partition> <offset> <msgId> <body>`
 those lines, never on sleeps.
 
 - plain: a Java producer to a Python consumer, a Python producer to a Java consumer,
-  and both side by side with two groups.
+  and both side by side with two groups;
+- local transactions (``beginTransaction`` / ``commit`` / ``rollback`` on a producer);
+- XA (``XAMetaMessageSessionFactory`` → ``createXAProducer`` → ``getXAResource``), including
+  a branch prepared, the broker killed with SIGKILL and restarted, then ``recover()`` and commit;
+- the exact wire lines the Java client sends for transactions, recorded by a scripted
+  stand-in broker (``java_stub_broker.py``): the contract our broker's ``transaction``
+  command has to meet.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -24,6 +31,7 @@ from pathlib import Path
 
 import pytest
 from helpers.procs import BrokerProc, read_partition
+from java_stub_broker import StubBroker
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import wait_until
@@ -54,6 +62,7 @@ DEBIAN_JARS = {
 }
 TOPIC = "t"
 PARTS = 2
+UQ = "metaq-py-interop"   # the XA producer's unique qualifier (no blanks, no ':')
 RUN_TIMEOUT = 25.0        # one Java program, JVM start included
 
 
@@ -326,6 +335,41 @@ def partition_log(broker: BrokerProc, index: int) -> list[tuple[int, int, str]]:
         conn.close()
 
 
+def stored_bodies(broker: BrokerProc) -> dict[str, list[str]]:
+    """Bodies per partition name, as our broker holds them."""
+    return {f"{broker.broker_id}-{i}": [b for _, _, b in partition_log(broker, i)]
+            for i in range(PARTS)}
+
+
+NOTHING_STORED = {f"0-{i}": [] for i in range(PARTS)}
+
+
+def expected_stored(sent: list[Sent]) -> dict[str, list[str]]:
+    """Bodies per partition, in the order sent, every partition present."""
+    return {**NOTHING_STORED, **by_partition([(s.partition, s.body) for s in sent])}
+
+
+def wait_stored(broker: BrokerProc, sent: list[Sent], timeout: float = 10.0) -> None:
+    """Wait until our broker's partitions hold exactly ``sent`` (in order per partition):
+    a commit's messages may reach the partition a moment after the commit's answer."""
+    want = expected_stored(sent)
+    got: list[dict[str, list[str]]] = []
+
+    def same() -> bool:
+        got[:] = [stored_bodies(broker)]
+        return got[0] == want
+    try:
+        wait_until(same, timeout, 0.05, what="the committed messages in the partitions")
+    except AssertionError:
+        assert got[0] == want   # pytest shows the difference
+
+
+def assert_consumed(c: PyConsumer, sent: list[Sent]) -> None:
+    """The consumer got exactly ``sent``, in order within each partition."""
+    got = by_partition([(p, b) for p, _, _, b in c.messages()])
+    assert got == {p: bodies for p, bodies in expected_stored(sent).items() if bodies}
+
+
 def assert_producer_order(items: list[tuple[str, str]]) -> None:
     """Within each partition, each producer's (body prefix's) messages in send order."""
     for partition, bodies in by_partition(items).items():
@@ -398,3 +442,148 @@ def test_java_and_python_side_by_side(zk_connect, broker, java) -> None:
     assert_producer_order([(line.split(" ")[1], line.split(" ")[3])
                            for line in events(jcons, "GOT")])
     assert_producer_order(py_items)
+
+
+# -- local transactions --------------------------------------------------------------------
+
+def test_local_transaction_commit_and_rollback(zk_connect, broker, java) -> None:
+    """commit:4 (held before commit: nothing visible), rollback:3, commit:3."""
+    tx = java.start("JavaTxProducer", TOPIC, "tx", "commit:4:wait", "rollback:3", "commit:3")
+    tx.wait_line("AWAITING 0")
+    # Sent and acknowledged, not committed: not in the partitions yet.
+    assert stored_bodies(broker) == NOTHING_STORED, tx.describe()
+    tx.proceed()
+    assert tx.finish() == 0, tx.describe()
+    assert events(tx, "BEGIN", "COMMITTED", "ROLLEDBACK") == [
+        "BEGIN 0", "COMMITTED 0", "BEGIN 1", "ROLLEDBACK 1", "BEGIN 2", "COMMITTED 2"]
+    sent = sent_lines(tx)
+    assert len(sent) == 10, tx.describe()
+    committed = [s for s in sent if not s.body.startswith("tx-1-")]
+
+    # The partitions hold exactly the committed messages, each transaction's in its order.
+    wait_stored(broker, committed)
+    with PyConsumer(zk_connect, "py-tx") as c:
+        c.wait_count(len(committed))
+        assert_consumed(c, committed)
+
+
+# -- XA ------------------------------------------------------------------------------------
+
+def _xid_key(gtrid: str) -> str:
+    """Metaq's transaction key for JavaXA's xid (format 4660, branch "b1")."""
+    return f"XID:4660:{gtrid.encode().hex()}:{b'b1'.hex()}:{UQ}"
+
+
+def test_xa_two_phase_one_phase_and_rollback(zk_connect, broker, java) -> None:
+    xa = java.start("JavaXA", TOPIC, UQ, "commit:g1:3:wait", "rollback:g2:2", "onephase:g3:2",
+                    "recover")
+    assert xa.wait_line("PREPARED g1") == "PREPARED g1 0"   # XAResource.XA_OK
+    xa.wait_line("AWAITING g1")
+    assert stored_bodies(broker) == NOTHING_STORED, "prepared, not committed: not visible"
+    xa.proceed()
+    assert xa.finish() == 0, xa.describe()
+    assert events(xa, "COMMITTED", "ROLLEDBACK", "RECOVER-DONE") == [
+        "COMMITTED g1", "ROLLEDBACK g2", "COMMITTED g3", "RECOVER-DONE 0"], xa.describe()
+    sent = sent_lines(xa)
+    committed = [s for s in sent if not s.body.startswith("g2-")]
+    wait_stored(broker, committed)
+    with PyConsumer(zk_connect, "py-xa") as c:
+        c.wait_count(len(committed))
+        assert_consumed(c, committed)
+
+
+def test_xa_prepared_branch_survives_broker_kill(zk_connect, broker, java) -> None:
+    first = java.run("JavaXA", TOPIC, UQ, "prepare:k1:3", "prepare:k2:2")
+    assert events(first, "PREPARED") == ["PREPARED k1 0", "PREPARED k2 0"], first.describe()
+    assert stored_bodies(broker) == NOTHING_STORED
+
+    broker.kill()      # SIGKILL: the prepared branches must come back from its disk
+    broker.restart()
+    second = java.run("JavaXA", TOPIC, UQ, "recover", "commit-xid:k1", "rollback-xid:k2",
+                      "recover")
+    recovered = [line.split(" ", 1)[1] for line in events(second, "RECOVERED")]
+    assert sorted(recovered) == sorted([_xid_key("k1"), _xid_key("k2")]), second.describe()
+    assert events(second, "COMMITTED", "ROLLEDBACK", "RECOVER-DONE") == [
+        "RECOVER-DONE 2", "COMMITTED k1", "ROLLEDBACK k2", "RECOVER-DONE 0"]
+
+    k1 = [s for s in sent_lines(first) if s.body.startswith("k1-")]
+    wait_stored(broker, k1)
+    with PyConsumer(zk_connect, "py-xa-kill") as c:
+        c.wait_count(len(k1))
+        assert_consumed(c, k1)
+
+
+# -- the wire lines, against a scripted stand-in for Java's broker ---------------------------
+
+def _normalized(lines: list[str]) -> list[str]:
+    """Command lines with what varies from run to run replaced: the session ids (in order
+    of appearance ``<sid1>``, ``<sid2>``...), the opaque, a put's partition and checksum."""
+    sids: dict[str, str] = {}
+    out = []
+    for line in lines:
+        parts = line.split(" ")
+        assert re.fullmatch(r"-?\d+", parts[-1]), line
+        parts[-1] = "<opaque>"
+        if parts[0] == "transaction":
+            assert re.fullmatch(r"\S+-\d+-\d+", parts[2]), line  # <ip>-<ms>-<n>
+            sids.setdefault(parts[2], f"<sid{len(sids) + 1}>")
+        elif parts[0] == "put":
+            assert parts[2] in ("0", "1") and parts[5].isdigit(), line
+            parts[2], parts[5] = "<p>", "<crc>"
+        text = " ".join(parts)
+        for sid, name in sids.items():
+            text = text.replace(sid, name)
+        out.append(text)
+    return out
+
+
+def test_java_transaction_wire_lines(zk_connect, java_client, java) -> None:
+    """The commands the Java client sends for local and XA transactions, exactly.
+
+    Our broker's ``transaction`` command has to accept these: the stand-in answers them
+    as Java's broker does (java_stub_broker.py), and the Java client is satisfied."""
+    with StubBroker(zk_connect, {TOPIC: PARTS}) as stub:
+        tx = java.run("JavaTxProducer", TOPIC, "tx", "timeout=7", "commit:2", "rollback:1")
+        xa = java.run("JavaXA", TOPIC, UQ, "commit:g1:1", "onephase:g2:1", "prepare:g3:1",
+                      "recover")
+        xa2 = java.run("JavaXA", TOPIC, UQ, "commit-recovered")
+        lines = [line for line in stub.commands() if not line.startswith("version ")]
+    assert events(tx, "COMMITTED", "ROLLEDBACK") == ["COMMITTED 0", "ROLLEDBACK 1"]
+    assert [s.offset for s in sent_lines(tx)] == [-1, -1, -1]  # as Java's broker answers
+    assert events(xa, "PREPARED", "RECOVERED") == [
+        "PREPARED g1 0", "PREPARED g3 0", f"RECOVERED {_xid_key('g3')}"]
+    assert events(xa2, "COMMITTED") == [f"COMMITTED {_xid_key('g3')}"]
+
+    g1, g2, g3 = (_xid_key(g) for g in ("g1", "g2", "g3"))
+    assert _normalized(lines) == [
+        # local transactions: the key is TX:<sessionId>:<n>; BEGIN carries the timeout
+        # (only when > 0) and no unique qualifier; BEGIN goes just before the first put
+        "transaction TX:<sid1>:1 <sid1> BEGIN 7 <opaque>",
+        "put t <p> 6 0 <crc> TX:<sid1>:1 <opaque>",
+        "put t <p> 6 0 <crc> TX:<sid1>:1 <opaque>",
+        "transaction TX:<sid1>:1 <sid1> COMMIT_ONE_PHASE <opaque>",
+        "transaction TX:<sid1>:2 <sid1> BEGIN 7 <opaque>",
+        "put t <p> 6 0 <crc> TX:<sid1>:2 <opaque>",
+        "transaction TX:<sid1>:2 <sid1> ROLLBACK <opaque>",
+        # XA: the key is XID:<formatId>:<hex gtrid>:<hex bqual>:<uniqueQualifier>, every
+        # command carries the unique qualifier; END expects no answer (Java's broker sends
+        # none); PREPARE's answer body is the vote (0 = XA_OK)
+        f"transaction {g1} <sid2> BEGIN {UQ} <opaque>",
+        f"put t <p> 4 0 <crc> {g1} <opaque>",
+        f"transaction {g1} <sid2> END {UQ} <opaque>",
+        f"transaction {g1} <sid2> PREPARE {UQ} <opaque>",
+        f"transaction {g1} <sid2> COMMIT_TWO_PHASE {UQ} <opaque>",
+        f"transaction {g2} <sid2> BEGIN {UQ} <opaque>",
+        f"put t <p> 4 0 <crc> {g2} <opaque>",
+        f"transaction {g2} <sid2> END {UQ} <opaque>",
+        f"transaction {g2} <sid2> COMMIT_ONE_PHASE {UQ} <opaque>",
+        f"transaction {g3} <sid2> BEGIN {UQ} <opaque>",
+        f"put t <p> 4 0 <crc> {g3} <opaque>",
+        f"transaction {g3} <sid2> END {UQ} <opaque>",
+        f"transaction {g3} <sid2> PREPARE {UQ} <opaque>",
+        # RECOVER has the key "null"; its answer is the prepared keys joined by \r\n
+        f"transaction null <sid2> RECOVER {UQ} <opaque>",
+        # a new JVM (new session id) finishing the branch it recovered
+        f"transaction null <sid3> RECOVER {UQ} <opaque>",
+        f"transaction {g3} <sid3> COMMIT_TWO_PHASE {UQ} <opaque>",
+    ], "\n".join(lines)
