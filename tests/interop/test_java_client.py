@@ -1,0 +1,589 @@
+"""The real Metaq 1.4 Java client (compiled unmodified) against our broker.
+
+The Java programs in ``interop/java/`` are compiled once per session with ``javac``
+against the client jars of ``../shared/tools/metaq-java`` (beside the repository, or
+wherever ``$METAQ_JAVA_CLIENT`` points) and the Debian packages its README names; every
+test here skips, naming what is missing, when any of these is absent.  Each program
+prints one line per event on stdout (``SENT <partition> <offset> <msgId> <body>``,
+``GOT ...``, ``COMMITTED ...``, ``ERROR ...``, see its doc comment); the tests wait on
+those lines, never on sleeps.
+
+- plain: a Java producer to a Python consumer, a Python producer to a Java consumer,
+  and both side by side with two groups;
+- local transactions (``beginTransaction`` / ``commit`` / ``rollback`` on a producer);
+- XA (``XAMetaMessageSessionFactory`` → ``createXAProducer`` → ``getXAResource``), including
+  a branch prepared, the broker killed with SIGKILL and restarted, then ``recover()`` and commit;
+- the exact wire lines the Java client sends for transactions, recorded by a scripted
+  stand-in broker (``java_stub_broker.py``): the contract our broker's ``transaction``
+  command has to meet.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from helpers.procs import BrokerProc, read_partition
+from java_stub_broker import StubBroker
+
+from metaq import MessageConsumer, Producer
+from metaq.testing import wait_until
+from zk_layout import Layout, decode_offset
+
+# java_client first: a missing toolchain skips before ZooKeeper or a broker starts
+pytestmark = [pytest.mark.usefixtures("java_client"), pytest.mark.broker, pytest.mark.zk]
+
+HERE = Path(__file__).resolve().parent
+JAVA_SRC = HERE / "java"
+REPO = HERE.parents[1]
+DEBIAN_JAVA = Path("/usr/share/java")
+CLIENT_JARS = ("meta.jar", "gecko.jar", "zkclient.jar")
+# jar in /usr/share/java -> the Debian package that installs it (tools/metaq-java/README.md)
+DEBIAN_JARS = {
+    "commons-lang.jar": "libcommons-lang-java",
+    "commons-logging.jar": "libcommons-logging-java",
+    "log4j-1.2.jar": "liblog4j1.2-java",
+    "jackson-core-asl.jar": "libjackson-json-java",
+    "jackson-mapper-asl.jar": "libjackson-json-java",
+    "slf4j-api.jar": "libslf4j-java",
+    "slf4j-log4j12.jar": "libslf4j-java",
+    "hessian.jar": "libhessian-java",
+    "spring3-beans.jar": "libspring-beans-java",
+    "spring3-core.jar": "libspring-beans-java",  # libspring-core-java, its dependency
+    "zookeeper.jar": "libzookeeper-java",
+    "zookeeper-jute.jar": "libzookeeper-java",
+}
+TOPIC = "t"
+PARTS = 2
+UQ = "metaq-py-interop"   # the XA producer's unique qualifier (no blanks, no ':')
+RUN_TIMEOUT = 25.0        # one Java program, JVM start included
+
+
+# -- the Java toolchain --------------------------------------------------------------------
+
+def _main_checkout(repo: Path) -> Path:
+    """The main checkout of ``repo`` (itself, unless ``repo`` is a ``git worktree``)."""
+    try:
+        text = (repo / ".git").read_text().strip()
+        if not text.startswith("gitdir:"):
+            return repo
+        gitdir = Path(text[len("gitdir:"):].strip())
+        common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
+        return common.parent
+    except OSError:   # .git is a directory (a plain clone), or not there at all
+        return repo
+
+
+def _client_dir() -> Path:
+    """``$METAQ_JAVA_CLIENT``, else ``../shared/tools/metaq-java`` beside the repository
+    (beside the main checkout when this is a git worktree)."""
+    env = os.environ.get("METAQ_JAVA_CLIENT", "").strip()
+    if env:
+        return Path(env)
+    candidates = [repo.parent / "shared" / "tools" / "metaq-java"
+                  for repo in dict.fromkeys((REPO, _main_checkout(REPO)))]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+@dataclass(frozen=True)
+class JavaClient:
+    """The compiled interop programs and how to run them."""
+
+    java: str
+    classpath: str     # client jars, Debian jars and the compiled programs
+    log4j: Path
+
+    def argv(self, program: str, *args: str) -> list[str]:
+        return [self.java, f"-Dlog4j.configuration=file:{self.log4j}", "-Xshare:auto",
+                "-cp", self.classpath, program, *args]
+
+
+@pytest.fixture(scope="session")
+def java_client(tmp_path_factory: pytest.TempPathFactory) -> JavaClient:
+    """Skip unless javac, java, the client jars and the Debian jars are all there;
+    compile the programs once per session."""
+    missing: list[str] = []
+    javac, java = shutil.which("javac"), shutil.which("java")
+    if javac is None or java is None:
+        missing.append("javac/java (a JDK 17) on PATH")
+    client = _client_dir()
+    absent = [j for j in CLIENT_JARS if not (client / j).is_file()]
+    if absent:
+        missing.append(f"the Metaq Java client jars {', '.join(absent)} in {client} "
+                       "(set METAQ_JAVA_CLIENT to the folder holding meta.jar, gecko.jar, "
+                       "zkclient.jar)")
+    absent = [j for j in DEBIAN_JARS if not (DEBIAN_JAVA / j).is_file()]
+    if absent:
+        packages = sorted({DEBIAN_JARS[j] for j in absent})
+        missing.append(f"{', '.join(str(DEBIAN_JAVA / j) for j in absent)} "
+                       f"(apt-get install -y {' '.join(packages)})")
+    if missing:
+        pytest.skip("Java interop tests need " + "; ".join(missing))
+    jars = [client / j for j in CLIENT_JARS] + [DEBIAN_JAVA / j for j in DEBIAN_JARS]
+    out = tmp_path_factory.mktemp("metaq-java-classes")
+    sources = sorted(JAVA_SRC.glob("*.java"))
+    proc = subprocess.run([javac, "-encoding", "UTF-8", "-nowarn", "-Xlint:-path",
+                           "-cp", os.pathsep.join(map(str, jars)), "-d", str(out),
+                           *map(str, sources)],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        pytest.fail(f"javac failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return JavaClient(java=java,  # type: ignore[arg-type]
+                      classpath=os.pathsep.join([*map(str, jars), str(out)]),
+                      log4j=JAVA_SRC / "log4j.properties")
+
+
+class JavaProc:
+    """One Java program: its stdout lines collected by a thread, stderr to a file."""
+
+    def __init__(self, argv: list[str], name: str, log_dir: Path) -> None:
+        self.name = name
+        self.stderr_path = log_dir / f"{name}.stderr"
+        self.lines: list[str] = []
+        self._lock = threading.Lock()
+        with open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err)
+        self._reader = threading.Thread(target=self._read, daemon=True, name=f"java-{name}")
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            with self._lock:
+                self.lines.append(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+    def output(self) -> list[str]:
+        with self._lock:
+            return list(self.lines)
+
+    def _ended(self) -> bool:
+        return self.proc.poll() is not None and not self._reader.is_alive()
+
+    def wait_line(self, prefix: str, timeout: float = RUN_TIMEOUT) -> str:
+        """The first stdout line starting with ``prefix``; fails at once if the program
+        ends without printing it."""
+        def found() -> str | None:
+            ended = self._ended()   # before reading the lines: no line can come after
+            for line in self.output():
+                if line.startswith(prefix):
+                    return line
+            if ended:
+                raise AssertionError(f"{self.name} ended without a {prefix!r} line\n"
+                                     f"{self.describe()}")
+            return None
+        return wait_until(found, timeout, 0.02,  # type: ignore[return-value]
+                          what=f"{self.name} to print {prefix!r}\n{self.describe()}")
+
+    def proceed(self) -> None:
+        """Answer an ``AWAITING`` line (the program reads one line from stdin)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(b"go\n")
+        self.proc.stdin.flush()
+
+    def finish(self, timeout: float = RUN_TIMEOUT) -> int:
+        """Wait for the exit (killing it after ``timeout``); the exit code."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"{self.name} still running after {timeout:g}s\n"
+                                 f"{self.describe()}") from None
+        self._reader.join(10)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(10)
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+
+    def describe(self) -> str:
+        try:
+            err = self.stderr_path.read_text("utf-8", "replace").splitlines()[-40:]
+        except OSError:
+            err = []
+        return (f"--- {self.name} (exit {self.proc.poll()}) stdout:\n" + "\n".join(self.output())
+                + f"\n--- stderr (last lines, {self.stderr_path}):\n" + "\n".join(err))
+
+
+class JavaRunner:
+    """Starts the interop programs for one test; every one is killed at its end."""
+
+    def __init__(self, client: JavaClient, zk_connect: str, log_dir: Path) -> None:
+        self.client = client
+        self.zk_connect = zk_connect
+        self.log_dir = log_dir
+        self.procs: list[JavaProc] = []
+
+    def start(self, program: str, *args: str) -> JavaProc:
+        name = f"{len(self.procs):02d}-{program}"
+        proc = JavaProc(self.client.argv(program, self.zk_connect, *args), name, self.log_dir)
+        self.procs.append(proc)
+        return proc
+
+    def run(self, program: str, *args: str, expect_rc: int | None = 0,
+            timeout: float = RUN_TIMEOUT) -> JavaProc:
+        """Start, wait for the exit; checks the exit code unless ``expect_rc`` is None."""
+        proc = self.start(program, *args)
+        rc = proc.finish(timeout)
+        if expect_rc is not None:
+            assert rc == expect_rc, f"{program} exited {rc}, not {expect_rc}\n{proc.describe()}"
+        return proc
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.kill()
+
+
+@pytest.fixture
+def java(java_client: JavaClient, zk_connect: str, tmp_path: Path) -> Iterator[JavaRunner]:
+    runner = JavaRunner(java_client, zk_connect, tmp_path)
+    yield runner
+    runner.close()
+
+
+# -- our side ------------------------------------------------------------------------------
+
+@pytest.fixture
+def broker(java_client: JavaClient, brokers: Callable[..., BrokerProc]) -> BrokerProc:
+    """Our broker (a ``metaq broker start`` process), topic ``t`` with 2 partitions.
+    Asks for ``java_client`` first so that a missing toolchain skips before anything starts."""
+    return brokers(0, {TOPIC: PARTS})
+
+
+@dataclass(frozen=True)
+class Sent:
+    partition: str
+    offset: int
+    msg_id: int
+    body: str
+
+
+def sent_lines(proc: JavaProc) -> list[Sent]:
+    out = []
+    for line in proc.output():
+        if line.startswith("SENT "):
+            _, partition, offset, msg_id, body = line.split(" ", 4)
+            out.append(Sent(partition, int(offset), int(msg_id), body))
+    return out
+
+
+def events(proc: JavaProc, *kinds: str) -> list[str]:
+    """The program's event lines of these kinds (first word), in order."""
+    return [line for line in proc.output() if line.split(" ", 1)[0] in kinds]
+
+
+class PyConsumer:
+    """A Python consumer collecting ``(partition, offset, msg_id, body)``."""
+
+    def __init__(self, zk_connect: str, group: str) -> None:
+        self.got: list[tuple[str, int, int, str]] = []
+        self._lock = threading.Lock()
+        self.consumer = MessageConsumer(group, zk_connect, commit_period=0.2,
+                                        zk_session_timeout=10.0)
+        self.consumer.subscribe(TOPIC, self._on_message)
+
+    def _on_message(self, m) -> None:  # noqa: ANN001
+        with self._lock:
+            self.got.append((m.partition, m.offset, m.msg_id, bytes(m.raw_body).decode()))
+
+    def messages(self) -> list[tuple[str, int, int, str]]:
+        with self._lock:
+            return list(self.got)
+
+    def bodies(self) -> list[str]:
+        return [b for _, _, _, b in self.messages()]
+
+    def wait_count(self, n: int, timeout: float = 20.0) -> None:
+        wait_until(lambda: len(self.messages()) >= n, timeout,
+                   what=f"the Python consumer to get {n} messages")
+
+    def __enter__(self) -> PyConsumer:
+        self.consumer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.consumer.close()
+
+
+def by_partition(items: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """``[(partition, body), ...]`` -> bodies per partition, order kept."""
+    out: dict[str, list[str]] = {}
+    for partition, body in items:
+        out.setdefault(partition, []).append(body)
+    return out
+
+
+def partition_log(broker: BrokerProc, index: int) -> list[tuple[int, int, str]]:
+    """What partition ``index`` of our broker holds: ``(offset, msg_id, body)``."""
+    conn = broker.connection()
+    try:
+        return [(m.offset, m.msg_id, m.payload.decode())
+                for m in read_partition(conn, TOPIC, index)]
+    finally:
+        conn.close()
+
+
+def stored_bodies(broker: BrokerProc) -> dict[str, list[str]]:
+    """Bodies per partition name, as our broker holds them."""
+    return {f"{broker.broker_id}-{i}": [b for _, _, b in partition_log(broker, i)]
+            for i in range(PARTS)}
+
+
+NOTHING_STORED = {f"0-{i}": [] for i in range(PARTS)}
+
+
+def expected_stored(sent: list[Sent]) -> dict[str, list[str]]:
+    """Bodies per partition, in the order sent, every partition present."""
+    return {**NOTHING_STORED, **by_partition([(s.partition, s.body) for s in sent])}
+
+
+def wait_stored(broker: BrokerProc, sent: list[Sent], timeout: float = 10.0) -> None:
+    """Wait until our broker's partitions hold exactly ``sent`` (in order per partition):
+    a commit's messages may reach the partition a moment after the commit's answer."""
+    want = expected_stored(sent)
+    got: list[dict[str, list[str]]] = []
+
+    def same() -> bool:
+        got[:] = [stored_bodies(broker)]
+        return got[0] == want
+    try:
+        wait_until(same, timeout, 0.05, what="the committed messages in the partitions")
+    except AssertionError:
+        assert got[0] == want   # pytest shows the difference
+
+
+def assert_consumed(c: PyConsumer, sent: list[Sent]) -> None:
+    """The consumer got exactly ``sent``, in order within each partition."""
+    got = by_partition([(p, b) for p, _, _, b in c.messages()])
+    assert got == {p: bodies for p, bodies in expected_stored(sent).items() if bodies}
+
+
+def assert_producer_order(items: list[tuple[str, str]]) -> None:
+    """Within each partition, each producer's (body prefix's) messages in send order."""
+    for partition, bodies in by_partition(items).items():
+        for prefix in {b.rsplit("-", 1)[0] for b in bodies}:
+            seq = [int(b.rsplit("-", 1)[1]) for b in bodies if b.rsplit("-", 1)[0] == prefix]
+            assert seq == sorted(seq), (partition, prefix, bodies)
+
+
+# -- plain messages ------------------------------------------------------------------------
+
+def test_java_producer_to_python_consumer(zk_connect, broker, java) -> None:
+    n = 40
+    prod = java.run("JavaProducer", TOPIC, str(n), "j")
+    sent = sent_lines(prod)
+    assert [s.body for s in sent] == [f"j-{i}" for i in range(n)], prod.describe()
+    assert {s.partition for s in sent} == {"0-0", "0-1"}, "round robin over both partitions"
+
+    with PyConsumer(zk_connect, "py-group") as c:
+        c.wait_count(n)
+        got = c.messages()
+    assert len(got) == n, got
+    # Every message where the Java client was told it went: partition, offset, msgId.
+    assert sorted(got) == sorted((s.partition, s.offset, s.msg_id, s.body) for s in sent)
+    # In order per partition.
+    assert by_partition([(p, b) for p, _, _, b in got]) == \
+        by_partition([(s.partition, s.body) for s in sent])
+
+
+def test_python_producer_to_java_consumer(zk_connect, zk_client, broker, java) -> None:
+    n = 40
+    with Producer(zk_connect) as producer:
+        results = [(producer.send(TOPIC, f"py-{i}".encode()), f"py-{i}") for i in range(n)]
+    cons = java.run("JavaConsumer", "java-group", TOPIC, str(n), "20")
+    got = [line.split(" ", 3)[1:] for line in events(cons, "GOT")]
+    assert len(got) == n, cons.describe()
+    assert sorted((p, int(mid), b) for p, mid, b in got) == \
+        sorted((r.partition, r.msg_id, body) for r, body in results)
+    assert by_partition([(p, b) for p, _, b in got]) == \
+        by_partition([(r.partition, body) for r, body in results])
+    # Its shutdown committed each partition's end to ZooKeeper, as <msgId>-<offset>.
+    layout = Layout("/meta")
+    for i in range(PARTS):
+        log = partition_log(broker, i)
+        data, _ = zk_client.get(layout.offset("java-group", TOPIC, f"0-{i}"))
+        stored = decode_offset(data)
+        end = log[-1][0] + 20 + len(log[-1][2])
+        assert stored.offset == end, (i, data, log[-1])
+        assert stored.msg_id in (-1, log[-1][1]), (i, data)
+
+
+def test_java_and_python_side_by_side(zk_connect, broker, java) -> None:
+    n = 20
+    jcons = java.start("JavaConsumer", "java-side", TOPIC, str(2 * n), "25")
+    jcons.wait_line("SUBSCRIBED")
+    with PyConsumer(zk_connect, "py-side") as pcons:
+        jprod = java.start("JavaProducer", TOPIC, str(n), "j")
+        with Producer(zk_connect) as producer:
+            for i in range(n):
+                producer.send(TOPIC, f"p-{i}".encode())
+        assert jprod.finish() == 0, jprod.describe()
+        pcons.wait_count(2 * n)
+        assert jcons.finish() == 0, jcons.describe()
+        py_bodies = pcons.bodies()
+        py_items = [(p, b) for p, _, _, b in pcons.messages()]
+    expected = sorted([f"j-{i}" for i in range(n)] + [f"p-{i}" for i in range(n)])
+    java_bodies = [line.split(" ", 3)[3] for line in events(jcons, "GOT")]
+    assert sorted(java_bodies) == expected, jcons.describe()
+    assert sorted(py_bodies) == expected
+    # Each producer's messages in its own order within a partition, for both groups.
+    assert_producer_order([(line.split(" ")[1], line.split(" ")[3])
+                           for line in events(jcons, "GOT")])
+    assert_producer_order(py_items)
+
+
+# -- local transactions --------------------------------------------------------------------
+
+def test_local_transaction_commit_and_rollback(zk_connect, broker, java) -> None:
+    """commit:4 (held before commit: nothing visible), rollback:3, commit:3."""
+    tx = java.start("JavaTxProducer", TOPIC, "tx", "commit:4:wait", "rollback:3", "commit:3")
+    tx.wait_line("AWAITING 0")
+    # Sent and acknowledged, not committed: not in the partitions yet.
+    assert stored_bodies(broker) == NOTHING_STORED, tx.describe()
+    tx.proceed()
+    assert tx.finish() == 0, tx.describe()
+    assert events(tx, "BEGIN", "COMMITTED", "ROLLEDBACK") == [
+        "BEGIN 0", "COMMITTED 0", "BEGIN 1", "ROLLEDBACK 1", "BEGIN 2", "COMMITTED 2"]
+    sent = sent_lines(tx)
+    assert len(sent) == 10, tx.describe()
+    committed = [s for s in sent if not s.body.startswith("tx-1-")]
+
+    # The partitions hold exactly the committed messages, each transaction's in its order.
+    wait_stored(broker, committed)
+    with PyConsumer(zk_connect, "py-tx") as c:
+        c.wait_count(len(committed))
+        assert_consumed(c, committed)
+
+
+# -- XA ------------------------------------------------------------------------------------
+
+def _xid_key(gtrid: str) -> str:
+    """Metaq's transaction key for JavaXA's xid (format 4660, branch "b1")."""
+    return f"XID:4660:{gtrid.encode().hex()}:{b'b1'.hex()}:{UQ}"
+
+
+def test_xa_two_phase_one_phase_and_rollback(zk_connect, broker, java) -> None:
+    xa = java.start("JavaXA", TOPIC, UQ, "commit:g1:3:wait", "rollback:g2:2", "onephase:g3:2",
+                    "recover")
+    assert xa.wait_line("PREPARED g1") == "PREPARED g1 0"   # XAResource.XA_OK
+    xa.wait_line("AWAITING g1")
+    assert stored_bodies(broker) == NOTHING_STORED, "prepared, not committed: not visible"
+    xa.proceed()
+    assert xa.finish() == 0, xa.describe()
+    assert events(xa, "COMMITTED", "ROLLEDBACK", "RECOVER-DONE") == [
+        "COMMITTED g1", "ROLLEDBACK g2", "COMMITTED g3", "RECOVER-DONE 0"], xa.describe()
+    sent = sent_lines(xa)
+    committed = [s for s in sent if not s.body.startswith("g2-")]
+    wait_stored(broker, committed)
+    with PyConsumer(zk_connect, "py-xa") as c:
+        c.wait_count(len(committed))
+        assert_consumed(c, committed)
+
+
+def test_xa_prepared_branch_survives_broker_kill(zk_connect, broker, java) -> None:
+    first = java.run("JavaXA", TOPIC, UQ, "prepare:k1:3", "prepare:k2:2")
+    assert events(first, "PREPARED") == ["PREPARED k1 0", "PREPARED k2 0"], first.describe()
+    assert stored_bodies(broker) == NOTHING_STORED
+
+    broker.kill()      # SIGKILL: the prepared branches must come back from its disk
+    broker.restart()
+    second = java.run("JavaXA", TOPIC, UQ, "recover", "commit-xid:k1", "rollback-xid:k2",
+                      "recover")
+    recovered = [line.split(" ", 1)[1] for line in events(second, "RECOVERED")]
+    assert sorted(recovered) == sorted([_xid_key("k1"), _xid_key("k2")]), second.describe()
+    assert events(second, "COMMITTED", "ROLLEDBACK", "RECOVER-DONE") == [
+        "RECOVER-DONE 2", "COMMITTED k1", "ROLLEDBACK k2", "RECOVER-DONE 0"]
+
+    k1 = [s for s in sent_lines(first) if s.body.startswith("k1-")]
+    wait_stored(broker, k1)
+    with PyConsumer(zk_connect, "py-xa-kill") as c:
+        c.wait_count(len(k1))
+        assert_consumed(c, k1)
+
+
+# -- the wire lines, against a scripted stand-in for Java's broker ---------------------------
+
+def _normalized(lines: list[str]) -> list[str]:
+    """Command lines with what varies from run to run replaced: the session ids (in order
+    of appearance ``<sid1>``, ``<sid2>``...), the opaque, a put's partition and checksum."""
+    sids: dict[str, str] = {}
+    out = []
+    for line in lines:
+        parts = line.split(" ")
+        assert re.fullmatch(r"-?\d+", parts[-1]), line
+        parts[-1] = "<opaque>"
+        if parts[0] == "transaction":
+            assert re.fullmatch(r"\S+-\d+-\d+", parts[2]), line  # <ip>-<ms>-<n>
+            sids.setdefault(parts[2], f"<sid{len(sids) + 1}>")
+        elif parts[0] == "put":
+            assert parts[2] in ("0", "1") and parts[5].isdigit(), line
+            parts[2], parts[5] = "<p>", "<crc>"
+        text = " ".join(parts)
+        for sid, name in sids.items():
+            text = text.replace(sid, name)
+        out.append(text)
+    return out
+
+
+def test_java_transaction_wire_lines(zk_connect, java_client, java) -> None:
+    """The commands the Java client sends for local and XA transactions, exactly.
+
+    Our broker's ``transaction`` command has to accept these: the stand-in answers them
+    as Java's broker does (java_stub_broker.py), and the Java client is satisfied."""
+    with StubBroker(zk_connect, {TOPIC: PARTS}) as stub:
+        tx = java.run("JavaTxProducer", TOPIC, "tx", "timeout=7", "commit:2", "rollback:1")
+        xa = java.run("JavaXA", TOPIC, UQ, "commit:g1:1", "onephase:g2:1", "prepare:g3:1",
+                      "recover")
+        xa2 = java.run("JavaXA", TOPIC, UQ, "commit-recovered")
+        lines = [line for line in stub.commands() if not line.startswith("version ")]
+    assert events(tx, "COMMITTED", "ROLLEDBACK") == ["COMMITTED 0", "ROLLEDBACK 1"]
+    assert [s.offset for s in sent_lines(tx)] == [-1, -1, -1]  # as Java's broker answers
+    assert events(xa, "PREPARED", "RECOVERED") == [
+        "PREPARED g1 0", "PREPARED g3 0", f"RECOVERED {_xid_key('g3')}"]
+    assert events(xa2, "COMMITTED") == [f"COMMITTED {_xid_key('g3')}"]
+
+    g1, g2, g3 = (_xid_key(g) for g in ("g1", "g2", "g3"))
+    assert _normalized(lines) == [
+        # local transactions: the key is TX:<sessionId>:<n>; BEGIN carries the timeout
+        # (only when > 0) and no unique qualifier; BEGIN goes just before the first put
+        "transaction TX:<sid1>:1 <sid1> BEGIN 7 <opaque>",
+        "put t <p> 6 0 <crc> TX:<sid1>:1 <opaque>",
+        "put t <p> 6 0 <crc> TX:<sid1>:1 <opaque>",
+        "transaction TX:<sid1>:1 <sid1> COMMIT_ONE_PHASE <opaque>",
+        "transaction TX:<sid1>:2 <sid1> BEGIN 7 <opaque>",
+        "put t <p> 6 0 <crc> TX:<sid1>:2 <opaque>",
+        "transaction TX:<sid1>:2 <sid1> ROLLBACK <opaque>",
+        # XA: the key is XID:<formatId>:<hex gtrid>:<hex bqual>:<uniqueQualifier>, every
+        # command carries the unique qualifier; END expects no answer (Java's broker sends
+        # none); PREPARE's answer body is the vote (0 = XA_OK)
+        f"transaction {g1} <sid2> BEGIN {UQ} <opaque>",
+        f"put t <p> 4 0 <crc> {g1} <opaque>",
+        f"transaction {g1} <sid2> END {UQ} <opaque>",
+        f"transaction {g1} <sid2> PREPARE {UQ} <opaque>",
+        f"transaction {g1} <sid2> COMMIT_TWO_PHASE {UQ} <opaque>",
+        f"transaction {g2} <sid2> BEGIN {UQ} <opaque>",
+        f"put t <p> 4 0 <crc> {g2} <opaque>",
+        f"transaction {g2} <sid2> END {UQ} <opaque>",
+        f"transaction {g2} <sid2> COMMIT_ONE_PHASE {UQ} <opaque>",
+        f"transaction {g3} <sid2> BEGIN {UQ} <opaque>",
+        f"put t <p> 4 0 <crc> {g3} <opaque>",
+        f"transaction {g3} <sid2> END {UQ} <opaque>",
+        f"transaction {g3} <sid2> PREPARE {UQ} <opaque>",
+        # RECOVER has the key "null"; its answer is the prepared keys joined by \r\n
+        f"transaction null <sid2> RECOVER {UQ} <opaque>",
+        # a new JVM (new session id) finishing the branch it recovered
+        f"transaction null <sid3> RECOVER {UQ} <opaque>",
+        f"transaction {g3} <sid3> COMMIT_TWO_PHASE {UQ} <opaque>",
+    ], "\n".join(lines)
