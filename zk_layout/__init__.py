@@ -38,6 +38,7 @@ from zk_layout._codecs import (
 )
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import (
+    RANDOM_PARTITION,
     BrokerChild,
     Partition,
     check_consumer_id,
@@ -114,6 +115,7 @@ __all__ = [
     # names and partitions
     "BrokerChild",
     "Partition",
+    "RANDOM_PARTITION",
     "check_consumer_id",
     "check_group",
     "check_topic",

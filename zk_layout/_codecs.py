@@ -65,8 +65,13 @@ INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 
 _HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
+# The host: an IPv6 address in brackets (as Java's Broker.getZKString writes it), a name
+# or IPv4 address, or an IPv6 address without brackets (``"meta://" + host`` with the
+# host as InetAddress.getHostAddress writes it, e.g. ``meta://0:0:0:0:0:0:0:1:8123``):
+# its port is after the last colon.
 _URI = re.compile(
-    r"meta://(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?)\]|(?P<host>[^\[\]:/?#@\s]+))"
+    r"meta://(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?)\]|(?P<host>[^\[\]:/?#@\s]+)"
+    r"|(?P<bare6>[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*(?:%[A-Za-z0-9_.-]+)?))"
     r":(?P<port>[1-9][0-9]{0,4})(?:\?slaveId=(?P<slave>0|[1-9][0-9]{0,9}))?"
 )
 _UINT = re.compile(r"0|[1-9][0-9]*")
@@ -152,12 +157,14 @@ def encode_broker_uri(uri: BrokerUri) -> bytes:
 
 
 def decode_broker_uri(data: bytes | str | None, path: str = "") -> BrokerUri:
-    """Parse ``meta://host:port`` with an optional ``?slaveId=N`` suffix."""
+    """Parse ``meta://host:port`` with an optional ``?slaveId=N`` suffix; an IPv6 host
+    in brackets or not (``meta://[::1]:8123``, ``meta://0:0:0:0:0:0:0:1:8123``: the
+    port is after the last colon)."""
     text = node_text(data, path)
     m = _URI.fullmatch(text)
     if m is None:
         raise NodeDataError(path, data, "expected a broker URI 'meta://host:port'")
-    host = m.group("v6") or m.group("host")
+    host = m.group("v6") or m.group("host") or m.group("bare6")
     if m.group("v6") is not None and ":" not in host:
         raise NodeDataError(path, data, "only IPv6 addresses go in brackets")
     slave = m.group("slave")

@@ -22,6 +22,7 @@ from zk_layout._errors import InvalidNameError
 
 __all__ = [
     "INT32_MAX",
+    "RANDOM_PARTITION",
     "BrokerChild",
     "Partition",
     "as_partition",
@@ -183,14 +184,26 @@ class Partition:
     ``str(p)`` is Metaq's name ``"<brokerId>-<index>"``.  Partitions have no
     ``<`` on purpose: Metaq orders them as *strings*; use
     :func:`sort_partitions` or ``key=metaq_sort_key``.
+
+    ``Partition(-1, -1)``, named ``"-1--1"``, is Java's ``Partition.RandomPartiton``
+    (:data:`RANDOM_PARTITION`: "any partition", a producer's choice left to the
+    broker); no other negative number is a partition.
     """
 
     broker_id: int
     index: int
 
     def __post_init__(self) -> None:
+        if type(self.broker_id) is int and self.broker_id == -1 == self.index \
+                and type(self.index) is int:
+            return  # RANDOM_PARTITION
         check_broker_id(self.broker_id)
         _check_int("partition index", self.index)
+
+    @property
+    def is_random(self) -> bool:
+        """Whether this is :data:`RANDOM_PARTITION` (``"-1--1"``)."""
+        return self.broker_id == -1
 
     def __str__(self) -> str:
         return f"{self.broker_id}-{self.index}"
@@ -201,8 +214,15 @@ class Partition:
         return parse_partition(name)
 
 
+#: Java's ``Partition.RandomPartiton``, ``"-1--1"``.
+RANDOM_PARTITION = Partition(-1, -1)
+
+
 def parse_partition(name: str) -> Partition:
-    """Parse ``"<brokerId>-<index>"`` (e.g. ``"0-10"``) into a :class:`Partition`."""
+    """Parse ``"<brokerId>-<index>"`` (e.g. ``"0-10"``) into a :class:`Partition`;
+    ``"-1--1"`` is :data:`RANDOM_PARTITION`, as in Java's ``Partition(String)``."""
+    if name == "-1--1":
+        return RANDOM_PARTITION
     m = _PARTITION.fullmatch(name) if isinstance(name, str) else None
     if m is None:
         raise InvalidNameError("partition", name, "expected '<brokerId>-<index>', e.g. '0-10'")

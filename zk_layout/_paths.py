@@ -104,10 +104,14 @@ class NodeRef:
 
 
 def _normalize_root(root: object) -> str:
+    """``root`` as Java's MetaZookeeper.normalize makes it: ``/`` put in front when it
+    is missing (``meta`` is ``/meta``), the trailing one dropped; then checked."""
     if not isinstance(root, str):
         raise InvalidNameError("root", root, f"must be a str, not {type(root).__name__}")
+    if not root:  # Java makes it "/" and then paths starting "//": refused here
+        raise InvalidNameError("root", root, "must not be empty (the top is '/')")
     if not root.startswith("/"):
-        raise InvalidNameError("root", root, "must be an absolute path starting with '/'")
+        root = "/" + root
     stripped = root.rstrip("/")
     for part in stripped.split("/")[1:]:
         if not part:
@@ -121,7 +125,8 @@ def _normalize_root(root: object) -> str:
 
 @dataclass(frozen=True)
 class Layout:
-    """Builds every Metaq path under ``root`` (default ``/meta``).
+    """Builds every Metaq path under ``root`` (default ``/meta``; ``meta`` and ``/meta/``
+    are ``/meta``, as Java reads a zkRoot).
 
     Names are validated: a topic or group that is empty or holds ``/`` raises
     :class:`InvalidNameError` (a :class:`ValueError`).  Broker ids, slave

@@ -12,7 +12,8 @@ either form or both, goes through the same steps:
    ``auto_create_topics`` says so); a put to partition -1 gets the next partition
    of its topic's round robin, in request order; a PutRequest the broker refuses
    whatever its payload (over ``max_message_size``, a transaction key) gets a
-   target that says why (a third field);
+   target that says why (a third field); a PutRequest's checksum -1 ("not
+   computed", as Java's clients send it, or none given) becomes the payload's;
 2. groups the puts by target: one group when all go to one partition, one per
    run when they come in runs (batches), else one per partition;
 3. stores each group (:func:`put_group`): every checksum checked (400), then the
@@ -159,6 +160,8 @@ def _targets(puts: list, topics: Topics, max_size: int,
                 target = (*target, f"message of {length} bytes is over the limit {max_size}")
             elif tx_key is not None:
                 target = (*target, "transactions are not supported")
+            if check == -1:  # not given (Java's clients, legacy forms): the broker's own
+                check = crc32(payload) & CHECKSUM_MASK
             put = (target, length, flag, check, b"%d" % opaque, payload)
         todo.append(put)
         targets.append(target)

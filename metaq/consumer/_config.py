@@ -14,6 +14,7 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq._time import parse_time_ms
 from metaq._zkclient import ZkSecurity
+from zk_layout import InvalidNameError, Layout
 
 __all__ = ["ConsumerConfig", "START_POSITIONS"]
 
@@ -150,10 +151,11 @@ class ConsumerConfig:
                 self.static_grace, (int, float)) or not 0 < self.static_grace <= 7 * 24 * 3600:
             raise ConfigError(f"static_grace must be a number of seconds in (0, 604800], "
                               f"got {self.static_grace!r}")
-        if not isinstance(self.zk_root, str) or not self.zk_root.startswith("/") or (
-            self.zk_root != "/" and self.zk_root.endswith("/")
-        ):
-            raise ConfigError(f"zk_root must be an absolute ZooKeeper path, got {self.zk_root!r}")
+        try:  # "meta" and "/meta/" are "/meta", as Java reads a zkRoot
+            Layout(self.zk_root)
+        except (InvalidNameError, TypeError) as e:
+            raise ConfigError(f"zk_root must be a ZooKeeper path, got {self.zk_root!r}: "
+                              f"{e}") from None
         if not callable(self.reject_policy) and self.reject_policy not in ("recover", "dlq",
                                                                            "drop"):
             raise ConfigError("reject_policy must be 'recover', 'dlq', 'drop' or a callable, "

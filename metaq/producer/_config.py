@@ -91,7 +91,7 @@ class ProducerConfig:
         try:
             Layout(self.zk_root)
         except (InvalidNameError, TypeError) as e:
-            raise ConfigError(f"zk_root must be an absolute ZooKeeper path, got "
+            raise ConfigError(f"zk_root must be a ZooKeeper path, got "
                               f"{self.zk_root!r}: {e}") from None
         for name in ("zk_session_timeout", "zk_connect_timeout", "send_timeout",
                      "connect_timeout", "close_timeout"):

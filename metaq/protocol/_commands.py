@@ -54,6 +54,8 @@ class PutRequest(NamedTuple):
     partition: int
     length: int
     flag: int
+    #: CRC32 of the payload & 0x7FFFFFFF, or -1: not given (Java's clients send -1,
+    #: "not computed"; its legacy forms carry none): the broker computes it
     checksum: int
     tx_key: str | None
     opaque: int

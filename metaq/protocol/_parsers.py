@@ -9,6 +9,16 @@ Requests (client → broker), space separated, lines end in CRLF::
     version <opaque>\\r\\n
     quit\\r\\n
 
+and every other form Java's decoder (``MetamorphosisWireFormatType``, Metaq 1.4) reads,
+as it reads them: the legacy puts ``put <topic> <part> <len> <flag> <opaque>`` (no
+checksum) and ``put <topic> <part> <len> <flag> <txKey> <opaque>``; ``stats  <opaque>``
+(an empty item), ``stats`` and ``version`` alone (opaque 2147483647); extra fields
+after a ``get``'s or an ``offset``'s opaque (ignored); trailing spaces (a line is split
+on single spaces and trailing empty fields are dropped, as ``Pattern.split`` does).
+``sync`` (master → slave replication) is answered as a bad request, its payload
+skipped.  Where Java's own reading is a plain bug, ours differs and says so beside
+the parser (:meth:`RequestParser._put_header`, :func:`_version_request`).
+
 Replies (broker → client)::
 
     result <code> <bodyLen> <opaque>\\r\\n<body>
@@ -60,6 +70,11 @@ __all__ = ["RequestParser", "ReplyParser"]
 
 #: What the numbers of a put line (and the spaces between them) are made of.
 _NUMERIC = b"-0123456789 "
+#: The opaque Java's decoder gives a ``stats`` or ``version`` without one
+#: (``Integer.MAX_VALUE``), which its broker echoes.
+_NO_OPAQUE = INT32_MAX
+#: Which field holds a command's opaque, to answer a bad one with (else its last field).
+_OPAQUE_FIELD = {b"get": 6, b"offset": 5, b"version": 1, b"stats": 2}
 
 
 def _opaque_of(tok: bytes) -> int | None:
@@ -68,6 +83,17 @@ def _opaque_of(tok: bytes) -> int | None:
         return parse_int(tok, "opaque", INT32_MIN, INT32_MAX)
     except ProtocolError:
         return None
+
+
+def _fields(line: bytes) -> list:
+    """A request line's fields as Java's decoder splits it (``Pattern.compile(" ")
+    .split``): at every single space, the empty fields between two spaces kept, the
+    trailing ones dropped (``get ... 7  `` is ``get ... 7``); a blank line is ``[b""]``."""
+    parts = line.split(b" ")
+    if not parts[-1]:
+        while len(parts) > 1 and not parts[-1]:
+            parts.pop()
+    return parts
 
 
 # --------------------------------------------------------------------------- buffering
@@ -287,7 +313,7 @@ class RequestParser(_Buffered):
                     out.append(_new_tuple(PutRequest, (
                         topic, partition, length, flag, check, None, opaque, buf[pos:stop])))
                     return stop
-        return self._put_head(line.split(b" "), line, buf, pos, out, strict)
+        return self._put_head(_fields(line), line, buf, pos, out, strict)
 
     def _put_head(self, parts: list, line: bytes, buf: bytes, pos: int, out: list,
                   strict: bool) -> int:
@@ -297,42 +323,75 @@ class RequestParser(_Buffered):
         try:
             head = self._put_header(parts, line)
         except ProtocolError as e:
-            end = len(buf)
-            skip = self._put_skip(parts)
-            if skip is None:
-                self._pos = end
-                self._bad(out, strict, e, _opaque_of(parts[-1]), True)
-                return -1
-            take = min(skip, end - pos)
-            pos += take
-            self._skip = skip - take
-            self._pos = pos
-            self._bad(out, strict, e, _opaque_of(parts[-1]), False)
-            if self._skip:
-                self._pos = end
-                return -1
-            return pos
+            skip = self._put_skip(parts) if 6 <= len(parts) <= 8 else None
+            return self._refuse(e, _opaque_of(parts[-1]), skip, buf, pos, out, strict)
         self._put = head
         return pos
 
+    def _refuse(self, err: ProtocolError, opaque: int | None, skip: int | None, buf: bytes,
+                pos: int, out: list, strict: bool) -> int:
+        """A bad request whose line ends at ``pos``, followed by a payload of ``skip``
+        bytes: answered, and its payload skipped (in later reads too, not buffered);
+        ``skip`` None (the length cannot be read): the stream cannot go on."""
+        end = len(buf)
+        if skip is None:
+            self._pos = end
+            self._bad(out, strict, err, opaque, True)
+            return -1
+        take = min(skip, end - pos)
+        pos += take
+        self._skip = skip - take
+        self._pos = pos
+        self._bad(out, strict, err, opaque, False)
+        if self._skip:
+            self._pos = end
+            return -1
+        return pos
+
+    # The put forms of Java's decoder (``decodePut``), told apart by their number of
+    # fields, the way it does:
+    #
+    #   6  put <topic> <part> <len> <flag> <opaque>                   clients before 1.4.4
+    #   7  put <topic> <part> <len> <flag> <checksum> <opaque>        slot starts with a
+    #                                                                 digit or '-'
+    #      put <topic> <part> <len> <flag> <txKey> <opaque>           else (transactional,
+    #                                                                 before 1.4.4)
+    #   8  put <topic> <part> <len> <flag> <checksum> <txKey> <opaque>
+    #
+    # A put without a checksum gets -1, as Java's PutCommand does: "not computed"; Java's
+    # clients send -1 in every put, and the broker computes the stored message's CRC
+    # (metaq.broker._puts), where Java's never checks one.
+    #
+    # Java's plain bugs are not copied: its encoders size a request's buffer with
+    # String.length(), so a topic or transaction key that is not ASCII (more UTF-8 bytes
+    # than chars) overflows it and the request is never sent; ours are read (and
+    # written, by our encoders) as UTF-8, whatever their characters.  A slot that starts
+    # with a non-ASCII digit (Java's Character.isDigit) is a transaction key here.
     def _put_header(self, parts: list, line: bytes) -> tuple:
         n = len(parts)
-        if n == 7:
-            tx_key = None
-        elif n == 8:
-            tx_key = token_text(parts[6], "transaction key")
-            if name_problem(tx_key):
-                raise ProtocolError(f"bad put line {show(line)}: bad transaction key")
+        if n == 8:
+            tx_tok = parts[6]
+        elif n == 7:
+            slot = parts[5][:1]
+            tx_tok = None if slot.isdigit() or slot == b"-" else parts[5]
+        elif n == 6:
+            tx_tok = None
         else:
             raise ProtocolError(
                 f"bad put line {show(line)}: expected 'put <topic> <partition> <length> "
-                f"<flag> <checksum> [<txKey>] <opaque>'")
+                f"<flag> [<checksum>] [<txKey>] <opaque>'")
+        tx_key = None
+        if tx_tok is not None:
+            tx_key = token_text(tx_tok, "transaction key")
+            if name_problem(tx_key):
+                raise ProtocolError(f"bad put line {show(line)}: bad transaction key")
         try:
             topic = parse_topic(parts[1])
             partition = parse_int(parts[2], "partition", INT32_MIN, INT32_MAX)
             length = parse_int(parts[3], "length", 0, INT32_MAX)
             flag = parse_int(parts[4], "flag", INT32_MIN, INT32_MAX)
-            checksum = parse_int(parts[5], "checksum", INT32_MIN, INT32_MAX)
+            checksum = (parse_int(parts[5], "checksum", INT32_MIN, INT32_MAX)
+                        if n == 8 or (n == 7 and tx_tok is None) else -1)
             opaque = parse_int(parts[-1], "opaque", INT32_MIN, INT32_MAX)
         except ProtocolError as e:
             raise ProtocolError(f"bad put line {show(line)}: {e}") from None
@@ -344,21 +403,37 @@ class RequestParser(_Buffered):
 
     @staticmethod
     def _put_skip(parts: list) -> int | None:
-        """Payload length to skip after a bad put header, or None if it is unknown."""
-        if len(parts) not in (7, 8):
-            return None
+        """Payload length to skip after a bad put (or sync) header, or None if it is
+        unknown."""
         try:
             return parse_int(parts[3], "length", 0, INT32_MAX)
         except ProtocolError:
             return None
 
+    def _sync(self, parts: list, line: bytes, buf: bytes, pos: int, out: list,
+              strict: bool) -> int:
+        """``sync <topic> <part> <len> <flag> <msgId> [<checksum>] <opaque>\\r\\n<payload>``,
+        a Java master replicating a put to its slave: refused (metaq-py brokers have no
+        slaves), its payload skipped so the stream goes on; when its length cannot be
+        read (not the 7 or 8 fields of Java's ``decodeSync``), the stream cannot."""
+        skip = self._put_skip(parts) if len(parts) in (7, 8) else None
+        err = ProtocolError(
+            f"sync is not supported: metaq-py brokers have no slave replication (line "
+            f"{show(line)})" if skip is not None else
+            f"bad sync line {show(line)}: expected 'sync <topic> <partition> <length> "
+            f"<flag> <msgId> [<checksum>] <opaque>' (and sync is not supported: metaq-py "
+            f"brokers have no slave replication)")
+        return self._refuse(err, _opaque_of(parts[-1]), skip, buf, pos, out, strict)
+
     def _command(self, line: bytes, buf: bytes, pos: int, out: list, strict: bool) -> int:
         """A line that is not a put's: its request (parsed by ``_COMMANDS``), or a
         bad request answered (the stream goes on after it).  ``pos`` follows the line."""
-        parts = line.split(b" ")
+        parts = _fields(line)
         cmd = parts[0]
         if cmd == b"put":  # "put" alone, or with a tab...: a bad put
             return self._put_head(parts, line, buf, pos, out, strict)
+        if cmd == b"sync":
+            return self._sync(parts, line, buf, pos, out, strict)
         parse = _COMMANDS.get(cmd)
         try:
             if parse is None:
@@ -370,58 +445,78 @@ class RequestParser(_Buffered):
                     f"bad {token_text(cmd, 'command')} line {show(line)}: {e}") from None
         except ProtocolError as e:
             self._pos = pos
-            self._bad(out, strict, e, _opaque_of(parts[-1]) if len(parts) > 1 else None, False)
+            n = len(parts)
+            k = _OPAQUE_FIELD.get(cmd, -1)
+            self._bad(out, strict, e, _opaque_of(parts[k if 0 < k < n else -1])
+                      if n > 1 else None, False)
         return pos
 
 
-# The other commands, from their tokens (the command's first): each raises ProtocolError
-# saying what is wrong, which :meth:`RequestParser._command` puts in context.
+# The other commands, from their fields (:func:`_fields`, the command's first): each
+# raises ProtocolError saying what is wrong, which :meth:`RequestParser._command` puts
+# in context.  Like Java's decoder, each reads the fields it knows and ignores any
+# after them; metaq-py's extensions (``hold=``, ``time=``) are read only as the one
+# field right after the opaque.
 
 def _get_request(parts: list) -> GetRequest:
-    n = len(parts)
-    if n != 7 and not (n == 8 and parts[7][:5] == b"hold="):
+    if len(parts) < 7:
         raise ProtocolError("expected 'get <topic> <group> <partition> <offset> "
                             "<maxSize> <opaque> [hold=<ms>]'")
+    hold = parts[7] if len(parts) > 7 else b""
     return GetRequest(
         parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
         parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
         parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
         parse_int(parts[5], "maxSize", INT32_MIN, INT32_MAX),
         parse_int(parts[6], "opaque", INT32_MIN, INT32_MAX),
-        parse_int(parts[7][5:], "hold", 0, INT32_MAX) if n == 8 else 0)
+        parse_int(hold[5:], "hold", 0, INT32_MAX) if hold[:5] == b"hold=" else 0)
 
 
 def _offset_request(parts: list) -> OffsetRequest:
-    n = len(parts)
-    if n != 6 and not (n == 7 and parts[6][:5] == b"time="):
+    if len(parts) < 6:
         raise ProtocolError("expected 'offset <topic> <group> <partition> <offset> <opaque>"
                             " [time=<ms>]'")
+    time = parts[6] if len(parts) > 6 else b""
     return OffsetRequest(
         parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
         parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
         parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
         parse_int(parts[5], "opaque", INT32_MIN, INT32_MAX),
-        parse_int(parts[6][5:], "time", 0, INT64_MAX) if n == 7 else -1)
+        parse_int(time[5:], "time", 0, INT64_MAX) if time[:5] == b"time=" else -1)
 
+
+# ``version`` and ``stats`` without an opaque get Java's (_NO_OPAQUE).  Java's encoders
+# write the text ``null`` for a missing opaque in places (its String concatenation of
+# a null Integer); that is their bug, and stays a bad request here as there (Java's
+# Integer.parseInt refuses it too).
 
 def _version_request(parts: list) -> VersionRequest:
-    if len(parts) != 2:
-        raise ProtocolError("expected 'version <opaque>'")
-    return VersionRequest(parse_int(parts[1], "opaque", INT32_MIN, INT32_MAX))
+    return VersionRequest(parse_int(parts[1], "opaque", INT32_MIN, INT32_MAX)
+                          if len(parts) > 1 else _NO_OPAQUE)
 
 
 def _stats_request(parts: list) -> StatsRequest:
+    """``stats <item> <opaque>``; ``stats  <opaque>`` (an empty item: Java's encoder
+    writes that for none) and ``stats <opaque>`` (ours) mean no item; ``stats`` alone
+    and ``stats <item>`` (an item that is not a number) have no opaque, as in Java."""
     n = len(parts)
+    if n == 1:
+        return StatsRequest(None, _NO_OPAQUE)
+    tok = parts[1]
     if n == 2:
-        item = None
-    elif n == 3:
-        item = token_text(parts[1], "stats item")
-        problem = name_problem(item)
-        if problem:
-            raise ProtocolError(f"stats item {problem}")
+        if tok.isdigit() or (tok[:1] == b"-" and tok[1:].isdigit()):
+            # metaq-py's encoder's form; Java's decoder would read the number as an item
+            return StatsRequest(None, parse_int(tok, "opaque", INT32_MIN, INT32_MAX))
+        opaque = _NO_OPAQUE
     else:
-        raise ProtocolError("expected 'stats [<item>] <opaque>'")
-    return StatsRequest(item, parse_int(parts[-1], "opaque", INT32_MIN, INT32_MAX))
+        opaque = parse_int(parts[2], "opaque", INT32_MIN, INT32_MAX)
+    if not tok:
+        return StatsRequest(None, opaque)
+    item = token_text(tok, "stats item")
+    problem = name_problem(item)
+    if problem:
+        raise ProtocolError(f"stats item {problem}")
+    return StatsRequest(item, opaque)
 
 
 def _quit_request(parts: list) -> QuitRequest:

@@ -370,7 +370,7 @@ class SourceOptions:
         try:
             Layout(self.zk_root)
         except (InvalidNameError, TypeError) as e:
-            raise ConfigError(f"option zk.root must be an absolute ZooKeeper path: {e}") from None
+            raise ConfigError(f"option zk.root must be a ZooKeeper path: {e}") from None
         try:
             check_group(self.group)
         except InvalidNameError as e:

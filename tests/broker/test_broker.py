@@ -355,6 +355,58 @@ def test_offset_stats_version_quit(broker, client):
     assert [r.opaque for r in client.rest_until_closed()] == [10]
 
 
+def test_java_request_forms(broker, client):
+    """Each form a Java Metaq 1.4 client or tool sends, answered as a Java broker does."""
+    from metaq.protocol import HEADER
+
+    # put without a checksum (clients before 1.4.4), and with -1 ("not computed": every
+    # Java producer's): stored with the checksum the broker computes
+    r1 = client.call(b"put t 0 5 0 11\r\nhello")
+    r2 = client.call(b"put t 0 5 0 -1 12\r\nworld")
+    r3 = client.call(b"put t 0 3 0 %d 13  \r\nabc" % checksum(b"abc"))  # trailing spaces
+    assert [(r.code, r.opaque) for r in (r1, r2, r3)] == [(200, 11), (200, 12), (200, 13)]
+    v = client.call(encode_get("t", "g", 0, 0, 4096, 14))
+    msgs = list(iter_messages(v.body, 0))  # checksums verified
+    assert [m.payload for m in msgs] == [b"hello", b"world", b"abc"]
+    assert [HEADER.unpack_from(v.body, m.offset)[1] for m in msgs] == [
+        checksum(b"hello"), checksum(b"world"), checksum(b"abc")]
+    # a checksum that is given and wrong is still refused; transactional puts, in
+    # either of Java's forms, are refused as before (not supported)
+    assert client.call(b"put t 0 3 0 12345 15\r\nabc") == Result(400, b"checksum mismatch", 15)
+    for line in (b"put t 0 3 0 TX:s:1 16\r\nabc", b"put t 0 3 0 -1 TX:s:1 16\r\nabc"):
+        r = client.call(line)
+        assert r.code == 400 and b"transactions" in r.body and r.opaque == 16
+    # get and offset with fields after the opaque (ignored)
+    v = client.call(b"get t g 0 0 4096 17 some extra fields\r\n")
+    assert isinstance(v, Value) and v.opaque == 17 and len(list(iter_messages(v.body, 0))) == 3
+    assert client.call(b"get t g 0 0 4096 18  \r\n").opaque == 18
+    assert client.call(b"offset t g 0 0 19 extra\r\n") == Result(200, b"0", 19)
+    # stats: Java's "stats  <opaque>" (no item), and without an opaque
+    s = client.call(b"stats  20\r\n")
+    assert s.code == 200 and s.opaque == 20 and f"STAT pid {os.getpid()}\r\n" in s.body.decode()
+    s = client.call(b"stats\r\n")
+    assert s.code == 200 and s.opaque == 2**31 - 1 and b"STAT pid " in s.body
+    s = client.call(b"stats topics\r\n")
+    assert s.opaque == 2**31 - 1 and b"STAT other partitions 1" in s.body
+    # version alone: Java's heartbeat, answered with opaque Integer.MAX_VALUE
+    v = client.call(b"version\r\n")
+    assert (v.code, v.opaque) == (200, 2147483647) and v.body.startswith(b"1.4")
+    # sync (master -> slave): refused, its payload skipped, the connection goes on
+    payload = b"put t 0 1 0 0 99\r\nx" * 3
+    client.send(b"sync t 0 %d 0 6340863216562294785 -1 21\r\n" % len(payload))
+    client.send(payload[:10])
+    time.sleep(0.05)
+    client.send(payload[10:] + encode_version(22))
+    r, v = client.replies(2)
+    assert (r.code, r.opaque) == (400, 21)
+    assert r.body.startswith(b"sync is not supported: metaq-py brokers have no slave replication")
+    assert (v.code, v.opaque) == (200, 22)
+    r = client.call(b"sync t 0 3 0 6340863216562294785 23\r\nabc" + encode_version(24))
+    assert (r.code, r.opaque) == (400, 23) and client.replies(1)[0].opaque == 24
+    assert broker.offsets("t", 0)[1] == 3 * 20 + 5 + 5 + 3  # nothing of the syncs stored
+    assert_logs_clean(broker.config.data_dir)
+
+
 def test_pipelining_many_opaques_in_order(broker, client):
     rng = random.Random(5)
     reqs, expect = [], []
@@ -460,7 +512,8 @@ def test_oversize_put_is_refused_and_skipped(tmp_path):
     (b"get a/b g 0 0 100 5\r\n", b"bad topic 'a/b'"),
     (b"\r\n", b"unknown command"),
     (b"version 99999999999\r\n", b"out of range"),
-    (b"stats a b c d\r\n", b"expected 'stats"),
+    (b"stats a b c d\r\n", b"opaque b'b' is not an integer"),
+    (b"sync t 0 3 0 1 7\r\nxyz", b"sync is not supported"),
 ])
 def test_bad_lines_get_400_and_the_connection_goes_on(broker, client, data, what):
     other = Client(broker.port)
@@ -476,7 +529,8 @@ def test_bad_lines_get_400_and_the_connection_goes_on(broker, client, data, what
 @pytest.mark.parametrize("data, what", [
     (b"put t 0 -5 0 0 1\r\n", b"length -5 is out of range"),
     (b"put t 0 many 0 0 1\r\nxxxx", b"length b'many' is not an integer"),
-    (b"put t 0 4 0 0\r\nxxxx", b"expected 'put"),
+    (b"put t 0 4 0\r\nxxxx", b"expected 'put"),
+    (b"sync t 0 4 0 1\r\nxxxx", b"bad sync line"),
     (b"x" * 10_000, b"no CRLF within 8192 bytes"),
     (b"get " + b"t" * 9000 + b" g 0 0 1 1\r\n", b"no CRLF within 8192 bytes"),
 ])
@@ -646,7 +700,7 @@ def test_second_broker_on_same_data_dir_fails_cleanly(tmp_path):
 @pytest.mark.parametrize("field, value", [
     ("broker_id", 1024), ("port", 70000), ("max_segment_size", 10), ("unflush_threshold", -1),
     ("unflush_interval", 0), ("retention_hours", -1), ("topics", {"a b": 1}),
-    ("topics", {"t": 0}), ("max_transfer_size", True), ("zk_root", "meta"),
+    ("topics", {"t": 0}), ("max_transfer_size", True), ("zk_root", "a//b"),
 ])
 def test_config_validation_names_the_field(tmp_path, field, value):
     kw = {"broker_id": 1, "data_dir": tmp_path, field: value}

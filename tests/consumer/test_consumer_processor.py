@@ -157,13 +157,19 @@ def test_checksum_helper_matches_header():
     ({"group": "g", "strategy": "range"}, "strategy"),
     ({"group": "g", "start_position": "middle"}, "start_position"),
     ({"group": "g", "codec": "pickle"}, "codec"),
-    ({"group": "g", "zk_root": "meta"}, "zk_root"),
+    ({"group": "g", "zk_root": "a//b"}, "zk_root"),
+    ({"group": "g", "zk_root": ""}, "zk_root"),
     ({"group": "g", "max_fetch_retries": -1}, "max_fetch_retries"),
 ])
 def test_bad_config_names_the_field(options, field):
     with pytest.raises(ConfigError) as e:
         ConsumerConfig(**options)
     assert field.split("_")[0] in str(e.value)
+
+
+def test_zk_root_without_its_leading_slash_is_accepted_as_java_does():
+    for root in ("meta", "/meta/", "meta/"):
+        assert ConsumerConfig(group="g", zk_root=root).zk_root == root  # Layout normalises
 
 
 def test_unknown_option_is_named():

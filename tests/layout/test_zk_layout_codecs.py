@@ -117,6 +117,24 @@ def test_broker_uri_both_ways(uri: BrokerUri, data: bytes) -> None:
     assert decode_broker_uri(data.decode()) == uri
 
 
+@pytest.mark.parametrize("data, uri", [
+    # "meta://" + the host as Java's InetAddress.getHostAddress writes an IPv6 address
+    # (expanded, no brackets): the port is after the last colon
+    (b"meta://0:0:0:0:0:0:0:1:8123", BrokerUri("0:0:0:0:0:0:0:1", 8123)),
+    (b"meta://[0:0:0:0:0:0:0:1]:8123", BrokerUri("0:0:0:0:0:0:0:1", 8123)),
+    (b"meta://fe80:0:0:0:a00:27ff:fe4e:66a1:8123?slaveId=1",
+     BrokerUri("fe80:0:0:0:a00:27ff:fe4e:66a1", 8123, 1)),
+    (b"meta://fe80:0:0:0:a00:27ff:fe4e:66a1%eth0:8123",
+     BrokerUri("fe80:0:0:0:a00:27ff:fe4e:66a1%eth0", 8123)),
+    (b"meta://::1:8123", BrokerUri("::1", 8123)),
+    (b"meta://::ffff:10.0.0.1:8123", BrokerUri("::ffff:10.0.0.1", 8123)),
+])
+def test_broker_uri_ipv6_as_java_writes_it(data: bytes, uri: BrokerUri) -> None:
+    assert decode_broker_uri(data) == uri
+    assert decode_broker_uri(encode_broker_uri(uri)) == uri  # written back with brackets
+    assert encode_broker_uri(uri).startswith(b"meta://[")
+
+
 def test_broker_uri_helpers() -> None:
     uri = BrokerUri("::1", 8123)
     assert uri.address == ("::1", 8123)
@@ -128,7 +146,9 @@ def test_broker_uri_helpers() -> None:
 
 @pytest.mark.parametrize("data", [
     b"http://h:8123", b"meta://h", b"meta://h:", b"meta://:8123", b"meta://h:0",
-    b"meta://h:65536", b"meta://h:01", b"meta://h:-1", b"meta://h:80x", b"meta://::1:8123",
+    b"meta://h:65536", b"meta://h:01", b"meta://h:-1", b"meta://h:80x", b"meta://::1",
+    b"meta://1:2:3:4:5:6:7:8", b"meta://0:0:0:0:0:0:0:1", b"meta://zz::1:8123",
+    b"meta://1.2.3.4:5:8123", b"meta://::1:8123:", b"meta://::1::8123",
     b"meta://[zz::1]:8123", b"meta://[::1:8123", b"meta://[10.0.0.1]:8123",
     b"meta://h:1?slaveId=x", b"meta://h:1?slaveId=-1", b"meta://h:1?foo=1",
     b"meta://h:1?slaveId=", b"meta://h:1?slaveId=99999999999", b" meta://h:1",

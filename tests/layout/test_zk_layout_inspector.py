@@ -334,7 +334,7 @@ def test_cli_missing_group_and_root(zk_client: KazooClient, zk_connect: str) -> 
 @pytest.mark.parametrize("args, message", [
     (["--zk", "nohostport", "tree"], "expected HOST:PORT"),
     (["--zk", "127.0.0.1:99999", "tree"], "port out of range"),
-    (["--zk", "127.0.0.1:2181", "--root", "meta", "tree"], "absolute path"),
+    (["--zk", "127.0.0.1:2181", "--root", "a//b", "tree"], "empty path segments"),
     (["--zk", "127.0.0.1:2181", "--timeout", "0", "tree"], "must be > 0"),
     (["--zk", "127.0.0.1:2181", "group", "a/b"], "must not contain '/'"),
     (["--zk", "127.0.0.1:2181", "group"], "NAME"),

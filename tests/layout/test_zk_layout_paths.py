@@ -77,6 +77,8 @@ def test_every_path_under_default_root() -> None:
 
 @pytest.mark.parametrize("root, expected", [
     ("/meta", "/meta"), ("/meta/", "/meta"), ("/a/b", "/a/b"), ("/a/b//", "/a/b"), ("/", "/"),
+    # without the leading slash, as Java's MetaZookeeper.normalize reads a zkRoot
+    ("meta", "/meta"), ("meta/", "/meta"), ("a/b", "/a/b"),
 ])
 def test_custom_roots(root: str, expected: str) -> None:
     layout = Layout(root)
@@ -88,7 +90,8 @@ def test_custom_roots(root: str, expected: str) -> None:
     assert layout.classify(expected).kind is NodeKind.ROOT
 
 
-@pytest.mark.parametrize("root", ["meta", "", "/a//b", "/a/./b", "/a/../b", "/a b", None, 3])
+@pytest.mark.parametrize("root", ["", "/a//b", "a//b", "/a/./b", "/a/../b", "/a b", "a b", None,
+                                  3])
 def test_bad_roots(root: object) -> None:
     with pytest.raises(InvalidNameError) as info:
         Layout(root)  # type: ignore[arg-type]
@@ -172,6 +175,8 @@ def test_parse_children() -> None:
     (parse_partition, "0"), (parse_partition, "0-"), (parse_partition, "a-1"),
     (parse_partition, "0-01"), (parse_partition, "0-1-2"), (parse_partition, "-1-0"),
     (parse_partition, "0-2147483648"), (parse_partition, "٠-١"), (parse_partition, None),
+    (parse_partition, "0--1"), (parse_partition, "-1--2"), (parse_partition, "-2--2"),
+    (parse_partition, "-1--1 "), (parse_partition, "-1--01"),
     (parse_broker_id, "x"), (parse_broker_id, "-1"), (parse_broker_id, "01"),
     (parse_broker_id, ""), (parse_broker_id, "2147483648"), (parse_broker_id, "1 "),
     (parse_broker_role, "slave"), (parse_broker_role, "slave-1"), (parse_broker_role, "Master"),
@@ -270,9 +275,21 @@ def test_partition_value_type() -> None:
         p.index = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
         _ = p < Partition(0, 2)  # no numeric order: Metaq orders by name
-    for bad in ((-1, 0), (0, -1), (True, 0), (0, 2**31), ("0", 1)):
+    for bad in ((-1, 0), (0, -1), (-1, -2), (True, 0), (0, 2**31), ("0", 1), (-1.0, -1.0)):
         with pytest.raises(InvalidNameError):
             Partition(*bad)
+
+
+def test_random_partition_parses() -> None:
+    """``"-1--1"``, Java's Partition.RandomPartiton: the only negative partition."""
+    p = parse_partition("-1--1")
+    assert p == zk_layout.RANDOM_PARTITION == Partition(-1, -1) == Partition.parse("-1--1")
+    assert str(p) == "-1--1" and p.is_random and not Partition(0, 0).is_random
+    assert (p.broker_id, p.index) == (-1, -1)
+    assert L.owner("g", "t", "-1--1") == "/meta/consumers/g/owners/t/-1--1"
+    ref = L.classify("/meta/consumers/g/offsets/t/-1--1")
+    assert ref is not None and ref.kind is NodeKind.OFFSET and ref.partition == p
+    assert [str(x) for x in sort_partitions(["0-1", "-1--1"])] == ["-1--1", "0-1"]
 
 
 def test_metaq_string_order() -> None:

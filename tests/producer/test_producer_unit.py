@@ -47,7 +47,7 @@ def test_config_is_frozen_and_keyword_only() -> None:
 
 
 @pytest.mark.parametrize("field,value,words", [
-    ("zk_root", "meta", "zk_root"),
+    ("zk_root", "", "zk_root"),
     ("zk_root", "/a//b", "zk_root"),
     ("send_timeout", 0, "send_timeout"),
     ("send_timeout", -1.0, "send_timeout"),
@@ -72,6 +72,10 @@ def test_config_rejects_bad_values_naming_the_field(field: str, value: object,
                                                     words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         ProducerConfig(**{field: value})
+
+
+def test_zk_root_without_its_leading_slash_is_accepted_as_java_does() -> None:
+    assert ProducerConfig(zk_root="meta").zk_root == "meta"  # zk_layout.Layout normalises
 
 
 def test_config_from_mapping_names_unknown_options() -> None:

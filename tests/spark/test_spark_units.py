@@ -134,7 +134,7 @@ def test_time_and_admission_options_parse_with_kafka_precedence() -> None:
     ({**BASE, "topic": "a/b"}, "option topic"),
     ({**BASE, "topic": "a,a"}, "names a topic twice"),
     ({**BASE, "group": "g/h"}, "option group"),
-    ({**BASE, "zk.root": "meta"}, "zk.root must be an absolute"),
+    ({**BASE, "zk.root": "a//b"}, "zk.root must be a ZooKeeper path"),
 ])
 def test_bad_options_are_refused_by_name(options: dict, message: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -142,6 +142,7 @@ def test_reply_round_trip_any_chunking(reps, cuts):
 
 valid_types = (PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest)
 line_tokens = st.sampled_from([b"put", b"get", b"offset", b"stats", b"version", b"quit", b"t",
+                               b"sync", b"hold=5", b"time=x", b"TX:1",
                                b"-1", b"0", b"5", b"\xff", b"99999999999999999999999", b"",
                                b"\r\n", b"\r", b"\n", b" ", b"abc"])
 fuzz_bytes = st.one_of(st.binary(max_size=400),
@@ -202,13 +203,24 @@ def test_reply_parser_fuzz(data, cuts):
     (b"get \xff g 0 0 1 2\r\n", "topic b'\\\\xff' is not valid UTF-8", False),
     (b"get a/b g 0 0 1 2\r\n", "bad topic 'a/b'", False),
     (b"get t g 0 0 1 99999999999\r\n", "opaque 99999999999 is out of range", False),
-    (b"version\r\n", "expected 'version <opaque>'", False),
-    (b"stats a b c\r\n", "expected 'stats", False),
+    (b"get t g 0 0 1 2 hold=x\r\n", "hold b'x' is not an integer", False),
+    (b"offset t g 0 0 1 time=-5\r\n", "time -5 is out of range", False),
+    (b"version x\r\n", "opaque b'x' is not an integer", False),
+    (b"version  5\r\n", "opaque b'' is not an integer", False),
+    (b"stats a b c\r\n", "opaque b'b' is not an integer", False),
+    (b"stats \xff 5\r\n", "stats item b'\\\\xff' is not valid UTF-8", False),
     (b"quit 1\r\n", "expected 'quit'", False),
     (b"put t 0 3 0 0 x\r\nabc", "opaque b'x' is not an integer", False),
+    (b"put t 0 3 0 1x 2\r\nabc", "checksum b'1x' is not an integer", False),
+    (b"put t 0 3 0  2\r\nabc", "bad transaction key", False),
+    (b"put t 0 3 0 0 a b 2\r\nabc", "expected 'put", True),
     (b"put t 0 x 0 0 1\r\nabc", "length b'x' is not an integer", True),
     (b"put t 0 -3 0 0 1\r\n", "length -3 is out of range", True),
-    (b"put t 0 3 0 0\r\nabc", "expected 'put", True),
+    (b"put t 0 3 0\r\nabc", "expected 'put", True),
+    (b"sync t 0 3 0 12 7\r\nabc", "sync is not supported: metaq-py brokers have no slave", False),
+    (b"sync t 0 3 0 12 -1 7\r\nabc", "sync is not supported", False),
+    (b"sync t 0 3 0 7\r\nabc", "bad sync line", True),
+    (b"sync t 0 x 0 12 7\r\nabc", "bad sync line", True),
     (b"put t 0 100 0 0 5\r\n" + b"x" * 100, "payload length 100 is over the limit 50", False),
     (b"x" * 80, "no CRLF within 64 bytes", True),
 ])
@@ -392,3 +404,249 @@ def test_the_c_put_loop_parses_exactly_as_the_python_loop(items, cuts, max_paylo
         finally:
             _native.fast_puts = saved
     assert got["c"] == got["python"]
+
+
+# --------------------------------------------------------------------------- Java's forms
+#
+# Every request line Java's decoder (MetamorphosisWireFormatType.decode, Metaq 1.4)
+# reads, read as it reads it: split at single spaces, trailing empty fields dropped.
+
+NO_OPAQUE = 2**31 - 1  # Java's Integer.MAX_VALUE: the opaque of a stats/version without one
+
+JAVA_FORMS = [
+    # put, 6 fields: clients before 1.4.4, no checksum (-1: the broker computes it)
+    (b"put t 0 3 0 7\r\nabc", PutRequest("t", 0, 3, 0, -1, None, 7, b"abc")),
+    (b"put t 0 3 1 -7  \r\nabc", PutRequest("t", 0, 3, 1, -1, None, -7, b"abc")),
+    # put, 7 fields: a checksum when the slot starts with a digit or '-'
+    (b"put t 0 3 0 -1 7\r\nabc", PutRequest("t", 0, 3, 0, -1, None, 7, b"abc")),
+    (b"put t 0 3 0 12345 7\r\nabc", PutRequest("t", 0, 3, 0, 12345, None, 7, b"abc")),
+    (b"put t 0 3 0 5 7 \r\nabc", PutRequest("t", 0, 3, 0, 5, None, 7, b"abc")),
+    # ... else a transaction key (transactional put before 1.4.4): no checksum
+    (b"put t 0 3 0 TX:sess:12 7\r\nabc", PutRequest("t", 0, 3, 0, -1, "TX:sess:12", 7, b"abc")),
+    (b"put t -1 0 0 XID:1:0a0b:0c:3 8\r\n", PutRequest("t", -1, 0, 0, -1, "XID:1:0a0b:0c:3", 8,
+                                                       b"")),
+    # put, 8 fields: checksum and transaction key (Java's clients since 1.4.4)
+    (b"put t 0 3 0 -1 TX:sess:12 7\r\nabc",
+     PutRequest("t", 0, 3, 0, -1, "TX:sess:12", 7, b"abc")),
+    (b"put t 0 3 0 99 12 7\r\nabc", PutRequest("t", 0, 3, 0, 99, "12", 7, b"abc")),
+    # stats: Java's encoder writes "stats  <opaque>" (an empty item) for none
+    (b"stats  7\r\n", StatsRequest(None, 7)),
+    (b"stats\r\n", StatsRequest(None, NO_OPAQUE)),
+    (b"stats   \r\n", StatsRequest(None, NO_OPAQUE)),
+    (b"stats topics\r\n", StatsRequest("topics", NO_OPAQUE)),
+    (b"stats topics 9 extra\r\n", StatsRequest("topics", 9)),
+    (b"stats 9\r\n", StatsRequest(None, 9)),  # metaq-py's encoder's form, kept
+    # version: alone (Java's heartbeat reader), extra fields ignored
+    (b"version\r\n", VersionRequest(NO_OPAQUE)),
+    (b"version \r\n", VersionRequest(NO_OPAQUE)),
+    (b"version 5 extra\r\n", VersionRequest(5)),
+    # get / offset: fields after the opaque ignored, but metaq-py's extension right there
+    (b"get t g 0 0 100 7 extra\r\n", GetRequest("t", "g", 0, 0, 100, 7)),
+    (b"get t g 0 0 100 7  \r\n", GetRequest("t", "g", 0, 0, 100, 7)),
+    (b"get t g 0 0 100 7 a b c\r\n", GetRequest("t", "g", 0, 0, 100, 7)),
+    (b"get t g 0 0 100 7 hold=50 extra\r\n", GetRequest("t", "g", 0, 0, 100, 7, 50)),
+    (b"get t g 0 0 100 7 extra hold=50\r\n", GetRequest("t", "g", 0, 0, 100, 7, 0)),
+    (b"offset t g 1 5 7 extra\r\n", OffsetRequest("t", "g", 1, 5, 7)),
+    (b"offset t g 1 5 7 time=9 extra\r\n", OffsetRequest("t", "g", 1, 5, 7, 9)),
+    (b"offset t g 1 5 7 \r\n", OffsetRequest("t", "g", 1, 5, 7)),
+    (b"quit \r\n", QuitRequest()),
+]
+
+
+def _norm(items: list) -> list:
+    """Parser output comparable across parsers: fast tuples back to PutRequests, bad
+    requests as (type, message, opaque, fatal)."""
+    return [(type(r.error), str(r.error), r.opaque, r.fatal) if isinstance(r, BadRequest)
+            else _unfast(r) for r in items]
+
+
+@pytest.mark.usefixtures("put_loop")
+@pytest.mark.parametrize("line, want", JAVA_FORMS, ids=[repr(f[0][:40]) for f in JAVA_FORMS])
+@pytest.mark.parametrize("fast", [None, FAST], ids=["plain", "fast_puts"])
+def test_java_forms(line, want, fast):
+    """Each form as Java reads it, with the stream going on after it; the fast put loop
+    (C and Python) takes none of them but the plain 7-field put and hands the rest over."""
+    follow = encode_version(77)
+    assert [_unfast(r) for r in RequestParser(fast_puts=fast).feed(line + follow)] == [
+        want, VersionRequest(77)]
+    parser = RequestParser(fast_puts=fast)
+    got = []
+    for b in line + follow:  # one byte at a time
+        got += parser.feed_lenient(bytes([b]))
+    assert [_unfast(r) for r in got] == [want, VersionRequest(77)]
+    if fast is not None and line.startswith(b"put t 0 "):
+        taken = RequestParser(fast_puts=fast).feed(line)[0]
+        assert (type(taken) is tuple) == (line == b"put t 0 3 0 12345 7\r\nabc")
+
+
+@pytest.mark.usefixtures("put_loop")
+@pytest.mark.parametrize("fast", [None, FAST], ids=["plain", "fast_puts"])
+def test_sync_is_refused_and_its_payload_skipped(fast):
+    payload = b"sync payload, with version 1\r\n inside: never read as requests"
+    for head in (b"sync t 0 %d 0 6340863216562294785 7\r\n",
+                 b"sync t 0 %d 0 6340863216562294785 -1 7\r\n"):
+        data = (head % len(payload) + payload + encode_put("t", 0, b"x", 0, checksum(b"x"), 8)
+                + encode_version(9))
+        for step in (len(data), 5, 1):
+            parser = RequestParser(fast_puts=fast, max_payload=10)
+            got = []
+            for i in range(0, len(data), step):
+                got += parser.feed_lenient(data[i:i + step])
+            bad, put, version = got
+            assert isinstance(bad, BadRequest) and (bad.opaque, bad.fatal) == (7, False)
+            assert str(bad.error).startswith(
+                "sync is not supported: metaq-py brokers have no slave replication")
+            assert _unfast(put) == PutRequest("t", 0, 1, 0, checksum(b"x"), None, 8, b"x")
+            assert version == VersionRequest(9)
+            assert parser.buffered == 0
+        # strict: the error raised, then the stream goes on from after the payload
+        parser = RequestParser(fast_puts=fast)
+        with pytest.raises(metaq.ProtocolError, match="sync is not supported"):
+            parser.feed(data)
+        assert [_unfast(r).opaque for r in parser.feed(b"")] == [8, 9]
+
+
+# Java-valid lines with random values: (line + payload, the request it is).
+_tx_keys = names.filter(lambda k: not (k[0].isdigit() or k[0] == "-")).filter(
+    lambda k: not k[0].isdecimal())
+_trail = st.sampled_from(["", "", " ", "   "])
+_extra = st.lists(st.text("abc=0123456789-", min_size=1, max_size=6).filter(
+    lambda x: not x.startswith(("hold=", "time="))), max_size=3).map(
+    lambda xs: "".join(" " + x for x in xs))
+_payload = st.binary(max_size=40)
+
+
+def _line(fields: list, trail: str) -> bytes:
+    return (" ".join(str(f) for f in fields) + trail + "\r\n").encode()
+
+
+_java_requests = st.one_of(
+    st.builds(lambda t, p, f, o, pl, tr: (
+        _line(["put", t, p, len(pl), f, o], tr) + pl, PutRequest(t, p, len(pl), f, -1, None, o,
+                                                                 pl)),
+        names, int32, int32, int32, _payload, _trail),
+    st.builds(lambda t, p, f, c, o, pl, tr: (
+        _line(["put", t, p, len(pl), f, c, o], tr) + pl, PutRequest(t, p, len(pl), f, c, None, o,
+                                                                    pl)),
+        names, st.sampled_from([0, 3, -1]), int32, st.one_of(st.just(-1), int32), int32,
+        _payload, _trail),
+    st.builds(lambda t, p, f, k, o, pl, tr: (
+        _line(["put", t, p, len(pl), f, k, o], tr) + pl, PutRequest(t, p, len(pl), f, -1, k, o,
+                                                                    pl)),
+        names, int32, int32, _tx_keys, int32, _payload, _trail),
+    st.builds(lambda t, p, f, c, k, o, pl, tr: (
+        _line(["put", t, p, len(pl), f, c, k, o], tr) + pl, PutRequest(t, p, len(pl), f, c, k, o,
+                                                                       pl)),
+        names, int32, int32, int32, names, int32, _payload, _trail),
+    st.builds(lambda i, o, tr: (
+        _line(["stats", "" if i is None else i, o], tr), StatsRequest(i, o)),
+        st.one_of(st.none(), names), int32, _trail),
+    st.builds(lambda i, tr: (_line(["stats"] + ([] if i is None else [i]), tr),
+                             StatsRequest(i, NO_OPAQUE)),
+              st.one_of(st.none(), names.filter(lambda i: not i.lstrip("-").isdigit())), _trail),
+    st.builds(lambda o, x, tr: (_line(["version"] + ([] if o is None else [o]),
+                                      ("" if o is None else x) + tr),
+                                VersionRequest(NO_OPAQUE if o is None else o)),
+              st.one_of(st.none(), int32), st.sampled_from(["", " x"]), _trail),
+    st.builds(lambda t, g, p, off, m, o, h, x, tr: (
+        _line(["get", t, g, p, off, m, o] + ([f"hold={h}"] if h else []), x + tr),
+        GetRequest(t, g, p, off, m, o, h)),
+        names, names, int32, int64, int32, int32, st.sampled_from([0, 0, 5]), _extra, _trail),
+    st.builds(lambda t, g, p, off, o, tm, x, tr: (
+        _line(["offset", t, g, p, off, o] + ([f"time={tm}"] if tm >= 0 else []), x + tr),
+        OffsetRequest(t, g, p, off, o, tm)),
+        names, names, int32, int64, int32, st.sampled_from([-1, -1, 0, 12]), _extra, _trail),
+    st.builds(lambda t, p, f, i, c, o, pl, tr: (
+        _line(["sync", t, p, len(pl), f, i] + ([] if c is None else [c]) + [o], tr) + pl,
+        ("sync", o)),
+        names, int32, int32, int64, st.one_of(st.none(), int32), int32, _payload, _trail),
+)
+
+
+@pytest.mark.usefixtures("put_loop")
+@settings(max_examples=300)
+@given(st.lists(_java_requests, max_size=12), st.lists(st.integers(0, 3000), max_size=6),
+       st.booleans())
+def test_java_forms_fuzz_keep_their_framing(items, cuts, fast):
+    """Java's forms with random values, back to back in any chunking: each read as Java
+    reads it (a sync refused, its payload skipped), nothing else, nothing lost."""
+    data = b"".join(line for line, _want in items) + encode_version(77)
+    parser = RequestParser(fast_puts=FAST if fast else None, max_payload=60)
+    got = []
+    for chunk in chunked(data, cuts):
+        got += parser.feed_lenient(chunk)
+    want = [w for _line, w in items] + [VersionRequest(77)]
+    assert len(got) == len(want)
+    for r, w in zip(got, want, strict=True):
+        if type(w) is tuple:  # a sync
+            assert isinstance(r, BadRequest) and not r.fatal and r.opaque == w[1]
+            assert "sync is not supported" in str(r.error)
+        else:
+            assert _unfast(r) == w
+    assert parser.buffered == 0
+
+
+_vocab = st.sampled_from(["put", "sync", "stats", "version", "get", "offset", "quit", "t", "g",
+                          "", "", "0", "1", "3", "-1", "-0", "7", "x", "TX:1", "hold=5",
+                          "hold=x", "time=3", "2147483648", "99999999999999999999", "ü",
+                          "a/b"])
+
+
+_num = st.sampled_from(["0", "1", "3", "-1", "7", "9", "x", "", "2147483648"])
+_name = st.sampled_from(["t", "g", "ü", "a/b", "", "TX:1"])
+# fields shaped like a put's or sync's (topic, partition, length, ...) or a get's or
+# offset's (topic, group, numbers...), with random ones after them; or random throughout
+_random_fields = st.one_of(
+    st.lists(_vocab, max_size=9),
+    st.builds(lambda t, p, n, rest: [t, p, n, *rest], _name, _num, _num,
+              st.lists(st.one_of(_num, _vocab), max_size=6)),
+    st.builds(lambda t, g, nums, rest: [t, g, *nums, *rest], _name, _name,
+              st.lists(_num, min_size=3, max_size=5), st.lists(_vocab, max_size=3)))
+
+
+@pytest.mark.usefixtures("put_loop")
+@settings(max_examples=500)
+@given(st.lists(st.tuples(st.sampled_from(["put", "sync", "stats", "version", "get", "offset"]),
+                          _random_fields, st.binary(max_size=8)), max_size=8),
+       st.lists(st.integers(0, 400), max_size=5))
+def test_random_command_lines_fail_only_as_documented(lines, cuts):
+    """Random fields after each command (payloads as long as their length field says,
+    for put and sync): nothing but ProtocolError, requests of the documented types, the
+    fast put loop (C and Python) agreeing with the parser alone, and the stream going
+    on after every bad request that is not fatal."""
+    data = b""
+    for cmd, fields, noise in lines:
+        data += " ".join([cmd, *fields]).encode() + b"\r\n"
+        if cmd in ("put", "sync") and len(fields) >= 3:
+            n = fields[2]
+            if n.isdigit() and int(n) <= 9:
+                data += (noise * 9)[:int(n)].ljust(int(n), b"z")
+    data += encode_version(77)
+    results = []
+    for fast in (None, FAST):
+        parser = RequestParser(fast_puts=fast, max_line=200, max_payload=50)
+        got = []
+        for chunk in chunked(data, cuts):
+            try:
+                got += parser.feed_lenient(chunk)
+            except metaq.ProtocolError as e:  # fed after a fatal error
+                assert parser._broken is not None and "broken" in str(e)
+                break
+        for r in got:
+            assert isinstance(r, (*valid_types, BadRequest, tuple))
+            if isinstance(r, BadRequest):
+                assert isinstance(r.error, metaq.ProtocolError) and str(r.error)
+        if not any(isinstance(r, BadRequest) and r.fatal for r in got):
+            assert got[-1] == VersionRequest(77)
+        results.append(_norm(got))
+        strict = RequestParser(fast_puts=fast, max_line=200, max_payload=50)
+        pending = data
+        while True:
+            try:
+                strict.feed(pending)
+                break
+            except metaq.ProtocolError:
+                if strict._broken is not None:
+                    break
+                pending = b""
+    assert results[0] == results[1]
