@@ -42,7 +42,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from metaq._errors import StorageError
+from metaq._errors import ProtocolError, StorageError
 from metaq.broker._replies import Gate, answer, result
 from metaq.broker._txjournal import COMPACT_AT, Replayed, TxJournal
 from metaq.protocol import (
@@ -50,20 +50,18 @@ from metaq.protocol import (
     HEADER,
     HEADER_SIZE,
     INT32_MAX,
-    PutRequest,
-    TransactionRequest,
-    crc32,
-    encode_message,
-    parse_transaction_key,
-    scan_messages,
-)
-from metaq.protocol._transaction import (
     XA_OK,
     XA_RBOTHER,
     XA_RDONLY,
     XAER_NOTA,
     XAER_PROTO,
     XAER_RMERR,
+    PutRequest,
+    TransactionRequest,
+    crc32,
+    encode_message,
+    parse_transaction_key,
+    scan_messages,
 )
 
 if TYPE_CHECKING:
@@ -242,7 +240,10 @@ class Transactions:
         try:
             key = self._keys.get(p.tx_key)
             if key is None:
-                key = parse_transaction_key(p.tx_key)
+                try:
+                    key = parse_transaction_key(p.tx_key)
+                except ProtocolError as e:  # Java's decoder would close the connection
+                    return result(400, str(e), p.opaque)
                 if len(self._keys) > 10_000:
                     self._keys.clear()
                 self._keys[p.tx_key] = key

@@ -46,7 +46,7 @@ from metaq.producer._message import MessageEncoder
 from metaq.producer._path import SendPath
 from metaq.producer._router import Router
 from metaq.producer._send import Send, SendResult
-from metaq.producer._transaction import LocalTransaction, XAResource
+from metaq.producer._transaction import LocalTransaction, TxSender, XAResource
 from metaq.protocol import CHECKSUM_MASK, FLAG_HAS_ATTRIBUTE
 from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 from zk_layout import Layout
@@ -111,9 +111,8 @@ class Producer:
         self._raw_bytes = encoder.raw_bytes  # bytes bodies go as they are
         self._max_size = encoder.max_size
         self._with_attribute = encoder.with_attribute
-        #: idle connections of finished transactions, per broker address (reused)
-        self._tx_idle: dict[tuple[str, int], list] = {}
-        self._tx_lock = threading.Lock()
+        #: what transactions borrow: routes, partitioner, payload rules, idle connections
+        self._tx = TxSender(self._router, self._path, encoder, config.send_timeout)
         self._timeout = config.send_timeout
 
     # -- lifecycle -----------------------------------------------------------
@@ -138,11 +137,7 @@ class Producer:
         self._path.close(_monotonic() + (self.config.close_timeout if timeout is None
                                          else timeout))
         self._router.close()
-        with self._tx_lock:
-            for conns in self._tx_idle.values():
-                for conn in conns:
-                    conn.close()
-            self._tx_idle.clear()
+        self._tx.close()
         if self._own_client:
             try:
                 self._client.stop()
@@ -251,7 +246,7 @@ class Producer:
         by then.  See :mod:`metaq.producer._transaction`."""
         if self._closed:
             raise ProducerError("the producer is closed")
-        return LocalTransaction(self, timeout=timeout)
+        return LocalTransaction(self._tx, timeout=timeout)
 
     def xa_resource(self, unique_qualifier: str, *, topic: str | None = None,
                     broker_id: int | None = None) -> XAResource:
@@ -261,7 +256,7 @@ class Producer:
         ``unique_qualifier`` names this resource's branches (RECOVER lists them)."""
         if self._closed:
             raise ProducerError("the producer is closed")
-        return XAResource(self, unique_qualifier, topic=topic, broker_id=broker_id)
+        return XAResource(self._tx, unique_qualifier, topic=topic, broker_id=broker_id)
 
     def partitions(self, topic: str) -> list[str]:
         """The names of ``topic``'s writable partitions, in Metaq order."""

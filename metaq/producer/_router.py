@@ -230,6 +230,10 @@ class Router:
                          "its partitions are skipped", bid, topic)
         return TopicRoute.build(topic, num_parts, addresses)
 
+    def address(self, broker_id: int) -> tuple[str, int] | None:
+        """Broker ``broker_id``'s address as registered now (None when it is not)."""
+        return self._address(broker_id)
+
     def _address(self, broker_id: int) -> tuple[str, int] | None:
         client = self._client
         path = self._layout.broker_master(broker_id)

@@ -34,6 +34,7 @@ import os
 import re
 import socket
 import threading
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from metaq._errors import BrokerError, ProducerError, TransactionError, XAError
@@ -50,9 +51,11 @@ from metaq.protocol import (
 from zk_layout import Partition
 
 if TYPE_CHECKING:
-    from metaq.producer._producer import Producer
+    from metaq.producer._message import MessageEncoder
+    from metaq.producer._path import SendPath
+    from metaq.producer._router import Router
 
-__all__ = ["LocalTransaction", "XAResource", "Xid"]
+__all__ = ["LocalTransaction", "XAResource", "Xid", "TxSender"]
 
 _XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
 _sessions = itertools.count(1)
@@ -84,12 +87,36 @@ def _failure(e: BrokerError, what: str) -> TransactionError:
 _IDLE_MAX = 4
 
 
+@dataclass
+class TxSender:
+    """What a producer lends its transactions: its routes and partitioner (``router``,
+    ``path``), its payload rules (``encoder``), and the connections of finished
+    transactions kept for the next ones (``idle``, per broker address, under ``lock``)."""
+
+    router: Router
+    path: SendPath
+    encoder: MessageEncoder
+    send_timeout: float
+    idle: dict[tuple[str, int], list[BrokerConnection]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    closed: bool = False
+
+    def close(self) -> None:
+        """The producer closes: no connection is kept any more."""
+        with self.lock:
+            self.closed = True
+            for conns in self.idle.values():
+                for conn in conns:
+                    conn.close()
+            self.idle.clear()
+
+
 
 class _OnOneBroker:
     """Sends of one transaction to one broker over a connection of its own."""
 
-    def __init__(self, producer: Producer) -> None:
-        self._producer = producer
+    def __init__(self, sender: TxSender) -> None:
+        self._sender = sender
         self._broker: int | None = None
         self._conn: BrokerConnection | None = None
         self._pending: list[tuple[int, str]] = []   # (opaque, partition name)
@@ -99,18 +126,17 @@ class _OnOneBroker:
 
     def _connect(self, broker_id: int, address: tuple[str, int]) -> BrokerConnection:
         if self._conn is None:
-            with self._producer._tx_lock:
-                idle = self._producer._tx_idle.get(address)
+            with self._sender.lock:
+                idle = self._sender.idle.get(address)
                 conn = idle.pop() if idle else None
-            self._conn = conn or BrokerConnection(
-                *address, timeout=self._producer.config.send_timeout)
+            self._conn = conn or BrokerConnection(*address, timeout=self._sender.send_timeout)
             self._broker = broker_id
         return self._conn
 
     def _partition(self, topic: str, data: bytes, key: Any,
                    partition: str | None) -> tuple[Partition, tuple[str, int]]:
-        path = self._producer._path
-        route = self._producer._router.get(topic) or path.load(topic)
+        path = self._sender.path
+        route = self._sender.router.get(topic) or path.load(topic)
         if partition is not None:
             part = Partition.parse(partition)
             if part not in route.positions:
@@ -134,15 +160,15 @@ class _OnOneBroker:
 
     def _put(self, tx_key_of, topic: str, body: Any, attribute: str | None, key: Any,
              partition: str | None) -> None:
-        p = self._producer
-        data = body if type(body) is bytes and p._raw_bytes else p._encode(body)
-        if len(data) > p._max_size:
+        enc = self._sender.encoder
+        data = body if type(body) is bytes and enc.raw_bytes else enc.encode(body)
+        if len(data) > enc.max_size:
             raise TransactionError(f"message body of {len(data)} bytes is over "
-                                   f"max_message_size={p._max_size}")
+                                   f"max_message_size={enc.max_size}")
         if attribute is None:
             payload, flag = data, 0
         else:
-            payload, flag = p._with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
+            payload, flag = enc.with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
         with self._lock:
             part, address = self._partition(topic, data, key, partition)
             conn = self._connect(part.broker_id, address)
@@ -170,10 +196,10 @@ class _OnOneBroker:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        p = self._producer
-        with p._tx_lock:
-            idle = p._tx_idle.setdefault(conn.address, [])
-            if reuse and not self._pending and len(idle) < _IDLE_MAX and not p.closed:
+        s = self._sender
+        with s.lock:
+            idle = s.idle.setdefault(conn.address, [])
+            if reuse and not self._pending and len(idle) < _IDLE_MAX and not s.closed:
                 idle.append(conn)
                 return
         conn.close()
@@ -182,8 +208,8 @@ class _OnOneBroker:
 class LocalTransaction(_OnOneBroker):
     """A local transaction (see the module docstring); use it with ``with``."""
 
-    def __init__(self, producer: Producer, *, timeout: int = 0) -> None:
-        super().__init__(producer)
+    def __init__(self, sender: TxSender, *, timeout: int = 0) -> None:
+        super().__init__(sender)
         if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 0:
             raise TransactionError(f"timeout must be an int >= 0 (seconds), got {timeout!r}")
         self.timeout = timeout
@@ -270,9 +296,9 @@ class LocalTransaction(_OnOneBroker):
 class XAResource(_OnOneBroker):
     """An XA resource of one broker (see the module docstring)."""
 
-    def __init__(self, producer: Producer, unique_qualifier: str, *,
+    def __init__(self, sender: TxSender, unique_qualifier: str, *,
                  broker_id: int | None = None, topic: str | None = None) -> None:
-        super().__init__(producer)
+        super().__init__(sender)
         if not unique_qualifier or not re.fullmatch(r"[^:\s]+", unique_qualifier):
             raise ProducerError(f"unique_qualifier must be a non-empty name without ':' or "
                                 f"spaces, got {unique_qualifier!r}")
@@ -284,13 +310,13 @@ class XAResource(_OnOneBroker):
             if topic is None:
                 raise ProducerError("xa_resource needs a topic (to pick its broker) or a "
                                     "broker_id")
-            route = producer._router.get(topic) or producer._path.load(topic)
+            route = sender.router.get(topic) or sender.path.load(topic)
             if not route.partitions:
                 raise ProducerError(f"no broker publishes topic {topic!r}")
             broker_id = route.partitions[0].broker_id
             address = route.addresses[broker_id]
         else:
-            address = producer._router._address(broker_id)
+            address = sender.router.address(broker_id)
             if address is None:
                 raise ProducerError(f"broker {broker_id} is not registered")
         self._connect(broker_id, address)

@@ -93,6 +93,12 @@ from metaq.protocol._message import (
 from metaq.protocol._parsers import ReplyParser, RequestParser
 from metaq.protocol._transaction import (
     TX_TYPES,
+    XA_OK,
+    XA_RBOTHER,
+    XA_RDONLY,
+    XAER_NOTA,
+    XAER_PROTO,
+    XAER_RMERR,
     TransactionKey,
     TransactionRequest,
     encode_transaction,
@@ -123,6 +129,7 @@ __all__ = [
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts",
-    "TX_TYPES", "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
+    "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
+    "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",
 ]

@@ -227,9 +227,13 @@ def encode_put(topic: str, partition: int, payload: bytes, flag: int, checksum: 
     if tx_key is None:
         return b"put %b %d %d %d %d %d\r\n%b" % (
             _topic_bytes(topic), partition, len(payload), flag, checksum, opaque, payload)
+    if not isinstance(tx_key, str) or not tx_key or len(tx_key) > 512 \
+            or not tx_key.isprintable() or " " in tx_key:
+        raise ProtocolError(f"bad tx_key {str(tx_key)[:_REPR_MAX]!r}: a transaction key "
+                            f"is 1..512 printable characters without spaces")
     return b"put %b %d %d %d %d %b %d\r\n%b" % (
         _topic_bytes(topic), partition, len(payload), flag, checksum,
-        _name_bytes(tx_key, "tx_key"), opaque, payload)
+        tx_key.encode("utf-8"), opaque, payload)
 
 
 def _name_bytes(s: str, what: str) -> bytes:

@@ -64,7 +64,7 @@ from metaq.protocol._constants import (
     INT64_MIN,
     MAX_LINE,
 )
-from metaq.protocol._transaction import transaction_request
+from metaq.protocol._transaction import MAX_TRANSACTION_KEY, transaction_request
 
 __all__ = ["RequestParser", "ReplyParser"]
 
@@ -383,7 +383,9 @@ class RequestParser(_Buffered):
         tx_key = None
         if tx_tok is not None:
             tx_key = token_text(tx_tok, "transaction key")
-            if name_problem(tx_key):
+            # an XA key (two hex ids of up to 64 bytes each, a unique qualifier) may be
+            # longer than a name: its own length limit (_transaction._MAX_KEY) applies
+            if not tx_key or len(tx_key) > MAX_TRANSACTION_KEY or not tx_key.isprintable():
                 raise ProtocolError(f"bad put line {show(line)}: bad transaction key")
         try:
             topic = parse_topic(parts[1])

@@ -30,7 +30,8 @@ from metaq.protocol._constants import INT32_MAX, INT32_MIN
 
 __all__ = ["TransactionRequest", "TransactionKey", "TX_TYPES", "encode_transaction",
            "parse_transaction_key", "transaction_request", "local_key", "xa_key",
-           "XA_OK", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR", "XAER_INVAL",
+           "MAX_TRANSACTION_KEY", "XA_OK", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO",
+           "XAER_RMERR", "XAER_INVAL",
            "XA_RBOTHER", "XA_RBTIMEOUT"]
 
 #: The transaction types, as Java's ``TransactionInfo.TransactionType`` names them.
@@ -49,7 +50,8 @@ XAER_PROTO = -6
 
 _LOCAL = re.compile(r"TX:([^:\s]+):(-?\d{1,19})")
 _XA = re.compile(r"XID:(-?\d{1,10}):([0-9a-fA-F]*):([0-9a-fA-F]*):([^:\s]+)")
-_MAX_KEY = 512
+#: Longest transaction key accepted (an XA key with 64-byte ids is about 290 characters).
+MAX_TRANSACTION_KEY = 512
 
 
 class TransactionKey(NamedTuple):
@@ -73,7 +75,7 @@ def parse_transaction_key(text: str) -> TransactionKey:
     """``text`` as a transaction key, or ProtocolError naming what is wrong."""
     if text == "null":
         return TransactionKey("null", text)
-    if len(text) > _MAX_KEY:
+    if len(text) > MAX_TRANSACTION_KEY:
         raise ProtocolError(f"transaction key of {len(text)} characters is too long")
     m = _LOCAL.fullmatch(text)
     if m is not None:

@@ -220,6 +220,11 @@ def test_puts_of_both_parser_paths_are_one_step(broker, client):
             line = line.replace(b"mix %d " % part, b"mix %s0%d " % (
                 b"-" if part < 0 else b"", abs(part)), 1)
         reqs.append(line)
+        if form == "tx":  # a transaction's put (here of a key that is not one)
+            want.append((400, b"bad transaction key b'k': expected 'TX:<session>:<n>', "
+                              b"'XID:<formatId>:<gtrid hex>:<bqual hex>:<uniqueQualifier>' "
+                              b"or 'null'"))
+            continue
         if part == -2:
             want.append((400, b"bad partition -2"))
             continue
@@ -232,8 +237,6 @@ def test_puts_of_both_parser_paths_are_one_step(broker, client):
             want.append((400, b"checksum mismatch"))
         elif part == 2:
             want.append((403, b"partition mix-2 is closed"))
-        elif form == "tx":
-            want.append((400, b"transactions are not supported"))
         else:
             want.append((200, part))
     client.send(b"".join(reqs))
@@ -371,11 +374,17 @@ def test_java_request_forms(broker, client):
     assert [HEADER.unpack_from(v.body, m.offset)[1] for m in msgs] == [
         checksum(b"hello"), checksum(b"world"), checksum(b"abc")]
     # a checksum that is given and wrong is still refused; transactional puts, in
-    # either of Java's forms, are refused as before (not supported)
+    # either of Java's forms: Java's answer when the transaction was not begun, else
+    # kept for the commit (offset -1)
     assert client.call(b"put t 0 3 0 12345 15\r\nabc") == Result(400, b"checksum mismatch", 15)
     for line in (b"put t 0 3 0 TX:s:1 16\r\nabc", b"put t 0 3 0 -1 TX:s:1 16\r\nabc"):
         r = client.call(line)
-        assert r.code == 400 and b"transactions" in r.body and r.opaque == 16
+        assert r == Result(500, b"Local transaction 'TX:s:1' has not been started.", 16)
+    assert client.call(b"transaction TX:s:1 s BEGIN 16\r\n") == Result(200, b"", 16)
+    for line in (b"put t 0 3 0 TX:s:1 16\r\nabc", b"put t 0 3 0 -1 TX:s:1 16\r\nabc"):
+        r = client.call(line)
+        assert r.code == 200 and r.body.endswith(b" 0 -1") and r.opaque == 16
+    assert client.call(b"transaction TX:s:1 s ROLLBACK 16\r\n") == Result(200, b"", 16)
     # get and offset with fields after the opaque (ignored)
     v = client.call(b"get t g 0 0 4096 17 some extra fields\r\n")
     assert isinstance(v, Value) and v.opaque == 17 and len(list(iter_messages(v.body, 0))) == 3
@@ -485,7 +494,9 @@ def test_put_errors_write_nothing(broker, client):
     r = client.call(encode_put("t", -2, payload, 0, checksum(payload), 4))
     assert r.code == 400 and b"partition" in r.body
     r = client.call(encode_put("t", 0, payload, 0, checksum(payload), 5, tx_key="tx-1"))
-    assert r.code == 400 and b"transactions" in r.body
+    assert r.code == 400 and b"bad transaction key" in r.body
+    r = client.call(encode_put("t", 0, payload, 0, checksum(payload), 5, tx_key="TX:s:9"))
+    assert r.code == 500 and b"has not been started" in r.body
     assert broker.offsets("t", 0) == before
     assert client.put("t", 0, b"ok", opaque=6).code == 200
 

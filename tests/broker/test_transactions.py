@@ -3,6 +3,7 @@ subprocesses killed with SIGKILL for crash recovery, the Python API on top."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from pathlib import Path
@@ -309,14 +310,31 @@ def test_fuzzed_transaction_and_put_lines_never_crash_the_broker(fuzz_broker, li
     s.close()
     with BrokerConnection("127.0.0.1", fuzz_broker.port) as c:  # still serving
         assert c.version().startswith("1.4.6")
+    assert not fuzz_broker.internal_errors, fuzz_broker.internal_errors
+
+
+class _Errors(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record.getMessage())
 
 
 @pytest.fixture(scope="module")
 def fuzz_broker(tmp_path_factory):
     cfg = BrokerConfig(broker_id=0, data_dir=tmp_path_factory.mktemp("fuzz"), port=free_port(),
                        topics={TOPIC: 1})
-    with Broker(cfg) as b:
-        yield b
+    handler = _Errors()
+    logger = logging.getLogger("metaq.broker")
+    logger.addHandler(handler)
+    try:
+        with Broker(cfg) as b:
+            b.internal_errors = handler.records  # an internal error closes a connection
+            yield b
+    finally:
+        logger.removeHandler(handler)
 
 
 # -- the Python API --------------------------------------------------------------------------
