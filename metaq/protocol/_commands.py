@@ -270,8 +270,10 @@ def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: i
 
 
 def encode_stats(item: str | None, opaque: int) -> bytes:
+    """A ``stats``; without an item as Java writes it, ``stats  <opaque>`` (an empty
+    item): a Java broker reads ``stats <opaque>`` as an item named by the number."""
     if item is None:
-        return b"stats %d\r\n" % opaque
+        return b"stats  %d\r\n" % opaque
     return b"stats %b %d\r\n" % (_name_bytes(item, "stats item"), opaque)
 
 

@@ -63,7 +63,7 @@ def test_exact_bytes():
     assert encode_offset("t", "g", 1, 5, 10) == b"offset t g 1 5 10\r\n"
     assert encode_offset("t", "g", 1, 0, 10, 1_700_000_000_000) == \
         b"offset t g 1 0 10 time=1700000000000\r\n"
-    assert encode_stats(None, 11) == b"stats 11\r\n"
+    assert encode_stats(None, 11) == b"stats  11\r\n"  # as Java writes it
     assert encode_stats("topics", 12) == b"stats topics 12\r\n"
     assert encode_version(13) == b"version 13\r\n"
     assert QUIT == b"quit\r\n"
