@@ -107,6 +107,7 @@ class ZooKeeperServer:
         self._quorum = quorum
         self._server_id = server_id
         self._proc: subprocess.Popen[bytes] | None = None
+        self._log_name = LOG_FILE  # OUT_FILE when the classpath logs with slf4j-simple
         if stop_at_exit:
             atexit.register(_stop_at_exit, weakref.ref(self))
 
@@ -130,7 +131,9 @@ class ZooKeeperServer:
 
     @property
     def log_path(self) -> Path:
-        return self.data_dir / LOG_FILE
+        """The server's log: ``zookeeper.log`` with log4j 2 on the classpath; with
+        slf4j-simple (Debian's jars) the server logs to stderr, kept in the JVM's output."""
+        return self.data_dir / self._log_name
 
     @property
     def pid(self) -> int | None:
@@ -162,7 +165,7 @@ class ZooKeeperServer:
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the log and of the JVM's stdout/stderr."""
         parts = []
-        for name in (LOG_FILE, OUT_FILE):
+        for name in dict.fromkeys((self._log_name, OUT_FILE)):
             try:
                 text = (self.data_dir / name).read_text(errors="replace")
             except (OSError, LauncherError):
@@ -277,6 +280,8 @@ class ZooKeeperServer:
         ]
         log.info("starting ZooKeeper on %s:%d, data dir %s", HOST, self.port, d)
         log.debug("command: %s", cmd)
+        self._log_name = (LOG_FILE if any(p.name.startswith("log4j-core") for p in classpath)
+                          else OUT_FILE)
         with (d / OUT_FILE).open("ab") as out:
             self._proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
