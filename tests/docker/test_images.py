@@ -17,6 +17,7 @@ from helpers.zk_docker import (
     METAQ_IMAGE,
     DockerUnavailable,
     engine,
+    owner_labels,
     require_image,
     unavailable,
 )
@@ -98,7 +99,7 @@ def test_zookeeper_image_is_healthy_and_answers_within_a_deadline(zk_engine: Any
     deadline = 60.0
     container = zk_engine.containers.run(
         LOCAL_ZK_IMAGE, detach=True, ports={"2181/tcp": None},
-        labels={"org.metaq.test.owner": "test_images"})
+        labels=owner_labels())
     try:
         start = time.monotonic()
         health = None

@@ -53,6 +53,7 @@ __all__ = [
     "ZooKeeperContainer",
     "engine",
     "have_image",
+    "owner_labels",
     "require_image",
     "unavailable",
     "zk_image",
@@ -66,6 +67,11 @@ METAQ_IMAGE = "metaq-py:test"
 PREPARE = "python docker/prepare.py images"
 OWNER_LABEL = "org.metaq.test.owner"
 _OWNER = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_labels() -> dict[str, str]:
+    """Labels for a container a test starts: removed after this process dies, if left."""
+    return {OWNER_LABEL: _OWNER}
 
 
 class DockerUnavailable(Exception):
