@@ -5,8 +5,11 @@
 - unset/empty: the embedded launcher (``metaq._zk.ZooKeeperServer``) runs one JVM for the
   whole session, from the jars of the pyspark wheel (or $ZOOKEEPER_HOME / Debian's package);
 - ``host:port``: an external server that is already running;
-- ``docker``: testcontainers' ZooKeeper image (skips every ZooKeeper test when no Docker
-  engine is reachable).
+- ``docker``: a container per session through testcontainers (``helpers.zk_docker``), of
+  ``$METAQ_TEST_ZK_IMAGE``, else ``metaq-zookeeper:test`` when built
+  (``python docker/prepare.py images``), else ``zookeeper:3.9``, with the launcher's
+  settings; the ``zk_ensemble`` is then three containers too.  Every ZooKeeper test is
+  skipped, saying what is missing, when no engine is reachable or no image can be had.
 
 When a test using the server fails, the server log written since the test started is
 attached to its report.
@@ -26,16 +29,15 @@ from metaq._zk import ZooKeeperEnsemble, ZooKeeperServer
 
 _SERVER_KEY = pytest.StashKey[object]()
 _ENSEMBLE_KEY = pytest.StashKey[object]()
-_LOG_MARK_KEY = pytest.StashKey[int]()
+_LOG_MARK_KEY = pytest.StashKey[float]()  # a byte offset, or a time (containers)
 _LOG_LINES = 200
 
 
 class ExternalZooKeeper:
-    """A server we did not start (``METAQ_TEST_ZK=host:port`` or a container); no log access."""
+    """A server we did not start (``METAQ_TEST_ZK=host:port``); no log access."""
 
-    def __init__(self, hosts: str, logs: object = None) -> None:
+    def __init__(self, hosts: str) -> None:
         self.hosts = hosts
-        self._logs = logs
 
     @property
     def port(self) -> int:
@@ -44,39 +46,21 @@ class ExternalZooKeeper:
     def log_size(self) -> int:
         return 0
 
-    def read_log(self, since: int = 0) -> str:
-        if self._logs is None:
-            return ""
-        try:
-            return self._logs()  # type: ignore[operator]
-        except Exception as e:  # pragma: no cover - best effort
-            return f"(could not read container logs: {e!r})"
+    def read_log(self, since: float = 0) -> str:
+        return ""
 
 
-def _docker_server() -> Iterator[ExternalZooKeeper]:
+def _docker_server() -> Iterator[object]:
+    """The session's server in a container (``helpers.zk_docker``); skips saying what is
+    missing when there is no engine or no image."""
+    from helpers.zk_docker import DockerUnavailable, ZooKeeperContainer, unavailable, zk_image
+
     try:
-        import docker  # testcontainers depends on it
-
-        docker.from_env().ping()
-    except Exception as e:
-        pytest.skip(f"METAQ_TEST_ZK=docker but no Docker engine is reachable: {e}")
-    from testcontainers.core.container import DockerContainer
-    from testcontainers.core.waiting_utils import wait_for_logs
-
-    container = (DockerContainer("zookeeper:3.9")
-                 .with_exposed_ports(2181)
-                 .with_env("ZOO_4LW_COMMANDS_WHITELIST", "*")
-                 .with_env("ZOO_TICK_TIME", "200")
-                 .with_env("ZOO_CFG_EXTRA", "minSessionTimeout=1000"))
-    with container:
-        wait_for_logs(container, "binding to port", timeout=60)
-        hosts = f"{container.get_container_host_ip()}:{container.get_exposed_port(2181)}"
-
-        def logs() -> str:
-            out, err = container.get_logs()
-            return "\n".join((out + err).decode("utf-8", "replace").splitlines()[-_LOG_LINES:])
-
-        yield ExternalZooKeeper(hosts, logs)
+        image = zk_image()
+    except DockerUnavailable as e:
+        unavailable(f"METAQ_TEST_ZK=docker: {e}")
+    with ZooKeeperContainer(image) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")
@@ -99,10 +83,22 @@ def zk_server(request: pytest.FixtureRequest) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def zk_ensemble(request: pytest.FixtureRequest) -> Iterator[ZooKeeperEnsemble]:
-    """A 3-node ZooKeeper ensemble on localhost, started only when a test asks for it."""
-    with ZooKeeperEnsemble(3) as ensemble:
-        request.config.stash[_ENSEMBLE_KEY] = ensemble
-        yield ensemble
+    """A 3-node ZooKeeper ensemble, started only when a test asks for it: on localhost
+    (the launcher), or under ``METAQ_TEST_ZK=docker`` three containers on a Docker network
+    (``helpers.zk_docker.ContainerEnsemble``, the same interface)."""
+    if os.environ.get("METAQ_TEST_ZK", "").strip() == "docker":
+        from helpers.zk_docker import ContainerEnsemble, DockerUnavailable, unavailable, zk_image
+
+        try:
+            image = zk_image()
+        except DockerUnavailable as e:
+            unavailable(f"METAQ_TEST_ZK=docker: {e}")
+        ensemble: object = ContainerEnsemble(3, image)
+    else:
+        ensemble = ZooKeeperEnsemble(3)
+    with ensemble as started:  # type: ignore[attr-defined]
+        request.config.stash[_ENSEMBLE_KEY] = started
+        yield started
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,11 @@ printf '%s\n' "log4j.rootLogger=${ZOO_LOG_LEVEL:-INFO}, CONSOLE" \
   "log4j.appender.CONSOLE.layout=org.apache.log4j.PatternLayout" \
   "log4j.appender.CONSOLE.layout.ConversionPattern=%d{ISO8601} [myid:%X{myid}] %-5p [%t] %c{1}@%L - %m%n" \
   > /conf/log4j.properties
+# zookeeper.jar's manifest names its dependencies; one slf4j binding, log4j 1.2 with the
+# config above (on "/usr/share/java/*" slf4j would pick any of the five bindings there,
+# slf4j-nop first, and the server would log nothing)
+j=/usr/share/java
 exec java -Xmx${ZOO_HEAP:-256m} -Dzookeeper.log.dir=/data \
   -Dlog4j.configuration=file:/conf/log4j.properties \
-  -cp "/usr/share/java/*" \
+  -cp "$j/zookeeper.jar:$j/zookeeper-jute.jar:$j/slf4j-log4j12.jar:$j/log4j-1.2.jar" \
   org.apache.zookeeper.server.quorum.QuorumPeerMain "$cfg"

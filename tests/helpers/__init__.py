@@ -7,5 +7,6 @@
   partition back;
 - :mod:`helpers.inproc`: an in-process broker and a pipelined ``produce``;
 - :mod:`helpers.consumer_script`: a consumer process for kill -9 tests, run as a
-  script (``python tests/helpers/consumer_script.py ...``).
+  script (``python tests/helpers/consumer_script.py ...``);
+- :mod:`helpers.zk_docker`: ZooKeeper in Docker containers (one server, an ensemble).
 """

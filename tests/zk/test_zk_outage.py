@@ -42,6 +42,9 @@ def test_members_return_quickly_after_an_outage_without_moving_a_partition(
             producer.send(TOPIC, b"before")
             wait_until(lambda: b"before" in got, 10, what="delivery before the outage")
             owned = [c.assignment() for c in members]
+            # a member that joined ahead of the other claimed both partitions and gave one
+            # back: that move belongs to the joins (it happens when the machine is busy)
+            revoked.clear()
 
             proxy.down()
             wait_until(lambda: all(c.state.value == "suspended" for c in members), 15,
