@@ -13,7 +13,7 @@ from metaq._zk._classpath import (
     find_zookeeper_classpath,
     pyspark_jars_dir,
 )
-from metaq._zk._ensemble import ZooKeeperEnsemble
+from metaq._zk._ensemble import ZooKeeperEnsemble, wait_for_quorum
 from metaq._zk._launcher import ZooKeeperServer
 from metaq._zk._process import four_letter_word, free_port, server_mode
 from metaq._zk._proxy import ZkProxy
@@ -35,4 +35,5 @@ __all__ = [
     "server_mode",
     "status",
     "stop",
+    "wait_for_quorum",
 ]

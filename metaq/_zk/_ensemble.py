@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from metaq._errors import ConfigError, LauncherError
@@ -15,7 +16,22 @@ from metaq._zk._launcher import ZooKeeperServer
 from metaq._zk._process import free_port, server_mode
 from metaq._zk._state import HOST, ZooKeeperConfig
 
-__all__ = ["ZooKeeperEnsemble"]
+__all__ = ["ZooKeeperEnsemble", "wait_for_quorum"]
+
+
+def wait_for_quorum(modes: Callable[[], list[str | None]], timeout: float) -> int:
+    """Poll ``modes()`` (each member's ``srvr`` mode, None when it does not serve) until a
+    leader serves with a majority of members serving; the leader's index.  LauncherError
+    naming the modes seen last when ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        seen = modes()
+        serving = sum(m in ("leader", "follower", "observer") for m in seen)
+        if "leader" in seen and serving > len(seen) // 2:
+            return seen.index("leader")
+        if time.monotonic() >= deadline:
+            raise LauncherError(f"no quorum within {timeout:.0f}s: member modes {seen}")
+        time.sleep(0.05)  # polling the members' four-letter answers
 
 log = logging.getLogger(__name__)
 
@@ -132,15 +148,8 @@ class ZooKeeperEnsemble:
 
     def wait_quorum(self, timeout: float = 30.0) -> int:
         """Wait until a leader serves with a majority of members serving; return its index."""
-        deadline = time.monotonic() + timeout
-        while True:
-            modes = [self.mode(i) for i in range(len(self._servers))]
-            serving = sum(m in ("leader", "follower", "observer") for m in modes)
-            if "leader" in modes and serving > len(self._servers) // 2:
-                return modes.index("leader")
-            if time.monotonic() >= deadline:
-                raise LauncherError(f"no quorum within {timeout:.0f}s: member modes {modes}")
-            time.sleep(0.05)
+        return wait_for_quorum(lambda: [self.mode(i) for i in range(len(self._servers))],
+                               timeout)
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(f"=== node {i} ===\n{s.log_tail(lines)}"

@@ -41,7 +41,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from metaq._zk import ZooKeeperConfig, four_letter_word, server_mode
+from metaq._zk import ZooKeeperConfig, four_letter_word, server_mode, wait_for_quorum
 from metaq.testing import free_port
 
 __all__ = [
@@ -560,15 +560,8 @@ class ContainerEnsemble:
 
     def wait_quorum(self, timeout: float = 30.0) -> int:
         """Until a leader serves with a majority of members serving; its index."""
-        deadline = time.monotonic() + timeout
-        while True:
-            modes = [self.mode(i) for i in range(len(self._servers))]
-            serving = sum(m in ("leader", "follower", "observer") for m in modes)
-            if "leader" in modes and serving > len(self._servers) // 2:
-                return modes.index("leader")
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"no quorum within {timeout:.0f}s: member modes {modes}")
-            time.sleep(0.05)
+        return wait_for_quorum(lambda: [self.mode(i) for i in range(len(self._servers))],
+                               timeout)
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(f"=== node {i} ===\n{s.log_tail(lines)}"
