@@ -122,7 +122,7 @@ def test_zookeeper_image_is_healthy_and_answers_within_a_deadline(zk_engine: Any
         assert "binding to port" in logs, logs[-3000:]  # the server logs (log4j to stdout)
         print(f"{LOCAL_ZK_IMAGE} healthy after {took:.1f}s")
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # with the image's anonymous /data volume
 
 
 def test_image_sizes(metaq_engine: Any, zk_engine: Any, capsys: pytest.CaptureFixture) -> None:

@@ -206,7 +206,7 @@ def _reap_orphans(client: Any) -> None:
         for c in client.containers.list(all=True, filters={"label": OWNER_LABEL}):
             if orphan(c.labels):
                 log.info("removing container %s left by a dead test process", c.name)
-                c.remove(force=True)
+                c.remove(force=True, v=True)  # with its anonymous /data volume
         for n in client.networks.list(filters={"label": OWNER_LABEL}):
             if orphan(n.attrs.get("Labels") or {}):
                 n.remove()
