@@ -41,7 +41,7 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from metaq._errors import BrokerError, ConfigError, MetaqError
-from metaq.net import BrokerConnection, offset_for_time, time_at
+from metaq.net import BrokerConnection, header_at, offset_for_time
 from zk_layout import (
     GroupInfo,
     Layout,
@@ -343,36 +343,22 @@ def position_times(client: KazooClient, layout: Layout, topic: str, positions: d
             with BrokerConnection(*address, timeout=timeout) as conn:
                 for p in parts:
                     index = int(p.split("-", 1)[1])
-                    t = time_at(conn, topic, index, positions[p], group=group)
-                    if t is not None:
-                        out[p] = t
-                        if capped is not None:
-                            sent = _over_cap(conn, topic, index, positions[p], group)
-                            if sent is not None:
-                                capped[p] = sent
+                    head = header_at(conn, topic, index, positions[p], group=group)
+                    if head is not None:
+                        out[p], need = head
+                        if capped is not None and need > _CAP_CHECK_FROM:
+                            sent = len(conn.get(topic, group, index, positions[p], need))
+                            if sent < need:  # the broker never sends it whole
+                                capped[p] = (need, sent)
         except (OSError, MetaqError) as e:
             log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
     return out
 
 
 #: A message at a position smaller than this is never checked against the broker's
-#: transfer cap (a Java broker's is 1 MiB unless set lower).
+#: transfer cap (a Java broker's is 1 MiB unless set lower); a bigger one is asked for
+#: whole once, and when less comes back no consumer can ever read it.
 _CAP_CHECK_FROM = 64 * 1024
-
-
-def _over_cap(conn: BrokerConnection, topic: str, index: int, position: int,
-              group: str) -> tuple[int, int] | None:
-    """``(message size, bytes the broker sends)`` when the message at ``position`` is
-    bigger than what the broker sends for one get asking for all of it (a Java
-    broker's ``maxTransferSize``: no consumer can ever read it), else None."""
-    head = conn.get(topic, group, index, position, 20)
-    if len(head) < 20:
-        return None
-    need = 20 + int.from_bytes(head[:4], "big", signed=True)
-    if need <= _CAP_CHECK_FROM:
-        return None
-    sent = len(conn.get(topic, group, index, position, need))
-    return (need, sent) if sent < need else None
 
 
 def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *,

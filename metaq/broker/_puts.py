@@ -11,7 +11,7 @@ either form or both, goes through the same steps:
    (400 for a partition below -1, 404 for one not served, the topic created when
    ``auto_create_topics`` says so); a put to partition -1 gets the next partition
    of its topic's round robin, in request order; a PutRequest the broker refuses
-   whatever its payload (over ``max_message_size``, a transaction key) gets a
+   whatever its payload (over ``max_message_size``) gets a
    target that says why (a third field); a PutRequest's checksum -1 ("not
    computed", as Java's clients send it, or none given) becomes the payload's;
 2. groups the puts by target: one group when all go to one partition, one per
@@ -141,7 +141,7 @@ def _targets(puts: list, topics: Topics, max_size: int,
                     replies[k] = result(404, f"topic {put[0][1]} not found", int(put[4]))
                     continue
         else:
-            topic, partition, length, flag, check, tx_key, opaque, payload = put
+            topic, partition, length, flag, check, _tx_key, opaque, payload = put
             if partition >= 0:
                 target = topics.target(topic, partition)
                 if target is None:
@@ -158,8 +158,6 @@ def _targets(puts: list, topics: Topics, max_size: int,
                 continue
             if length > max_size:
                 target = (*target, f"message of {length} bytes is over the limit {max_size}")
-            elif tx_key is not None:
-                target = (*target, "transactions are not supported")
             if check == -1:  # not given (Java's clients, legacy forms): the broker's own
                 check = crc32(payload) & CHECKSUM_MASK
             put = (target, length, flag, check, b"%d" % opaque, payload)

@@ -259,7 +259,7 @@ class Transactions:
                               p.opaque)
             payload = p.payload
             check = crc32(payload) & CHECKSUM_MASK
-            if p.checksum is not None and p.checksum != -1 and p.checksum != check:
+            if p.checksum != -1 and p.checksum != check:  # -1: not given (Java's)
                 return result(400, "checksum mismatch", p.opaque)
             if len(payload) > self.max_message_size:
                 return result(400, f"message of {len(payload)} bytes is over "

@@ -15,7 +15,8 @@ One concept per module:
 ``_future``           :class:`LightFuture`, a ``Future`` cheap to complete
 ``_timeseek``         :func:`offset_for_time`: the offset for a time, by a
                       binary search over a partition's bytes (:class:`TimeSeek`);
-                      :func:`time_at`: the time of the message at an offset
+                      :func:`time_at` / :func:`header_at`: the time (and size)
+                      of the message at an offset
 ====================  =======================================================
 
 Built on :mod:`metaq.protocol` (the bytes); used by the producer, the consumer's
@@ -35,7 +36,7 @@ from metaq.net._acks import (
 from metaq.net._connection import BrokerConnection, parse_meta_uri
 from metaq.net._future import LAZY_OK, LightFuture
 from metaq.net._pipeline import READER_PREFIX, PipelinedConnection
-from metaq.net._timeseek import TimeSeek, offset_for_time, time_at
+from metaq.net._timeseek import TimeSeek, header_at, offset_for_time, time_at
 
 __all__ = [
     "BrokerConnection", "parse_meta_uri",
@@ -43,5 +44,5 @@ __all__ = [
     "Pending", "MultiPending", "PutAck", "PutFuture", "check_partial", "parse_put_ack",
     "scan_acks", "scan_results",
     "LightFuture", "LAZY_OK",
-    "TimeSeek", "offset_for_time", "time_at",
+    "TimeSeek", "offset_for_time", "time_at", "header_at",
 ]

@@ -97,7 +97,7 @@ from metaq.protocol import (
     scan,
 )
 
-__all__ = ["TimeSeek", "offset_for_time", "time_at", "broker_has_time_index"]
+__all__ = ["TimeSeek", "offset_for_time", "time_at", "header_at", "broker_has_time_index"]
 
 _INT64_MAX = (1 << 63) - 1
 _ID = struct.Struct(">q")
@@ -373,11 +373,11 @@ def offset_for_time(conn, topic: str, partition: int, when_ms: int, *,
     return done(high)
 
 
-def time_at(conn: Any, topic: str, partition: int, offset: int, *,
-            group: str = "metaq-timeseek") -> int | None:
-    """The msgId time (epoch ms) of the message starting at ``offset``, from one small
-    ``get`` (its header is enough); None at or past the log end, or when the bytes
-    there are not a message header (a broker's damaged range)."""
+def header_at(conn: Any, topic: str, partition: int, offset: int, *,
+              group: str = "metaq-timeseek") -> tuple[int, int] | None:
+    """``(msgId time in epoch ms, whole size in bytes)`` of the message starting at
+    ``offset``, from one small ``get`` (its header is enough); None at or past the log
+    end, or when the bytes there are not a message header (a broker's damaged range)."""
     try:
         head = conn.get(topic, group, partition, offset, 64)
     except BrokerError as e:
@@ -386,4 +386,12 @@ def time_at(conn: Any, topic: str, partition: int, offset: int, *,
         raise
     if len(head) < HEADER_SIZE:
         return None
-    return _time_of(_ID.unpack_from(head, 8)[0])
+    length, _check, msg_id, _flag = HEADER.unpack_from(head, 0)
+    return _time_of(msg_id), HEADER_SIZE + length
+
+
+def time_at(conn: Any, topic: str, partition: int, offset: int, *,
+            group: str = "metaq-timeseek") -> int | None:
+    """The msgId time (epoch ms) of the message starting at ``offset`` (:func:`header_at`)."""
+    head = header_at(conn, topic, partition, offset, group=group)
+    return None if head is None else head[0]

@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from metaq.testing import WaitTimeout, wait_until
+
 pytestmark = pytest.mark.docker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,20 +91,27 @@ def compose_cmd() -> list[str]:
 # -- one Compose project ---------------------------------------------------------------------
 def wait_for(what: str, check: Callable[[], T | None], timeout: float,
              explain: Callable[[], str] = lambda: "", every: float = 0.5) -> T:
-    """Poll ``check`` until it returns something other than None or False; fail at the
-    deadline saying what was awaited (and ``explain()``)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """Poll ``check`` (``metaq.testing.wait_until``) until it returns something other
+    than None or False (0 counts); fail at the deadline saying what was awaited (and
+    ``explain()``)."""
+    found: list[T] = []
+
+    def got() -> bool:
         value = check()
         if value is not None and value is not False:
-            return value
-        if time.monotonic() >= deadline:
-            try:
-                more = explain()
-            except (Exception, pytest.fail.Exception) as e:  # noqa: BLE001
-                more = f"(diagnostics failed: {e})"
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{more}")
-        time.sleep(every)  # the poll interval of a condition with a deadline
+            found.append(value)
+            return True
+        return False
+
+    try:
+        wait_until(got, timeout, interval=every, what=what)
+    except WaitTimeout:
+        try:
+            more = explain()
+        except (Exception, pytest.fail.Exception) as e:  # noqa: BLE001
+            more = f"(diagnostics failed: {e})"
+        pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{more}")
+    return found[0]
 
 
 class Topology:

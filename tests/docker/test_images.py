@@ -23,6 +23,7 @@ from helpers.zk_docker import (
 )
 
 from metaq._zk import four_letter_word
+from metaq.testing import WaitTimeout, wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -102,15 +103,20 @@ def test_zookeeper_image_is_healthy_and_answers_within_a_deadline(zk_engine: Any
         labels=owner_labels())
     try:
         start = time.monotonic()
-        health = None
-        while time.monotonic() - start < deadline:
+        seen: list[str | None] = [None]
+
+        def healthy() -> bool:
             container.reload()
             assert container.status == "running", container.logs()[-3000:]
-            health = container.attrs["State"].get("Health", {}).get("Status")
-            if health == "healthy":
-                break
-            time.sleep(0.25)  # the healthcheck runs every 2 s (docker/zookeeper/Dockerfile)
+            seen[0] = container.attrs["State"].get("Health", {}).get("Status")
+            return seen[0] == "healthy"
+
+        try:  # the healthcheck runs every 2 s (docker/zookeeper/Dockerfile)
+            wait_until(healthy, deadline, interval=0.25, what="the healthcheck to pass")
+        except WaitTimeout:
+            pass
         took = time.monotonic() - start
+        health = seen[0]
         assert health == "healthy", (
             f"not healthy within {deadline:.0f}s (last: {health}):\n"
             f"{container.logs()[-3000:].decode(errors='replace')}")

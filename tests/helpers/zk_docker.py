@@ -42,7 +42,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from metaq._zk import ZooKeeperConfig, four_letter_word, server_mode, wait_for_quorum
-from metaq.testing import free_port
+from metaq.testing import WaitTimeout, free_port, wait_until
 
 __all__ = [
     "LOCAL_ZK_IMAGE",
@@ -363,8 +363,9 @@ class ZooKeeperContainer:
         passes.
         """
         deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while True:
+        last = ["no answer yet"]
+
+        def serving() -> bool:
             if not self.running():
                 raise RuntimeError(
                     f"ZooKeeper container {self.container.short_id} ({self.image}) exited "
@@ -375,15 +376,18 @@ class ZooKeeperContainer:
                 if server_mode(self.host, self.port, 1.0) is None:
                     raise OSError("srvr: not currently serving requests")
                 self._kazoo_probe(min(5.0, max(1.0, deadline - time.monotonic())))
-                return
+                return True
             except OSError as e:
-                last = str(e) or type(e).__name__
-            if time.monotonic() >= deadline:
-                raise RuntimeError(
-                    f"ZooKeeper container {self.container.short_id} ({self.image}) on "
-                    f"{self.hosts} did not serve within {timeout:.0f}s (last: {last}):\n"
-                    f"{self.log_tail()}")
-            time.sleep(0.1)
+                last[0] = str(e) or type(e).__name__
+                return False
+
+        try:
+            wait_until(serving, timeout, interval=0.1, what="the server to serve")
+        except WaitTimeout:
+            raise RuntimeError(
+                f"ZooKeeper container {self.container.short_id} ({self.image}) on "
+                f"{self.hosts} did not serve within {timeout:.0f}s (last: {last[0]}):\n"
+                f"{self.log_tail()}") from None
 
     def _kazoo_probe(self, timeout: float) -> None:
         client = KazooClient(hosts=self.hosts, timeout=max(timeout, 1.0))
