@@ -23,7 +23,10 @@ builtin type.
     │   └── CorruptLogError                 bad bytes found where none may be
     ├── BrokerError                         a broker answered a non-200 result
     │   └── (``code`` attribute: 301/400/401/403/404/500/503/504)
-    ├── ConnectionClosedError               the connection to a broker went away
+    ├── BrokerUnavailableError              a broker cannot be reached, or its connection
+    │   │                                   failed (``address``; the OSError or timeout
+    │   │                                   as ``__cause__``): the one transport error
+    │   └── ConnectionClosedError           the connection to a broker went away
     ├── ProducerError
     │   ├── NoBrokerAvailableError          no partition of the topic can be written
     │   ├── SendTimeoutError                retries exhausted within the send timeout
@@ -65,6 +68,7 @@ __all__ = [
     "StorageError",
     "CorruptLogError",
     "BrokerError",
+    "BrokerUnavailableError",
     "ConnectionClosedError",
     "ProducerError",
     "NoBrokerAvailableError",
@@ -145,7 +149,21 @@ class BrokerError(MetaqError):
                          f"broker error {code}{where}")
 
 
-class ConnectionClosedError(MetaqError):
+class BrokerUnavailableError(MetaqError):
+    """A broker could not be reached, or the connection to it failed: refused, reset,
+    timed out, closed by the peer, or left unusable by a malformed reply.
+
+    ``metaq.net`` is the one place that turns ``OSError`` and socket timeouts into
+    this error (the original is its ``__cause__``), so callers catch one kind.
+    ``address`` is the broker's ``(host, port)`` when known.
+    """
+
+    def __init__(self, message: str, *, address: tuple[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.address = address
+
+
+class ConnectionClosedError(BrokerUnavailableError):
     """The connection to a broker closed while requests were outstanding."""
 
 
