@@ -65,6 +65,9 @@ from pathlib import Path
 from kazoo.client import KazooClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+# the repository root too: else tests/zk_layout/ shadows zk_layout where that is found only
+# through an editable install's finder (tests/README.md)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from helpers.procs import start_broker  # noqa: E402
 

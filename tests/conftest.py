@@ -25,7 +25,19 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from metaq._zk import ZooKeeperEnsemble, ZooKeeperServer
+try:
+    from metaq._zk import ZooKeeperEnsemble, ZooKeeperServer
+except ImportError as e:
+    # tests/ is on sys.path: without the repository root there too (pythonpath in
+    # pyproject.toml), tests/zk_layout/ is imported as an empty namespace package in place
+    # of the real zk_layout wherever that is found only through an editable install's finder.
+    import zk_layout
+
+    if getattr(zk_layout, "__file__", None) is None:
+        raise ImportError(f"zk_layout resolves to the namespace package {list(zk_layout.__path__)}"
+                          ", not the real package: put the repository root on sys.path "
+                          '(pythonpath = [".", "tests"] in pyproject.toml)') from e
+    raise
 
 _SERVER_KEY = pytest.StashKey[object]()
 _ENSEMBLE_KEY = pytest.StashKey[object]()

@@ -133,7 +133,7 @@ def _hand_slice(pf: PartitionFetch, listener: Callable[[list[Message]], Any],
 
 # The walk, the checksums, the messages and, for per-message delivery, the listener
 # calls happen in the bound ``take``/``deliver`` of metaq.protocol (C, or their
-# Python twins: tests/wire/test_speedups.py fuzzes one against the other), a call a batch
+# Python twins: tests/protocol/test_speedups.py fuzzes one against the other), a call a batch
 # or a slice through the partition's PartitionReader; Python here only handles a
 # listener's failure (``_fail``) and writes the progress, once a batch.
 

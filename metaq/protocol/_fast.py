@@ -10,7 +10,7 @@ verify CRC32s, build messages, call the listener) in C.  It is built by
 ``pip install`` when a C compiler and the Python headers are there; without
 them the install goes on with a warning and every name here is bound to its
 twin (``py_<name>``), which takes the same arguments and gives the same results
-and exceptions (``tests/wire/test_speedups.py`` fuzzes each pair against each other).
+and exceptions (``tests/protocol/test_speedups.py`` fuzzes each pair against each other).
 
 ``METAQ_NO_SPEEDUPS=1`` in the environment binds the twins, for comparisons
 (``METAQ_NO_AVX512=1`` keeps the C code but folds CRC32s 128 bits at a time,

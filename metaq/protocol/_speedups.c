@@ -2,7 +2,7 @@
  *
  * Optional: metaq/protocol/_fast.py binds each name to its pure-Python twin there
  * (py_<name>) when this module is not built (no compiler) or METAQ_NO_SPEEDUPS=1.
- * Both give the same results; tests/wire/test_speedups.py fuzzes them against each other.
+ * Both give the same results; tests/protocol/test_speedups.py fuzzes them against each other.
  *
  * Message bytes (metaq/protocol/_message.py, reference section 5), big-endian:
  *     int32 length | int32 checksum | int64 msgId | int32 flag | payload[length]

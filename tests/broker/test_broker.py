@@ -403,7 +403,7 @@ def test_java_request_forms(broker, client):
     # sync (master -> slave): refused, its payload skipped, the connection goes on
     payload = b"put t 0 1 0 0 99\r\nx" * 3
     client.send(b"sync t 0 %d 0 6340863216562294785 -1 21\r\n" % len(payload))
-    # (a payload split across reads is the parser's case: tests/wire/test_protocol.py
+    # (a payload split across reads is the parser's case: tests/protocol/test_protocol.py
     # feeds sync in every chunking)
     client.send(payload[:10])
     client.send(payload[10:] + encode_version(22))

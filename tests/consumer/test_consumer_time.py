@@ -1,7 +1,7 @@
 """Time as a position (issue 16): a new group starting at a time, and seek_to_time.
 
 The log is written straight into the broker's storage with chosen msgId times (as
-tests/client/test_timeseek.py does), then served by a real broker registered in a
+tests/net/test_timeseek.py does), then served by a real broker registered in a
 real ZooKeeper; the consumer finds the position by searching the log by time.
 """
 

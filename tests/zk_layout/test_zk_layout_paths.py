@@ -363,6 +363,18 @@ def test_public_api_is_curated() -> None:
         assert getattr(zk_layout, name) is not None
 
 
+def test_zk_layout_is_the_real_package_not_this_room() -> None:
+    # This room is a directory named zk_layout with no __init__.py, and tests/ is on sys.path:
+    # without the repository root on sys.path too (pythonpath in pyproject.toml) it would be
+    # imported as an empty namespace package wherever the real one is found only through an
+    # editable install's finder.
+    assert zk_layout.__file__ is not None, f"namespace package {list(zk_layout.__path__)}"
+    pkg = pathlib.Path(zk_layout.__file__).resolve().parent
+    room = pathlib.Path(__file__).resolve().parent
+    assert pkg != room and room.parent not in pkg.parents, pkg
+    assert pathlib.Path(zk_layout.__file__).name == "__init__.py" and zk_layout.Layout
+
+
 def test_zk_layout_never_imports_metaq() -> None:
     pkg = pathlib.Path(zk_layout.__file__).parent
     for source in pkg.glob("*.py"):
