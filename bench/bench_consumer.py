@@ -340,7 +340,8 @@ def consumer_run(zk: str, topic: str, total: int, mode: str, runners: int, max_s
 def in_memory(size: int, mode: str, max_size: int, reps: int = 30) -> tuple[float, float]:
     """process_batch alone over ``max_size`` bytes of ``size``-byte messages already in
     memory (no network, no threads): (best M msg/s wall, best CPU ns per message)."""
-    from metaq.consumer._processor import PartitionFetch, process_batch
+    from metaq.consumer._processor import process_batch
+    from metaq.consumer._subscription import PartitionState
     from metaq.protocol import encode_message, get_codec
 
     per = max_size // (size + 20)
@@ -362,7 +363,7 @@ def in_memory(size: int, mode: str, max_size: int, reps: int = 30) -> tuple[floa
 
     best_wall = best_cpu = float("inf")
     for _ in range(reps):
-        pf = PartitionFetch(topic="t", partition="0-0", broker_id=0, index=0,
+        pf = PartitionState(topic="t", partition="0-0", broker_id=0, index=0,
                             broker_address=None, offset=0, msg_id=-1, max_size=max_size,
                             listener=on_message if mode == "each" else None,
                             batch_listener=on_messages if mode == "batch" else None,

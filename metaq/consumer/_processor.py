@@ -18,7 +18,7 @@ from typing import Any
 from metaq._errors import ChecksumError
 from metaq.consumer._concurrent import RECONSUME_LATER, ReconsumeLater
 from metaq.consumer._message import Message, message_classes
-from metaq.consumer._subscription import PartitionState as PartitionFetch
+from metaq.consumer._subscription import PartitionState
 from metaq.protocol import (
     CHECKSUM_MASK,
     CRC32_IMPL,
@@ -30,7 +30,7 @@ from metaq.protocol import (
 )
 from metaq.protocol import crc32 as _crc32  # ISA-L's when installed (a dependency)
 
-__all__ = ["PartitionFetch", "BatchResult", "process_batch", "Rewind", "CRC32_IMPL"]
+__all__ = ["BatchResult", "process_batch", "Rewind", "CRC32_IMPL"]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class BatchResult:
     needed_size: int | None = None
 
 
-def _stop_at_start(pf: PartitionFetch, data: _Data) -> int | None:
+def _stop_at_start(pf: PartitionState, data: _Data) -> int | None:
     """Why no message of ``data`` could be taken: the size a fetch needs for a
     message bigger than ``data``, or None when there is no whole header; raises
     for a corrupt first message (impossible length, checksum mismatch).  (Not a
@@ -90,7 +90,7 @@ def _stop_at_start(pf: PartitionFetch, data: _Data) -> int | None:
     raise _ChecksumAt(pf.topic, pf.partition, base, base + end, check, actual)
 
 
-def _fail(pf: PartitionFetch, msg: Message, exc: BaseException) -> bool:
+def _fail(pf: PartitionState, msg: Message, exc: BaseException) -> bool:
     """Count a listener failure on ``msg``; True when it must be rejected now."""
     if isinstance(exc, Rewind):
         pf.retry_delay = pf.retry_backoff
@@ -112,7 +112,7 @@ def _fail(pf: PartitionFetch, msg: Message, exc: BaseException) -> bool:
     return False
 
 
-def _hand_slice(pf: PartitionFetch, listener: Callable[[list[Message]], Any],
+def _hand_slice(pf: PartitionState, listener: Callable[[list[Message]], Any],
                 batch: list[Message]) -> bool:
     """Give one slice to a batch listener; True when it counts as consumed (handled,
     or rejected after its retries: then the rest of it goes to the reject handler
@@ -137,7 +137,7 @@ def _hand_slice(pf: PartitionFetch, listener: Callable[[list[Message]], Any],
 # or a slice through the partition's PartitionReader; Python here only handles a
 # listener's failure (``_fail``) and writes the progress, once a batch.
 
-def _reader(pf: PartitionFetch) -> PartitionReader:
+def _reader(pf: PartitionState) -> PartitionReader:
     """``pf``'s reader (topic, partition, codec and its message classes for the bound
     ``take``/``deliver``), made on its first batch and again when its codec changed.
 
@@ -151,7 +151,7 @@ def _reader(pf: PartitionFetch) -> PartitionReader:
     return reader
 
 
-def process_batch(pf: PartitionFetch, data: _Data) -> BatchResult:
+def process_batch(pf: PartitionState, data: _Data) -> BatchResult:
     """Hand the messages in ``data`` to ``pf``'s listener; move ``pf``'s progress.
 
     ``data`` is a ``get`` reply body read from ``pf.offset`` (any buffer; C reads
@@ -175,7 +175,7 @@ def process_batch(pf: PartitionFetch, data: _Data) -> BatchResult:
 # Each mode reads ``view`` (``data`` prepared: with C maybe its verified prefix, in
 # Python bytes) with ``verify``, and names ``data`` when nothing could be taken.
 
-def _deliver_each(pf: PartitionFetch, reader: PartitionReader, view: _Data, verify: bool,
+def _deliver_each(pf: PartitionState, reader: PartitionReader, view: _Data, verify: bool,
                   data: _Data) -> BatchResult:
     """Per-message listener, auto-ack: one ``deliver`` call a batch (more only after
     a failure that rejected its message)."""
@@ -207,7 +207,7 @@ def _deliver_each(pf: PartitionFetch, reader: PartitionReader, view: _Data, veri
     return _progress(pf, consumed)
 
 
-def _deliver_batch(pf: PartitionFetch, reader: PartitionReader, view: _Data, verify: bool,
+def _deliver_batch(pf: PartitionState, reader: PartitionReader, view: _Data, verify: bool,
                    data: _Data) -> BatchResult:
     """Batch listener: one ``take`` call a slice (``max_batch`` messages, at most
     ``_SLICE_BYTES`` but at least one message)."""
@@ -237,7 +237,7 @@ def _walk(reader: PartitionReader, view: _Data, verify: bool, base: int) -> Iter
         yield from batch
 
 
-def _deliver_manual(pf: PartitionFetch, reader: PartitionReader, view: _Data, verify: bool,
+def _deliver_manual(pf: PartitionState, reader: PartitionReader, view: _Data, verify: bool,
                     data: _Data) -> BatchResult:
     """Manual-ack mode: progress per message, a rollback stops the batch at once."""
     consumed = 0
@@ -260,7 +260,7 @@ def _deliver_manual(pf: PartitionFetch, reader: PartitionReader, view: _Data, ve
     return _progress(pf, consumed)
 
 
-def _deliver_concurrent(pf: PartitionFetch, reader: PartitionReader, view: _Data,
+def _deliver_concurrent(pf: PartitionState, reader: PartitionReader, view: _Data,
                         verify: bool, data: _Data) -> BatchResult:
     """Concurrent mode: hand each message to the pool; fetching moves on at once."""
     consumed = 0
@@ -277,7 +277,7 @@ def _deliver_concurrent(pf: PartitionFetch, reader: PartitionReader, view: _Data
     return _progress(pf, consumed)
 
 
-def _progress(pf: PartitionFetch, consumed: int) -> BatchResult:
+def _progress(pf: PartitionState, consumed: int) -> BatchResult:
     if pf.retry_offset >= 0 and pf.retry_offset < pf.offset:
         pf.retry_offset, pf.retry_count = -1, 0
     pf.consumed += consumed

@@ -13,7 +13,7 @@ import pytest
 from helpers.procs import start_broker
 
 from metaq.consumer._fetcher import FetchManager
-from metaq.consumer._processor import PartitionFetch
+from metaq.consumer._subscription import PartitionState
 from metaq.protocol import build_payload, encode_put, get_codec
 from metaq.testing import wait_until
 
@@ -54,7 +54,7 @@ def loaded(zk_connect, tmp_path):
 
 
 def _fetches(broker, listener=None, batch=None, max_size=256):
-    return [PartitionFetch(topic=TOPIC, partition=f"0-{p}", broker_id=0, index=p,
+    return [PartitionState(topic=TOPIC, partition=f"0-{p}", broker_id=0, index=p,
                            broker_address=("127.0.0.1", broker.port), offset=0, msg_id=-1,
                            max_size=max_size, listener=listener, batch_listener=batch,
                            codec=get_codec("bytes"), verify=True, max_retries=5,
@@ -81,14 +81,14 @@ def _check_serial(got, want):
 def ready_hits(monkeypatch):
     """Counts fetches served from bytes got ahead (proves the ahead path ran)."""
     hits = [0]
-    real = PartitionFetch.take_ready
+    real = PartitionState.take_ready
 
     def counting(pf, address):
         data = real(pf, address)
         hits[0] += data is not None
         return data
 
-    monkeypatch.setattr(PartitionFetch, "take_ready", counting)
+    monkeypatch.setattr(PartitionState, "take_ready", counting)
     return hits
 
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from metaq import ChecksumError, ConfigError
 from metaq.consumer import ConsumerConfig, _processor
-from metaq.consumer._processor import PartitionFetch, process_batch
+from metaq.consumer._processor import process_batch
+from metaq.consumer._subscription import PartitionState
 from metaq.protocol import _fast, build_payload, checksum, encode_message, get_codec
 from metaq.protocol._fast import speedups
 
@@ -42,7 +43,7 @@ def _log(bodies, attrs=None, start_id=100):
 
 
 def _pf(listener=None, batch=None, offset=0, max_retries=2, reject=None):
-    return PartitionFetch(topic="t", partition="0-0", broker_id=0, index=0,
+    return PartitionState(topic="t", partition="0-0", broker_id=0, index=0,
                           broker_address=None, offset=offset, msg_id=-1, max_size=1024,
                           listener=listener, batch_listener=batch, codec=get_codec("bytes"),
                           verify=True, max_retries=max_retries, reject=reject)

@@ -15,7 +15,7 @@ import pytest
 from metaq import MessageConsumer, Producer
 from metaq.broker import Broker, BrokerConfig
 from metaq.consumer._fetcher import FetchManager
-from metaq.consumer._processor import PartitionFetch
+from metaq.consumer._subscription import PartitionState
 from metaq.protocol import (
     HOLD_CAPABILITY,
     ReplyParser,
@@ -244,8 +244,8 @@ class Recorder:
             return list(self.got[partition])
 
 
-def _fetch(port: int, p: int, listener) -> PartitionFetch:  # noqa: ANN001
-    return PartitionFetch(topic=TOPIC, partition=f"0-{p}", broker_id=0, index=p,
+def _fetch(port: int, p: int, listener) -> PartitionState:  # noqa: ANN001
+    return PartitionState(topic=TOPIC, partition=f"0-{p}", broker_id=0, index=p,
                           broker_address=("127.0.0.1", port), offset=0, msg_id=-1,
                           max_size=1 << 16, listener=listener, batch_listener=None,
                           codec=get_codec("bytes"), verify=True, max_retries=5)

@@ -297,7 +297,7 @@ def put_loop(request, monkeypatch):
     from metaq.protocol import _fast as _native
 
     if request.param == "c":
-        if _native.speedups is None:  # tests/protocol/test_speedups.py fails if a compiler was there
+        if _native.speedups is None:  # test_speedups.py (this room) fails if a compiler was there
             pytest.skip("the C speedups are not built")
         monkeypatch.setattr(_native, "fast_puts", _native.speedups.fast_puts)
     else:

@@ -73,12 +73,13 @@ _BOUND_TO_TWINS = (
 
 def test_the_switch_binds_the_twins_and_pure_python_still_consumes():
     code = (_BOUND_TO_TWINS
-            + "from metaq.consumer._processor import PartitionFetch, process_batch;"
+            + "from metaq.consumer._processor import process_batch;"
+            "from metaq.consumer._subscription import PartitionState;"
             "from metaq.spark import _arrow;"
             "assert _arrow._walk is _arrow._walk_leaping;"
             "log = b''.join(p.encode_message(i, 0, b'x' * i) for i in range(5));"
             "got = [];"
-            "pf = PartitionFetch(topic='t', partition='0-0', broker_id=0, index=0,"
+            "pf = PartitionState(topic='t', partition='0-0', broker_id=0, index=0,"
             "    broker_address=None, offset=0, msg_id=-1, max_size=1024, listener=got.append,"
             "    batch_listener=None, codec=p.get_codec('bytes'), verify=True, max_retries=0);"
             "assert process_batch(pf, memoryview(log)).consumed == 5;"
