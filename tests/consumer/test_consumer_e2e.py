@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
+from helpers.audit import OwnerAudit
 from helpers.procs import start_broker, stop_all
 from kazoo.client import KazooClient
 
@@ -101,36 +102,6 @@ def committed(client: KazooClient) -> dict[str, int]:
     return {p: decode_offset(client.get(f"{d}/{p}")[0]).offset for p in client.get_children(d)}
 
 
-class OwnerAudit:
-    """Watches every owner node; fails if a node ever names a non-member."""
-
-    def __init__(self, client: KazooClient) -> None:
-        self.client = client
-        self.dir = L.owners_dir(GROUP, TOPIC)
-        self.history: dict[str, list[str | None]] = defaultdict(list)
-        self.watched: set[str] = set()
-        client.ensure_path(self.dir)
-        client.ChildrenWatch(self.dir, self._children)
-
-    def _children(self, children):
-        for c in children:
-            if c not in self.watched:
-                self.watched.add(c)
-
-                def watch(data, stat, c=c):
-                    self.history[c].append(None if data is None else data.decode())
-                self.client.DataWatch(f"{self.dir}/{c}", watch)
-
-    def owners(self) -> dict[str, str]:
-        out = {}
-        for c in self.client.get_children(self.dir):
-            try:
-                out[c] = self.client.get(f"{self.dir}/{c}")[0].decode()
-            except Exception:
-                pass
-        return out
-
-
 @pytest.fixture
 def brokers(zk_connect, tmp_path):
     procs = [start_broker(zk_connect, b, tmp_path / f"broker{b}", {TOPIC: 4}) for b in (0, 1)]
@@ -149,7 +120,7 @@ def consumers():
 
 def test_three_consumers_consume_everything_once_with_one_owner_per_partition(
         zk_connect, zk_client, brokers, consumers, tmp_path):
-    audit = OwnerAudit(zk_client)
+    audit = OwnerAudit(zk_client, GROUP, TOPIC)
     for name in ("c1", "c2"):
         consumers.append(ConsumerProc(zk_connect, name, tmp_path))
     # the third member runs the pure-Python loops (no C speedups): a mixed group
@@ -178,7 +149,7 @@ def test_three_consumers_consume_everything_once_with_one_owner_per_partition(
         offsets = [o for o, _ in seen]
         assert offsets == sorted(offsets)
     members = {f"{GROUP}_{n}" for n in ("c1", "c2", "c3")}
-    for part, hist in audit.history.items():
+    for part, hist in audit.changes().items():  # no owner node ever names a non-member
         assert all(o is None or o in members for o in hist), (part, hist)
     # clean leave: nothing left registered
     assert zk_client.get_children(L.consumer_ids(GROUP)) == []
@@ -189,7 +160,7 @@ def test_kill_9_member_partitions_taken_over_nothing_lost(
         zk_connect, zk_client, brokers, consumers, tmp_path):
     for name in ("k1", "k2"):
         consumers.append(ConsumerProc(zk_connect, name, tmp_path))
-    audit = OwnerAudit(zk_client)
+    audit = OwnerAudit(zk_client, GROUP, TOPIC)
     wait_until(lambda: set(audit.owners().values()) == {f"{GROUP}_k1", f"{GROUP}_k2"}
                and len(audit.owners()) == 8, timeout=60, what="both members own partitions")
     produce(zk_connect, 0, 2000)
