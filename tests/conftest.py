@@ -178,26 +178,34 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
 
 
 @pytest.fixture
-def brokers(zk_connect: str, tmp_path) -> Iterator[object]:
-    """``brokers(id, {topic: n}, **kw)`` starts a broker process (tests/helpers/procs.py); all of
-    them stop after the test."""
-    from helpers.procs import start_broker, stop_all
+def broker_factory(request: pytest.FixtureRequest, tmp_path) -> Iterator[object]:
+    """The one way a test starts brokers: ``broker_factory(topics, broker_id=0,
+    zk_connect=None, process=False, data_dir=None, **options)`` starts an in-process broker
+    (``process=True``: a ``metaq broker start`` subprocess), data in ``tmp_path``; see
+    tests/helpers/brokers.py.  Every one stops after the test, before its chroot goes."""
+    from helpers.brokers import BrokerFactory
 
-    started: list = []
+    if "zk_connect" in request.fixturenames:
+        request.getfixturevalue("zk_connect")  # set up first, so torn down after the brokers
+    with BrokerFactory(tmp_path) as factory:
+        yield factory
 
+
+@pytest.fixture
+def brokers(zk_connect: str, broker_factory) -> object:
+    """``brokers(id, {topic: n}, **kw)`` starts a broker process registered on the test's
+    chroot (``broker_factory(..., process=True)``, data in ``tmp_path / f"broker{id}"``)."""
     def start(broker_id: int, topics: dict[str, int], **kw: object):  # noqa: ANN202
-        b = start_broker(zk_connect, broker_id, tmp_path / f"broker{broker_id}", topics,
-                         **kw)  # type: ignore[arg-type]
-        started.append(b)
-        return b
+        return broker_factory(topics, broker_id=broker_id, zk_connect=zk_connect, process=True,
+                              **kw)
 
-    yield start
-    stop_all(started)
+    return start
 
 
 # Fixtures whose use means a test needs a real ZooKeeper server / starts broker servers.
 _ZK_FIXTURES = frozenset({"zk_server", "zk_ensemble"})
-_BROKER_FIXTURES = frozenset({"brokers", "make_topic"})  # make_topic: tests/spark/conftest.py
+# make_topic: tests/spark/conftest.py
+_BROKER_FIXTURES = frozenset({"broker_factory", "brokers", "make_topic"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -99,9 +99,8 @@ def no_errors_logged(caplog):
 
 
 @pytest.fixture
-def broker(tmp_path):
-    with Broker(make_config(tmp_path)) as b:
-        yield b
+def broker(tmp_path, broker_factory):
+    return broker_factory(config=make_config(tmp_path))
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from pathlib import Path
 
 import pytest
+from helpers.brokers import BrokerFactory
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -80,10 +80,8 @@ def bodies(port: int, partition: int = 0) -> list[bytes]:
 
 
 @pytest.fixture
-def broker(tmp_path: Path):
-    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=free_port(), topics={TOPIC: 2})
-    with Broker(cfg) as b:
-        yield b
+def broker(broker_factory):
+    return broker_factory({TOPIC: 2})
 
 
 def test_commit_makes_the_messages_visible_together_and_in_order(broker):
@@ -324,13 +322,12 @@ class _Errors(logging.Handler):
 
 @pytest.fixture(scope="module")
 def fuzz_broker(tmp_path_factory):
-    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path_factory.mktemp("fuzz"), port=free_port(),
-                       topics={TOPIC: 1})
     handler = _Errors()
     logger = logging.getLogger("metaq.broker")
     logger.addHandler(handler)
-    try:
-        with Broker(cfg) as b:
+    try:  # module scope: the factory itself, not the (per-test) broker_factory fixture
+        with BrokerFactory(tmp_path_factory.mktemp("fuzz")) as make:
+            b = make({TOPIC: 1})
             b.internal_errors = handler.records  # an internal error closes a connection
             yield b
     finally:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.inproc import inproc_broker, produce
+from helpers.inproc import produce
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import wait_until
@@ -14,9 +14,8 @@ TOPIC = "ctl"
 
 
 @pytest.fixture
-def broker(zk_connect, tmp_path):
-    with inproc_broker(zk_connect, tmp_path / "b0", {TOPIC: 2}) as b:
-        yield b
+def broker(zk_connect, broker_factory):
+    return broker_factory({TOPIC: 2}, zk_connect=zk_connect)
 
 
 def _produce(zk_connect, n, start=0):

@@ -10,7 +10,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from helpers.procs import start_broker
 
 from metaq import Producer
 from metaq.testing import wait_until
@@ -56,9 +55,8 @@ class Proc:
 
 
 @pytest.fixture
-def broker(zk_connect, tmp_path):
-    with start_broker(zk_connect, 0, tmp_path / "b0", {TOPIC: 2}) as b:
-        yield b
+def broker(zk_connect, broker_factory):
+    return broker_factory({TOPIC: 2}, zk_connect=zk_connect, process=True)
 
 
 def produce(zk_connect, n):

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from helpers.audit import OwnerAudit
-from helpers.procs import start_broker, stop_all
 from kazoo.client import KazooClient
 
 from metaq import MessageConsumer, Producer
@@ -103,10 +102,9 @@ def committed(client: KazooClient) -> dict[str, int]:
 
 
 @pytest.fixture
-def brokers(zk_connect, tmp_path):
-    procs = [start_broker(zk_connect, b, tmp_path / f"broker{b}", {TOPIC: 4}) for b in (0, 1)]
-    yield procs
-    stop_all(procs)
+def brokers(zk_connect, broker_factory):
+    return [broker_factory({TOPIC: 4}, broker_id=b, zk_connect=zk_connect, process=True)
+            for b in (0, 1)]
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from helpers.inproc import inproc_broker, produce
+from helpers.inproc import produce
 
 from metaq import MessageConsumer
 from metaq.net import BrokerConnection
@@ -19,9 +19,8 @@ DLQ = "%DLQ%fail"
 
 
 @pytest.fixture
-def broker(zk_connect, tmp_path):
-    with inproc_broker(zk_connect, tmp_path / "b0", {TOPIC: 2, DLQ: 1}) as b:
-        yield b
+def broker(zk_connect, broker_factory):
+    return broker_factory({TOPIC: 2, DLQ: 1}, zk_connect=zk_connect)
 
 
 def _produce(zk_connect, bodies, attribute=None):

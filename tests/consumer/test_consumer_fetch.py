@@ -10,7 +10,6 @@ import zlib
 from collections import defaultdict
 
 import pytest
-from helpers.procs import start_broker
 
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._subscription import PartitionState
@@ -40,17 +39,17 @@ def _put_all(port: int, messages: list[tuple[int, bytes, str | None]]) -> None:
 
 
 @pytest.fixture
-def loaded(zk_connect, tmp_path):
+def loaded(zk_connect, broker_factory):
     """A broker with PARTS partitions holding 150 messages of random sizes (0..400 B)."""
     rnd = random.Random(7)
     messages = [(i % PARTS, rnd.randbytes(rnd.randrange(0, 400)), rnd.choice([None, "k=v"]))
                 for i in range(150)]
-    with start_broker(zk_connect, 0, tmp_path / "b0", {TOPIC: PARTS}) as broker:
-        _put_all(broker.port, messages)
-        want = defaultdict(list)
-        for part, body, attr in messages:
-            want[f"0-{part}"].append((body, attr))
-        yield broker, dict(want)
+    broker = broker_factory({TOPIC: PARTS}, zk_connect=zk_connect, process=True)
+    _put_all(broker.port, messages)
+    want = defaultdict(list)
+    for part, body, attr in messages:
+        want[f"0-{part}"].append((body, attr))
+    return broker, dict(want)
 
 
 def _fetches(broker, listener=None, batch=None, max_size=256):

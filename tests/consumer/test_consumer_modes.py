@@ -7,7 +7,6 @@ import time
 from collections import Counter
 
 import pytest
-from helpers.inproc import inproc_broker
 from helpers.inproc import produce as send
 
 from metaq import ConfigError, MessageConsumer
@@ -20,9 +19,8 @@ TOPIC = "modes"
 
 
 @pytest.fixture
-def broker(zk_connect, tmp_path):
-    with inproc_broker(zk_connect, tmp_path / "b0", {TOPIC: 2}) as b:
-        yield b
+def broker(zk_connect, broker_factory):
+    return broker_factory({TOPIC: 2}, zk_connect=zk_connect)
 
 
 def produce(zk_connect, n, start=0):

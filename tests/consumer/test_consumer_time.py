@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from metaq import ConfigError, ConsumerConfig, MessageConsumer
-from metaq.broker import Broker, BrokerConfig, Storage
+from metaq.broker import Storage
 from metaq.protocol import MSG_ID_EPOCH_MS, encode_message
-from metaq.testing import free_port, wait_until
+from metaq.testing import wait_until
 
 TOPIC = "tt"
 T0 = 1_700_000_000_000
@@ -38,12 +38,11 @@ def _write(data_dir: Path) -> list[int]:
 
 
 @pytest.fixture
-def broker(zk_connect: str, tmp_path: Path):
+def broker(zk_connect: str, broker_factory, tmp_path: Path):
     offsets = _write(tmp_path / "b0")
-    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path / "b0", port=free_port(),
-                       topics={TOPIC: 1}, max_segment_size=4096, zk_connect=zk_connect)
-    with Broker(cfg) as b:
-        yield b, offsets
+    b = broker_factory({TOPIC: 1}, zk_connect=zk_connect, data_dir=tmp_path / "b0",
+                       max_segment_size=4096)
+    return b, offsets
 
 
 def _consume(zk_connect: str, group: str, **kw):

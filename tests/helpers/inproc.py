@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from metaq import Producer, SendResult
 from metaq.broker import Broker, BrokerConfig
@@ -13,10 +14,14 @@ from metaq.testing import free_port
 
 
 @contextmanager
-def inproc_broker(zk_connect: str, data_dir: Path, topics: Mapping[str, int],
-                  broker_id: int = 0) -> Iterator[Broker]:
-    cfg = BrokerConfig(broker_id=broker_id, data_dir=data_dir, port=free_port(),
-                       topics=dict(topics), zk_connect=zk_connect)
+def inproc_broker(zk_connect: str | None, data_dir: Path, topics: Mapping[str, int],
+                  broker_id: int = 0, **options: Any) -> Iterator[Broker]:
+    """A started broker, registered in ZooKeeper unless ``zk_connect`` is None, on a free
+    port unless ``port`` is given; ``options`` are any other ``BrokerConfig`` fields."""
+    if "port" not in options:
+        options["port"] = free_port()
+    cfg = BrokerConfig(broker_id=broker_id, data_dir=data_dir, topics=dict(topics),
+                       zk_connect=zk_connect, **options)
     with Broker(cfg) as b:
         yield b
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from helpers.inproc import inproc_broker, produce
+from helpers.inproc import produce
 
 from metaq import BrokerError
 from metaq.net import BrokerConnection
@@ -15,10 +15,10 @@ TOPIC = "conn"
 
 
 @pytest.fixture
-def broker(zk_connect, tmp_path):
-    with inproc_broker(zk_connect, tmp_path / "b0", {TOPIC: 1}) as b:
-        produce(zk_connect, TOPIC, [bytes([i]) * (50 + i) for i in range(200)])
-        yield b
+def broker(zk_connect, broker_factory):
+    b = broker_factory({TOPIC: 1}, zk_connect=zk_connect)
+    produce(zk_connect, TOPIC, [bytes([i]) * (50 + i) for i in range(200)])
+    return b
 
 
 def test_read_get_into_gives_the_bytes_read_get_gives(broker):

@@ -12,7 +12,7 @@ import pytest
 from helpers.procs import read_partition
 
 from metaq import BrokerError, ConnectionClosedError, SendTimeoutError
-from metaq.broker import Broker, BrokerConfig
+from metaq.broker import Broker
 from metaq.net import BrokerConnection, PipelinedConnection, PutAck
 from metaq.protocol import RequestParser, checksum, encode_result
 from metaq.testing import free_port, wait_until
@@ -21,10 +21,8 @@ pytestmark = pytest.mark.broker
 
 
 @pytest.fixture
-def broker(tmp_path) -> Iterator[Broker]:  # type: ignore[no-untyped-def]
-    with Broker(BrokerConfig(broker_id=3, data_dir=tmp_path / "data", port=0,
-                             topics={"t": 2})) as b:
-        yield b
+def broker(broker_factory) -> Broker:  # type: ignore[no-untyped-def]
+    return broker_factory({"t": 2}, broker_id=3, port=0)
 
 
 class Server:
