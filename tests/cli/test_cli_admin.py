@@ -9,7 +9,6 @@ import sys
 import time
 
 import pytest
-from helpers.procs import start_broker, stop_all
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import free_port, wait_until
@@ -33,13 +32,13 @@ def metaq(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture
-def cluster(zk_connect, tmp_path):
-    brokers = [start_broker(zk_connect, b, tmp_path / f"b{b}", {TOPIC: 2}) for b in (0, 1)]
+def cluster(zk_connect, broker_factory):
+    brokers = [broker_factory({TOPIC: 2}, broker_id=b, zk_connect=zk_connect, process=True)
+               for b in (0, 1)]
     with Producer(zk_connect) as p:
         for f in [p.send_async(TOPIC, f"m{i}".encode()) for i in range(400)]:
             f.result(timeout=30)
-    yield brokers
-    stop_all(brokers)
+    return brokers
 
 
 def _ends(brokers) -> dict[str, int]:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers.procs import read_partition, start_broker
+from helpers.procs import read_partition
 
 pytestmark = pytest.mark.broker
 
@@ -24,9 +24,8 @@ def run(name: str, *args: str) -> str:
 
 
 @pytest.fixture
-def cluster(zk_connect, tmp_path):
-    with start_broker(zk_connect, 0, tmp_path / "b0", {TOPIC: 3}) as broker:
-        yield broker
+def cluster(zk_connect, broker_factory):
+    return broker_factory({TOPIC: 3}, zk_connect=zk_connect, process=True)
 
 
 def test_producer_then_consumers_then_inspection(zk_connect, cluster):
