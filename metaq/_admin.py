@@ -40,7 +40,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from metaq._errors import BrokerError, ConfigError, MetaqError
+from metaq._errors import BrokerError, BrokerUnavailableError, ConfigError, MetaqError
 from metaq.net import BrokerConnection, header_at, offset_for_time
 from zk_layout import (
     GroupInfo,
@@ -176,7 +176,7 @@ def log_ends(client: KazooClient, layout: Layout, topic: str, *, group: str = "m
                         out[p] = (None, None)
                     if unwritten is not None and (topic, index) in conn.unwritten:
                         unwritten.add(p)
-        except (OSError, MetaqError) as e:
+        except BrokerUnavailableError as e:
             log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
             out.update({p: (None, None) for p in parts if p not in out})
     return out
@@ -199,7 +199,7 @@ def log_damage(client: KazooClient, layout: Layout, topic: str, *,
         try:
             with BrokerConnection(*address, timeout=timeout) as conn:
                 text = conn.stats("offsets")
-        except (OSError, MetaqError) as e:
+        except (BrokerUnavailableError, BrokerError) as e:
             log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
             continue
         for line in text.splitlines():
@@ -350,7 +350,7 @@ def position_times(client: KazooClient, layout: Layout, topic: str, positions: d
                             sent = len(conn.get(topic, group, index, positions[p], need))
                             if sent < need:  # the broker never sends it whole
                                 capped[p] = (need, sent)
-        except (OSError, MetaqError) as e:
+        except (BrokerUnavailableError, BrokerError) as e:
             log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
     return out
 
@@ -432,7 +432,7 @@ def times_to_offsets(client: KazooClient, layout: Layout, topic: str, when_ms: i
                 for p in parts:
                     out[p] = offset_for_time(conn, topic, int(p.split("-", 1)[1]), when_ms,
                                              group=group).offset
-        except (OSError, MetaqError) as e:
+        except (BrokerUnavailableError, BrokerError) as e:
             log.warning("broker %d at %s:%s did not answer: %s", bid, *address, e)
             out.update({p: None for p in parts if p not in out})
     return out

@@ -26,7 +26,9 @@ builtin type.
     ├── BrokerUnavailableError              a broker cannot be reached, or its connection
     │   │                                   failed (``address``; the OSError or timeout
     │   │                                   as ``__cause__``): the one transport error
-    │   └── ConnectionClosedError           the connection to a broker went away
+    │   ├── ConnectionClosedError           the connection to a broker went away
+    │   └── MalformedReplyError (ProtocolError)  a broker's reply cannot be parsed:
+    │                                       the connection is dropped
     ├── ProducerError
     │   ├── NoBrokerAvailableError          no partition of the topic can be written
     │   ├── SendTimeoutError                retries exhausted within the send timeout
@@ -70,6 +72,7 @@ __all__ = [
     "BrokerError",
     "BrokerUnavailableError",
     "ConnectionClosedError",
+    "MalformedReplyError",
     "ProducerError",
     "NoBrokerAvailableError",
     "SendTimeoutError",
@@ -165,6 +168,12 @@ class BrokerUnavailableError(MetaqError):
 
 class ConnectionClosedError(BrokerUnavailableError):
     """The connection to a broker closed while requests were outstanding."""
+
+
+class MalformedReplyError(BrokerUnavailableError, ProtocolError):
+    """A broker's reply could not be parsed (a bad reply line, an opaque that does not
+    match, a body that is not what the request expects): the connection can no longer
+    be trusted and was closed."""
 
 
 class ProducerError(MetaqError):

@@ -13,6 +13,11 @@ One concept per module:
 ``_offsets``       offset stores and the session fence of commits
 ``_fetcher``       FetchManager: runner threads and their delay queue
 ``_fetch``         one fetch of one partition; position checks, offset_reset
+``_session``       the wire side of fetching: a runner's FetchSession (its
+                   connections, gets, the get sent ahead) and a partition's
+                   Readahead (receive buffer, bytes fetched ahead)
+``_route``         BrokerRoute: which broker a partition is read from, and
+                   what each broker offers (held gets)
 ``_longpoll``      held gets for partitions at their log end
 ``_processor``     the hot loop handing a batch to a listener
 ``_message``       the Message a listener receives

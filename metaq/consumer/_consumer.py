@@ -19,13 +19,15 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._errors import (
+    BrokerError,
+    BrokerUnavailableError,
     ConfigError,
     ConsumerClosedError,
     ConsumerError,
     CoordinationError,
-    MetaqError,
 )
 from metaq._time import parse_time_ms
+from metaq._types import BrokerAddress, PartitionKey
 from metaq._zkclient import make_client
 from metaq.consumer._concurrent import ConcurrentDispatcher
 from metaq.consumer._config import MIB, ConsumerConfig
@@ -227,7 +229,7 @@ class MessageConsumer:
         """Partitions this consumer owns now, per topic."""
         return self._subscriptions.assignment()
 
-    def waiting(self) -> dict[tuple[str, str], str | None]:
+    def waiting(self) -> dict[PartitionKey, str | None]:
         """Assigned partitions still held by another member: (topic, part) -> holder."""
         return self._coordinator.waiting()
 
@@ -240,16 +242,16 @@ class MessageConsumer:
         self._check_open()
         self._coordinator.request_commit()
 
-    def committed(self) -> dict[tuple[str, str], int]:
+    def committed(self) -> dict[PartitionKey, int]:
         """(topic, partition) -> the offset this member last committed, for owned ones."""
         return {pf.key: pf.committed[1] for pf in self._subscriptions.assigned()}
 
-    def positions(self) -> dict[tuple[str, str], int]:
+    def positions(self) -> dict[PartitionKey, int]:
         """(topic, partition) -> the next offset to deliver, for owned ones."""
         return {pf.key: pf.offset for pf in self._subscriptions.assigned()}
 
     def lag(self, timeout: float = 5.0, *, seconds: bool = False
-            ) -> dict[tuple[str, str], int | float | None]:
+            ) -> dict[PartitionKey, int | float | None]:
         """(topic, partition) -> log end (asked of the broker) minus the consumed position,
         in bytes; with ``seconds``, the age of the oldest unconsumed message instead (now
         minus its msgId time, 0.0 when caught up): what an SLO is written in.
@@ -260,9 +262,9 @@ class MessageConsumer:
         detail = self._lag_detail(timeout)
         return {k: (v if v is None else v[1 if seconds else 0]) for k, v in detail.items()}
 
-    def _lag_detail(self, timeout: float) -> dict[tuple[str, str], tuple[int, float] | None]:
-        by_broker: dict[tuple[str, int], list[PartitionState]] = {}
-        out: dict[tuple[str, str], tuple[int, float] | None] = {}
+    def _lag_detail(self, timeout: float) -> dict[PartitionKey, tuple[int, float] | None]:
+        by_broker: dict[BrokerAddress, list[PartitionState]] = {}
+        out: dict[PartitionKey, tuple[int, float] | None] = {}
         for pf in self._subscriptions.assigned():
             out[pf.key] = None
             if pf.broker_address is not None:
@@ -278,8 +280,8 @@ class MessageConsumer:
                         if behind:
                             t = time_at(conn, pf.topic, pf.index, pos, group=self.config.group)
                             age = 0.0 if t is None else max(0.0, time.time() - t / 1000)
-                        out[(pf.topic, pf.partition)] = (behind, age)
-            except (OSError, MetaqError) as e:
+                        out[pf.key] = (behind, age)
+            except (BrokerUnavailableError, BrokerError) as e:
                 log.debug("lag: broker %s:%s did not answer: %r", *address, e)
         return out
 

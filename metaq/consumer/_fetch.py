@@ -1,13 +1,17 @@
 """One fetch of one partition: its ``get``, and what the broker's answers mean for its position.
 
 A fetch runner (:class:`~metaq.consumer._fetcher.FetchManager`) holding a
-partition calls :meth:`PartitionFetcher.fetch_once`, which fetches, hands the
-bytes to delivery (``process_batch``) and answers how long the partition waits
-before its next fetch.  What differs from Metaq:
+partition calls :meth:`PartitionFetcher.fetch_once` with its
+:class:`~metaq.consumer._session.FetchSession` bound to the partition; it
+fetches through the session, hands the bytes to delivery (``process_batch``)
+and answers how long the partition waits before its next fetch.  This module
+decides what the broker's answers mean for the position; the session does the
+wire, the partition's state keeps the position.  What differs from Metaq:
 
 - growth of the fetch size for a message bigger than ``max_size`` has its own
   counter (the listener's retry counter is never touched by it);
-- each runner keeps one connection per broker; a broker failure backs off
+- each runner keeps one connection per broker (its session); a broker failure
+  (:class:`~metaq.BrokerUnavailableError`, the one transport error) backs off
   only that broker's partitions;
 - the next ``get`` of a partition is sent before the current bytes go to the
   listener, asking for the bytes right after them (offsets are byte
@@ -16,8 +20,9 @@ before its next fetch.  What differs from Metaq:
   before the runner lets the partition go (kept as its ready bytes, at most
   one reply per partition).  Order stays serial: they are processed only when
   the partition's offset is still where they start;
-- replies are received straight into a buffer of the partition's own (behind
-  the unconsumed tail of the last one), and the C message builder reads them
+- replies are received straight into a buffer of the partition's own (its
+  :class:`~metaq.consumer._session.Readahead`, behind the unconsumed tail of
+  the last one), and the C message builder reads them
   there: the body bytes are copied once, into the messages;
 - a partition found at its log end on a broker that offers holding is not
   backed off but answered :data:`PARK`: the manager parks it with the long
@@ -36,23 +41,22 @@ from collections.abc import Callable
 
 from metaq._errors import (
     BrokerError,
+    BrokerUnavailableError,
     ChecksumError,
     DamagedMessageError,
     MessageError,
-    MetaqError,
     OffsetOutOfRangeError,
 )
 from metaq.consumer._lease import Lease
 from metaq.consumer._processor import process_batch
+from metaq.consumer._session import LOG_END, FetchSession, Readahead
 from metaq.consumer._subscription import BY_TIME, LATEST, PartitionState
-from metaq.net import BrokerConnection, offset_for_time
-from metaq.protocol import HOLD_CAPABILITY, MAX_PAYLOAD_SIZE, scan
+from metaq.protocol import MAX_PAYLOAD_SIZE, scan
 
-__all__ = ["PartitionFetcher", "PARK", "ErrorHandler", "Connections"]
+__all__ = ["PartitionFetcher", "PARK", "ErrorHandler"]
 
 log = logging.getLogger(__name__)
 
-_LOG_END = 2**63 - 1  # the ``offset`` command clamps to the log's end
 _ID = struct.Struct(">q")
 _FLOW_POLL = 0.02  # seconds between looks at a flow-controlled partition
 #: ``fetch_once``'s answer for "at the log end: park it with the long poller"
@@ -60,189 +64,137 @@ PARK = -1.0
 
 #: ``on_error(error, partition or None)``
 ErrorHandler = Callable[[BaseException, "PartitionState | None"], None]
-#: a runner's connections, one per broker address
-Connections = dict[tuple[str, int], BrokerConnection]
-
-
-def _offers_hold(conn: BrokerConnection) -> bool:
-    """Does this broker hold gets (``+hold`` in its ``version`` answer)?"""
-    try:
-        return HOLD_CAPABILITY in conn.version().split()
-    except BrokerError:
-        return False  # a broker that does not answer version: Metaq's backoff
 
 
 class PartitionFetcher:
     """Fetches one partition for the runner holding it (see the module docstring).
 
-    Shared by the runners of one manager: its own state is only which brokers
-    hold gets (asked on each new runner connection).
+    Shared by the runners of one manager and stateless: the wire is the runner's
+    :class:`~metaq.consumer._session.FetchSession`, the position the partition's
+    :class:`~metaq.consumer._subscription.PartitionState`.
     """
 
-    def __init__(self, *, group: str, fetch_timeout: float, max_delay: float,
-                 max_fetch_size: int, on_error: ErrorHandler, lease: Lease | None,
-                 long_poll: bool, offset_reset: str, prefetch: bool) -> None:
+    def __init__(self, *, group: str, max_delay: float, max_fetch_size: int,
+                 on_error: ErrorHandler, lease: Lease | None, offset_reset: str,
+                 prefetch: bool) -> None:
         self._group = group
         self._prefetch = prefetch
-        self._fetch_timeout = fetch_timeout
         self._max_delay = max_delay
         self._step = max_delay / 10.0
         self._max_fetch_size = max_fetch_size
         self._offset_reset = offset_reset
         self._on_error = on_error
         self._lease = lease
-        self._long_poll = long_poll
-        #: broker address -> it offers held gets (asked on each new runner connection)
-        self._holds: dict[tuple[str, int], bool] = {}
 
-    def backoff(self, pf: PartitionState) -> float:
-        """Wait longer before ``pf``'s next fetch (nothing new, or a failure)."""
+    def backoff(self, pf: PartitionState, ra: Readahead) -> float:
+        """Wait longer before ``pf``'s next fetch (nothing new, or a failure); with
+        nothing in hand it gives its receive buffer back."""
+        ra.idle()
         return pf.back_off(self._step, self._max_delay)
 
-    def _at_end(self, pf: PartitionState, address: tuple[str, int]) -> float:
-        """Nothing new at ``pf``'s offset: park it when its broker holds gets, else
-        Metaq's growing backoff."""
-        if self._long_poll and self._holds.get(address):
-            return PARK
-        return self.backoff(pf)
+    def _backoff(self, s: FetchSession) -> float:
+        assert s.pf is not None
+        return self.backoff(s.pf, s.ra)
 
-    def fetch_once(self, pf: PartitionState, connections: Connections) -> float:
-        """Fetch ``pf`` and deliver what came (the caller holds it); the delay before
-        its next fetch, or :data:`PARK`."""
+    def _at_end(self, s: FetchSession) -> float:
+        """Nothing new at the partition's offset: park it when its broker holds gets,
+        else Metaq's growing backoff."""
+        return PARK if s.holds else self._backoff(s)
+
+    def fetch_once(self, pf: PartitionState, s: FetchSession) -> float:
+        """Fetch ``pf`` (bound to the runner's session ``s``) and deliver what came (the
+        caller holds it); the delay before its next fetch, or :data:`PARK`."""
         if pf.seek_to is not None or pf.rollback:
             pf.apply_requests()
+            s.ra.drop()  # bytes fetched ahead belong to the old position
         if pf.stalled is not None:
             return self._max_delay  # offset_reset="fail": waits for a seek
         if pf.inflight is not None and pf.inflight.blocked(*pf.flow):
             return _FLOW_POLL  # flow control: too much of this partition is in flight
-        address = pf.broker_address
-        if address is None:
-            pf.drop_ready()
-            return self.backoff(pf)  # broker unknown right now: wait
+        if s.address is None:
+            s.ra.drop()
+            return self._backoff(s)  # broker unknown right now: wait
         if self._lease is not None and not self._lease.valid():
-            pf.drop_ready()
+            s.ra.drop()
             return self._step  # ownership unconfirmed (frozen past the session?): wait
-        data = pf.take_ready(address)
-        conn = connections.get(address)
-        ahead: int | None = None  # opaque of the get sent ahead, reply not read yet
-        parks = False
+        data = s.take_ready()
+        sent_ahead = False
         try:
-            if conn is None:
-                conn = BrokerConnection(address[0], address[1], timeout=self._fetch_timeout)
-                connections[address] = conn
-                if self._long_poll:
-                    self._holds[address] = _offers_hold(conn)
+            s.connect()
             if data is None:
                 if pf.offset == BY_TIME:  # a time: searched in the log by msgId time
                     assert pf.time_ms is not None
-                    pf.resolve(offset_for_time(conn, pf.topic, pf.index, pf.time_ms,
-                                               group=self._group).offset)
+                    pf.resolve(s.offset_for_time(pf.time_ms))
                 elif pf.offset < 0:  # LATEST or EARLIEST: the broker's log end or start
-                    pf.resolve(conn.offset(pf.topic, self._group, pf.index,
-                                           _LOG_END if pf.offset == LATEST else 0))
-                data = pf.receive(conn, conn.send_get(pf.topic, self._group, pf.index,
-                                                      pf.offset, pf.max_size), b"")
-            parks = self._long_poll and self._holds.get(address, False)
+                    pf.resolve(s.offset(LOG_END if pf.offset == LATEST else 0))
+                data = s.get()
+            parks = s.holds
             if data and self._prefetch and (not parks or len(data) >= pf.max_size >> 1):
                 # the bytes right after these: the broker sends them while we deliver
                 # (not after a short reply from a broker that holds gets: the partition
                 # is probably caught up, and its held get will bring what comes next
                 # without this runner waiting for a round trip)
-                ahead = conn.send_get(pf.topic, self._group, pf.index, pf.offset + len(data),
-                                      pf.max_size)
+                s.send_ahead(pf.offset + len(data))
+                sent_ahead = True
         except BrokerError as e:
-            return self._on_broker_error(pf, e, conn, address, connections)
-        except (OSError, MetaqError) as e:
-            return self._connection_failed(pf, conn, address, connections, e)
+            return self._on_broker_error(pf, e, s)
+        except BrokerUnavailableError as e:
+            return self._connection_failed(pf, s, e)
         pf.answered()
         if self._lease is not None and not self._lease.valid():
-            self._end_ahead(pf, conn, ahead, None, address, connections)
-            pf.drop_ready()
+            s.end_ahead(None)
             return self._step  # the lease ran out while we fetched: deliver nothing
         if pf.rewound is not None:
             moved = pf.offset
             data = self._after_rewind(pf, data)
             if data is None:  # the log changed where it was: a real rewind
-                self._end_ahead(pf, conn, ahead, None, address, connections)
-                return self._out_of_range(pf, conn, address, connections, start=None,
-                                          end=moved)
+                s.end_ahead(None)
+                return self._out_of_range(pf, s, start=None, end=moved)
             if not data:  # all of it delivered already
-                self._end_ahead(pf, conn, ahead, data, address, connections)
+                s.end_ahead(data)
                 return 0.0
         base = pf.offset
         try:
             result = process_batch(pf, data)
         except ChecksumError as e:
-            self._end_ahead(pf, conn, ahead, None, address, connections)
+            s.end_ahead(None)
             if not pf.checked:  # a committed offset inside a message reads as garbage
-                delay = self._check_position(pf, conn, address, connections)
+                delay = self._check_position(pf, s)
                 if delay is not None:
                     return delay
-            return self._resync(pf, conn, e)
+            return self._resync(pf, s, e)
         except BaseException:
-            self._end_ahead(pf, conn, ahead, None, address, connections)
+            s.end_ahead(None)
             raise
         keep = result.consumed and pf.retry_delay is None
-        at_end = self._end_ahead(pf, conn, ahead, data[pf.offset - base:] if keep else None,
-                                 address, connections)
+        at_end = s.end_ahead(data[pf.offset - base:] if keep else None)
         if result.consumed:
             pf.delivered()
             if pf.retry_delay is not None:
                 return pf.retry_delay
-            if (at_end or (parks and ahead is None)) and pf.offset == base + len(data):
-                return self._at_end(pf, address)  # all delivered, maybe nothing after it
+            if (at_end or (parks and not sent_ahead)) and pf.offset == base + len(data):
+                return self._at_end(s)  # all delivered, maybe nothing after it
             return 0.0
         if pf.retry_delay is not None:
             return pf.retry_delay  # listener failed on the first message: retry later
         if result.needed_size:
             if not pf.checked:  # a huge "message" at an unconfirmed position: maybe
-                delay = self._check_position(pf, conn, address, connections)  # inside one
+                delay = self._check_position(pf, s)  # inside one
                 if delay is not None:
                     return delay
             if len(data) < result.needed_size <= pf.max_size:
                 return self._capped(pf, result.needed_size, len(data))
             return self._grow(pf, result.needed_size)
-        return self.backoff(pf)
+        return self._backoff(s)
 
-    def _connection_failed(self, pf: PartitionState, conn: BrokerConnection | None,
-                           address: tuple[str, int], connections: Connections,
-                           e: BaseException) -> float:
-        if conn is not None:
-            conn.close()
-        connections.pop(address, None)
+    def _connection_failed(self, pf: PartitionState, s: FetchSession,
+                           e: BrokerUnavailableError) -> float:
+        s.failed()
         failures = pf.fetch_failed()
         if failures in (1, 10) or failures % 100 == 0:
-            log.warning("fetch %s/%s from %s:%s failed (%d in a row): %s",
-                        pf.topic, pf.partition, address[0], address[1], failures, e)
-        return self.backoff(pf)
-
-    @staticmethod
-    def _end_ahead(pf: PartitionState, conn: BrokerConnection, ahead: int | None,
-                   tail: memoryview | None, address: tuple[str, int],
-                   connections: Connections) -> bool:
-        """Read the reply of the get sent ahead: kept as ``pf``'s ready bytes after
-        ``tail`` (the bytes not consumed yet, which it continues), or dropped when
-        ``tail`` is None.  True when it said there is nothing after the bytes in
-        hand (404)."""
-        pf.drop_ready()
-        if ahead is None:
-            return False
-        try:
-            if tail is None:
-                conn.skip_reply(ahead)
-                return False
-            # the tail is a view of pf's receive buffer, which the reply overwrites
-            ready = pf.receive(conn, ahead, bytes(tail))
-        except BrokerError as e:  # e.g. 404, nothing new yet: the next fetch asks again
-            log.debug("get ahead of %s/%s: %s", pf.topic, pf.partition, e)
-            return e.code == 404
-        except (OSError, MetaqError) as e:
-            conn.close()
-            connections.pop(address, None)
-            log.debug("get ahead of %s/%s failed: %s", pf.topic, pf.partition, e)
-            return False
-        pf.keep_ready(ready, pf.offset, address)
-        return False
+            log.warning("fetch %s/%s from %s failed (%d in a row): %s",
+                        pf.topic, pf.partition, s.address, failures, e)
+        return self._backoff(s)
 
     def _grow(self, pf: PartitionState, needed: int) -> float:
         if needed > self._max_fetch_size:
@@ -303,65 +255,64 @@ class PartitionFetcher:
         pf.rewind_checked(gap, found)
         return data[gap:]
 
-    def _on_broker_error(self, pf: PartitionState, e: BrokerError, conn: BrokerConnection,
-                         address: tuple[str, int], connections: Connections) -> float:
+    def _on_broker_error(self, pf: PartitionState, e: BrokerError, s: FetchSession) -> float:
         if e.code == 404:
             if pf.rewound is not None:  # sent back, and nothing is there now: the log is
                 moved = pf.offset      # shorter than what was delivered (a real rewind)
                 pf.rewind_checked(None)
-                return self._out_of_range(pf, conn, address, connections, start=None,
-                                          end=moved)
+                return self._out_of_range(pf, s, start=None, end=moved)
             if not pf.checked:  # nothing here: the end, or a position beyond it?
-                delay = self._check_position(pf, conn, address, connections)
+                delay = self._check_position(pf, s)
                 if delay is not None:
                     return delay
-            return self._at_end(pf, address)  # nothing new
+            return self._at_end(s)  # nothing new
         if e.code == 301:
             try:
                 moved = int(e.detail.strip())
             except ValueError:
                 self._on_error(e, pf)
-                return self.backoff(pf)
+                return self._backoff(s)
             if moved > pf.offset:
                 try:
-                    start = conn.offset(pf.topic, self._group, pf.index, 0)
+                    start = s.offset(0)
                 except BrokerError:
                     start = moved
-                except (OSError, MetaqError) as err:
-                    return self._connection_failed(pf, conn, address, connections, err)
+                except BrokerUnavailableError as err:
+                    return self._connection_failed(pf, s, err)
                 if start < moved:  # a damaged range the broker knows: past it
                     return self._skip_damaged(pf, pf.offset, moved, "damaged bytes in the "
                                               "broker's log")
                 # below the log start: retention deleted what was not read
-                return self._out_of_range(pf, conn, address, connections,
-                                          start=moved, end=None)
+                return self._out_of_range(pf, s, start=moved, end=None)
             if pf.offset == pf.rewind_seen:
-                return self.backoff(pf)  # sent back again from where a re-read proved
+                return self._backoff(s)  # sent back again from where a re-read proved
                 #                          the log the same: nothing new yet, wait
             if pf.msg_id != -1 and pf.rewound is None:
                 # above what the broker calls its end, where we read (a Java broker whose
                 # max offset lags): re-read from there, passing over what was delivered
                 pf.rewind(moved)
+                s.ra.drop()
                 return 0.0
-            return self._out_of_range(pf, conn, address, connections,  # above the end
-                                      start=None, end=moved)
+            return self._out_of_range(pf, s, start=None, end=moved)  # above the end
         log.warning("fetch %s/%s: %s", pf.topic, pf.partition, e)
-        return self.backoff(pf)
+        return self._backoff(s)
 
     # -- damaged bytes ------------------------------------------------------------------
 
-    def _resync(self, pf: PartitionState, conn: BrokerConnection, err: Exception) -> float:
+    def _resync(self, pf: PartitionState, s: FetchSession, err: Exception) -> float:
         """A damaged message: ask the broker for the next valid position (Metaq's rule),
         report what is skipped (DamagedMessageError to on_error) and resume there."""
         bad = getattr(err, "offset", pf.offset)
         try:
-            valid = conn.offset(pf.topic, self._group, pf.index, bad)
-        except (OSError, MetaqError) as e:
+            valid = s.offset(bad)
+        except BrokerError as e:
             log.warning("offset resync of %s/%s failed: %s", pf.topic, pf.partition, e)
-            return self.backoff(pf)
+            return self._backoff(s)
+        except BrokerUnavailableError as e:
+            return self._connection_failed(pf, s, e)
         if valid <= bad:  # the broker sees a valid message there
             if pf.count_checksum_failure() < 3:
-                return self.backoff(pf)  # maybe damaged in transit: read again
+                return self._backoff(s)  # maybe damaged in transit: read again
             skip_to = getattr(err, "next_offset", None)
             if skip_to is None:
                 self._on_error(err, pf)
@@ -384,27 +335,26 @@ class PartitionFetcher:
 
     # -- positions outside the log -------------------------------------------
 
-    def _check_position(self, pf: PartitionState, conn: BrokerConnection,
-                        address: tuple[str, int], connections: Connections) -> float | None:
+    def _check_position(self, pf: PartitionState, s: FetchSession) -> float | None:
         """Is ``pf.offset`` (from a commit or a seek) a message boundary in the log?
         Asks the broker (``offset``); None when it is (the caller goes on), else the
         delay after handling what it is not (offset_reset)."""
         try:
-            valid = conn.offset(pf.topic, self._group, pf.index, pf.offset)
+            valid = s.offset(pf.offset)
             if valid == pf.offset:
                 pf.mark_checked()
                 return None
-            end = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+            end = s.offset(LOG_END)
         except BrokerError as e:  # a broker that cannot tell (Java: unwritten partition)
             log.debug("position check of %s/%s: %s", pf.topic, pf.partition, e)
             pf.mark_checked()
             return None
-        except (OSError, MetaqError) as e:
-            return self._connection_failed(pf, conn, address, connections, e)
+        except BrokerUnavailableError as e:
+            return self._connection_failed(pf, s, e)
         if pf.offset > end:
-            return self._out_of_range(pf, conn, address, connections, start=None, end=end)
+            return self._out_of_range(pf, s, start=None, end=end)
         if valid > pf.offset:  # below the log start
-            return self._out_of_range(pf, conn, address, connections, start=valid, end=end)
+            return self._out_of_range(pf, s, start=valid, end=end)
         # inside a message: back to its start (that message is read again)
         self._report_reset(pf, "boundary", None, end,
                            f"offset {pf.offset} is inside the message at {valid}; "
@@ -412,21 +362,20 @@ class PartitionFetcher:
         pf.move_to_boundary(valid)
         return 0.0
 
-    def _out_of_range(self, pf: PartitionState, conn: BrokerConnection,
-                      address: tuple[str, int], connections: Connections, *,
+    def _out_of_range(self, pf: PartitionState, s: FetchSession, *,
                       start: int | None, end: int | None) -> float:
         """``pf.offset`` is below the log ``start`` or above its ``end``: offset_reset."""
         policy = self._offset_reset
         try:
             if policy == "earliest" and start is None:
-                start = conn.offset(pf.topic, self._group, pf.index, 0)
+                start = s.offset(0)
             elif policy == "latest" and end is None:
-                end = conn.offset(pf.topic, self._group, pf.index, _LOG_END)
+                end = s.offset(LOG_END)
         except BrokerError as e:
             log.warning("log bounds of %s/%s: %s", pf.topic, pf.partition, e)
-            return self.backoff(pf)
-        except (OSError, MetaqError) as e:
-            return self._connection_failed(pf, conn, address, connections, e)
+            return self._backoff(s)
+        except BrokerUnavailableError as e:
+            return self._connection_failed(pf, s, e)
         where = (f"above the log end {end}" if start is None
                  else f"below the log start {start}")
         if policy == "fail":

@@ -20,7 +20,13 @@ What differs from Metaq:
   paused or woken meanwhile count for nothing).
 
 The scheduling flags of a partition's state (active, busy, paused, queue and
-park tokens) change only under this manager's lock.
+park tokens) change only under this manager's lock.  Each runner has a
+:class:`~metaq.consumer._session.FetchSession` of its own (its connections);
+each partition added has a :class:`~metaq.consumer._session.Readahead` (its
+receive buffer and bytes fetched ahead), kept here while the partition is, and
+handed to whichever runner takes the partition.  One
+:class:`~metaq.consumer._route.BrokerRoute`, shared by the runners and the long
+poller, says which broker each partition is read from.
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ import threading
 import time
 from typing import Any
 
-from metaq.consumer._fetch import PARK, Connections, ErrorHandler, PartitionFetcher
+from metaq.consumer._fetch import PARK, ErrorHandler, PartitionFetcher
 from metaq.consumer._lease import Lease
 from metaq.consumer._longpoll import LongPoller, Parked
+from metaq.consumer._route import BrokerRoute
+from metaq.consumer._session import FetchSession, Readahead
 from metaq.consumer._subscription import PartitionState
 
 __all__ = ["FetchManager"]
@@ -57,11 +65,16 @@ class FetchManager:
                  name: str = "metaq-fetch", prefetch: bool = True) -> None:
         self._max_delay = max_delay
         self._on_error = on_error
+        self._group = group
+        self._fetch_timeout = fetch_timeout
+        self._route = BrokerRoute(long_poll=hold > 0)
         self._fetch = PartitionFetcher(
-            group=group, fetch_timeout=fetch_timeout, max_delay=max_delay,
-            max_fetch_size=max_fetch_size, on_error=on_error, lease=lease,
-            long_poll=hold > 0, offset_reset=offset_reset, prefetch=prefetch)
+            group=group, max_delay=max_delay, max_fetch_size=max_fetch_size,
+            on_error=on_error, lease=lease, offset_reset=offset_reset, prefetch=prefetch)
         self._cond = threading.Condition()
+        #: each partition added: its read-ahead (read and written by the runner holding
+        #: it, or under the lock while it is parked; the table itself under the lock)
+        self._readahead: dict[PartitionState, Readahead] = {}
         self._heap: list[tuple[float, int, PartitionState]] = []
         self._seq = itertools.count()
         self._suspended = False
@@ -84,6 +97,7 @@ class FetchManager:
 
     def add(self, pf: PartitionState) -> None:
         with self._cond:
+            self._readahead[pf] = Readahead()
             pf.activate()
             self._push(pf, 0.0)
             self._cond.notify()
@@ -99,6 +113,7 @@ class FetchManager:
                 if left is not None and left <= 0:
                     return False
                 self._cond.wait(left)
+            self._readahead.pop(pf, None)
         return True
 
     def remove_many(self, pfs: list[PartitionState], timeout: float | None = None) -> bool:
@@ -114,6 +129,8 @@ class FetchManager:
                 if left is not None and left <= 0:
                     return False
                 self._cond.wait(left)
+            for pf in pfs:
+                self._readahead.pop(pf, None)
         return True
 
     def suspend(self) -> None:
@@ -171,6 +188,11 @@ class FetchManager:
         extra = [] if self._poller is None else [self._poller.thread]
         return list(self._threads) + extra
 
+    def readahead(self, pf: PartitionState) -> Readahead | None:
+        """``pf``'s read-ahead while it is added (for tests and diagnostics)."""
+        with self._cond:
+            return self._readahead.get(pf)
+
     def describe(self) -> dict[str, Any]:
         with self._cond:
             return {"queued": len(self._heap), "suspended": self._suspended,
@@ -181,11 +203,14 @@ class FetchManager:
     def _park(self, pf: PartitionState) -> Parked | None:
         """(Under the lock, as the runner lets ``pf`` go) hand it to the long poller,
         unless a control request wants it fetched now (None: push it instead)."""
-        address = pf.broker_address
+        address = self._route.address(pf)
         if pf.requested() or pf.paused or address is None:
             return None
         token = next(self._seq)
         pf.park(token)
+        ra = self._readahead.get(pf)
+        if ra is not None:
+            ra.idle()  # an idle partition gives its receive buffer back
         return Parked(pf, token, address, pf.offset)
 
     def _still_parked(self, parked: Parked) -> bool:
@@ -196,11 +221,12 @@ class FetchManager:
         with ``data`` as its ready bytes, or after Metaq's backoff."""
         pf = parked.pf
         with self._cond:
-            if not pf.parked_on(parked.token) or self._closed:
+            ra = self._readahead.get(pf)
+            if ra is None or not pf.parked_on(parked.token) or self._closed:
                 return  # revoked, sought, paused or woken since it was parked
             if data is not None and pf.offset == parked.offset:
-                pf.keep_ready(data, parked.offset, parked.address)
-            self._push(pf, self._fetch.backoff(pf) if backoff else 0.0)
+                ra.keep(data, parked.offset, parked.address)
+            self._push(pf, self._fetch.backoff(pf, ra) if backoff else 0.0)
             self._cond.notify()
 
     # -- the delay queue and the runners ----------------------------------------------
@@ -211,7 +237,7 @@ class FetchManager:
         pf.queue(due, token)  # a held get out for it no longer counts
         heapq.heappush(self._heap, (due, token, pf))
 
-    def _take(self) -> PartitionState | None:
+    def _take(self) -> tuple[PartitionState, Readahead] | None:
         with self._cond:
             while True:
                 if self._closed:
@@ -225,7 +251,7 @@ class FetchManager:
                     if due <= now and not pf.paused:
                         heapq.heappop(self._heap)
                         pf.take()
-                        return pf
+                        return pf, self._readahead[pf]
                     if pf.paused:
                         heapq.heappop(self._heap)  # re-queued by wake() after unpause
                         continue
@@ -237,7 +263,9 @@ class FetchManager:
         parked = None
         with self._cond:
             pf.let_go()
-            if pf.active and delay is not None and not self._closed:
+            if not pf.active:  # removed while this runner held it
+                self._readahead.pop(pf, None)
+            elif delay is not None and not self._closed:
                 if delay == PARK and self._poller is not None:
                     parked = self._park(pf)
                     if parked is None:
@@ -249,22 +277,25 @@ class FetchManager:
             self._woken(parked, None, True)  # the poller stopped: Metaq's backoff
 
     def _run(self) -> None:
-        connections: Connections = {}
+        session = FetchSession(group=self._group, timeout=self._fetch_timeout,
+                               route=self._route)
         fetch_once = self._fetch.fetch_once
         try:
             while True:
-                pf = self._take()
-                if pf is None:
+                taken = self._take()
+                if taken is None:
                     return
+                pf, ra = taken
+                session.bind(pf, ra)
                 delay: float | None = self._max_delay
                 try:
-                    delay = fetch_once(pf, connections)
+                    delay = fetch_once(pf, session)
                 except BaseException as e:  # noqa: BLE001 - reported, runner survives
                     log.exception("fetch runner failed on %s/%s", pf.topic, pf.partition)
                     self._on_error(e, pf)
+                    session.failed()  # the connection may be anywhere in a reply
                     delay = self._max_delay
                 finally:
                     self._release(pf, delay)
         finally:
-            for c in connections.values():
-                c.close()
+            session.close()

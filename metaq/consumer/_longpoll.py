@@ -4,8 +4,10 @@ When a fetch runner finds a partition at its log end and the broker offers
 holding (``+hold`` in its ``version`` answer; see ``metaq.broker._hold``), the
 :class:`~metaq.consumer._fetcher.FetchManager` parks the partition here instead
 of backing off.  This thread sends one ``get ... hold=<ms>`` for it on a
-connection of its own per broker (non-blocking sockets, one ``selectors`` loop,
-replies matched by opaque since held gets are answered out of order) and waits:
+connection of its own per broker (``metaq.net``'s
+:class:`~metaq.net.MultiplexedConnection`: non-blocking, replies matched by
+opaque since held gets are answered out of order; one ``selectors`` loop here
+drives them all) and waits:
 
 - a ``value`` reply (a message arrived) goes back to the manager as the
   partition's ready bytes, and a runner delivers them at once;
@@ -25,7 +27,6 @@ drops a reply whose partition was revoked, sought, paused or woken meanwhile
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import selectors
 import socket
@@ -33,9 +34,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from metaq._errors import MetaqError
+from metaq._errors import BrokerUnavailableError, MetaqError
+from metaq._types import BrokerAddress
 from metaq.consumer._subscription import PartitionState
-from metaq.protocol import OPAQUE_MASK, ReplyParser, Value, encode_get
+from metaq.net import MultiplexedConnection
+from metaq.protocol import Value
 
 __all__ = ["LongPoller", "Parked"]
 
@@ -52,7 +55,7 @@ class Parked:
 
     __slots__ = ("pf", "token", "address", "offset", "sent", "deadline")
 
-    def __init__(self, pf: PartitionState, token: int, address: tuple[str, int],
+    def __init__(self, pf: PartitionState, token: int, address: BrokerAddress,
                  offset: int) -> None:
         self.pf = pf
         self.token = token
@@ -67,17 +70,6 @@ class Parked:
 Woken = Callable[[Parked, "memoryview | None", bool], None]
 #: ``still_parked(parked)``: the partition still waits on this held get.
 StillParked = Callable[[Parked], bool]
-
-
-class _Conn:
-    __slots__ = ("address", "sock", "parser", "pending", "out")
-
-    def __init__(self, address: tuple[str, int], sock: socket.socket) -> None:
-        self.address = address
-        self.sock = sock
-        self.parser = ReplyParser()
-        self.pending: dict[int, Parked] = {}
-        self.out = bytearray()
 
 
 class LongPoller:
@@ -99,10 +91,11 @@ class LongPoller:
         self._lock = threading.Lock()
         self._signalled = False
         self._closed = False
-        self._opaque = itertools.count(1)
-        self._conns: dict[tuple[str, int], _Conn] = {}
+        self._conns: dict[BrokerAddress, MultiplexedConnection[Parked]] = {}
         self._next_check = 0.0
         self._sel = selectors.DefaultSelector()
+        # the self-pipe that wakes the select (a local socket pair, safe to write to
+        # after close, unlike a raw pipe descriptor); brokers are reached through net
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
@@ -153,7 +146,7 @@ class LongPoller:
                         continue
                     if events & selectors.EVENT_WRITE:
                         self._flush(conn)
-                    if events & selectors.EVENT_READ and conn.address in self._conns:
+                    if events & selectors.EVENT_READ and self._conns.get(conn.address) is conn:
                         self._read(conn)
                 with self._lock:
                     if self._closed:
@@ -166,7 +159,7 @@ class LongPoller:
                     self._send(todo[0])
                     todo.popleft()
                 for conn in list(self._conns.values()):
-                    if conn.out:
+                    if conn.wants_write:
                         self._flush(conn)
                 self._check_deadlines()
         except BaseException as e:  # noqa: BLE001 - hand every partition back, report
@@ -199,19 +192,17 @@ class LongPoller:
             return None
         return max(0.0, self._next_check - time.monotonic())
 
-    def _connect(self, address: tuple[str, int]) -> _Conn | None:
+    def _connect(self, address: BrokerAddress) -> MultiplexedConnection[Parked] | None:
         conn = self._conns.get(address)
         if conn is not None:
             return conn
         try:
-            sock = socket.create_connection(address, timeout=self._connect_timeout)
-        except OSError as e:
-            log.debug("long-poll connection to %s:%s failed: %s", address[0], address[1], e)
+            conn = MultiplexedConnection(address, timeout=self._connect_timeout)
+        except BrokerUnavailableError as e:
+            log.debug("long-poll connection failed: %s", e)
             return None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(False)
-        conn = self._conns[address] = _Conn(address, sock)
-        self._sel.register(sock, selectors.EVENT_READ, conn)
+        self._conns[address] = conn
+        self._sel.register(conn, selectors.EVENT_READ, conn)
         return conn
 
     def _send(self, parked: Parked) -> None:
@@ -220,52 +211,33 @@ class LongPoller:
             self._woken(parked, None, True)
             return
         pf = parked.pf
-        opaque = next(self._opaque) & OPAQUE_MASK
         try:
-            conn.out += encode_get(pf.topic, self._group, pf.index, parked.offset,
-                                   pf.max_size, opaque, self._hold_ms)
+            conn.send_get(parked, pf.topic, self._group, pf.index, parked.offset,
+                          pf.max_size, hold_ms=self._hold_ms)
         except MetaqError as e:  # a name the protocol cannot carry: not ours to hold
             log.warning("cannot hold a get of %s/%s: %s", pf.topic, pf.partition, e)
             self._woken(parked, None, True)
             return
         parked.sent = now = time.monotonic()
         parked.deadline = now + self._hold + self._margin
-        conn.pending[opaque] = parked
 
-    def _flush(self, conn: _Conn) -> None:
+    def _flush(self, conn: MultiplexedConnection[Parked]) -> None:
         try:
-            while conn.out:
-                n = conn.sock.send(conn.out)
-                del conn.out[:n]
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError as e:
+            conn.flush()
+        except BrokerUnavailableError as e:
             self._drop(conn, e)
             return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.out else 0)
-        self._sel.modify(conn.sock, events, conn)
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.wants_write else 0)
+        self._sel.modify(conn, events, conn)
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: MultiplexedConnection[Parked]) -> None:
         try:
-            data = conn.sock.recv(1 << 20)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as e:
-            self._drop(conn, e)
-            return
-        if not data:
-            self._drop(conn, ConnectionResetError("broker closed the connection"))
-            return
-        try:
-            replies = conn.parser.feed(data)
-        except MetaqError as e:
+            replies = conn.read()
+        except BrokerUnavailableError as e:
             self._drop(conn, e)
             return
         now = time.monotonic()
-        for reply in replies:
-            parked = conn.pending.pop(reply.opaque, None)
-            if parked is None:
-                continue  # not ours (cannot happen with a sane broker): ignore
+        for parked, reply in replies:
             if type(reply) is Value:
                 self._woken(parked, memoryview(reply.body) if reply.body else None, False)
             elif reply.code == 404 and self._still_parked(parked):
@@ -282,25 +254,22 @@ class LongPoller:
             return
         self._next_check = now + _CHECK_EVERY
         for conn in list(self._conns.values()):
-            if any(p.deadline <= now for p in conn.pending.values()):
-                self._drop(conn, TimeoutError("a held get was not answered in time"))
+            if any(p.deadline <= now for p in conn.pending):
+                self._drop(conn, BrokerUnavailableError(
+                    f"a held get was not answered in time by broker {conn.address}",
+                    address=conn.address))
 
-    def _drop(self, conn: _Conn, err: BaseException | None) -> None:
+    def _drop(self, conn: MultiplexedConnection[Parked], err: BaseException | None) -> None:
         """Close ``conn``; its partitions go back to the runners."""
         if self._conns.get(conn.address) is conn:
             del self._conns[conn.address]
         if err is not None:
-            log.info("long-poll connection to %s:%s lost: %s", conn.address[0],
-                     conn.address[1], err)
+            log.info("long-poll connection to %s lost: %s", conn.address, err)
         try:
-            self._sel.unregister(conn.sock)
+            self._sel.unregister(conn)
         except (KeyError, ValueError):
             pass
-        try:
-            conn.sock.close()
-        except OSError:
-            pass
-        pending, conn.pending = conn.pending, {}
-        for parked in pending.values():  # back off: a broker that keeps dropping
+        conn.close()
+        for parked in conn.take_pending():  # back off: a broker that keeps dropping
             self._woken(parked, None, True)  # us must not make partitions spin
 

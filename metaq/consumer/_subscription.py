@@ -18,9 +18,8 @@ Each group of :class:`PartitionState` attributes has one owner::
     settings      topic, partition, listener,     whoever builds it, before it is
                   codec, verify, max_batch, ...   fetched; read-only afterwards
     progress      offset, msg_id, consumed,       the runner holding it (``busy``; one
-                  retry_*, max_size, checked,     at a time, so no lock); the ready
-                  stalled, counters, ready bytes  bytes also the fetch manager, under
-                  and the receive buffer          its lock, while it is parked
+                  retry_*, max_size, checked,     at a time, so no lock)
+                  stalled, counters, backoff
     requests      seek_to, rollback, acked        any thread; a seek or rollback is
                                                   applied by the runner before its
                                                   next fetch
@@ -32,6 +31,9 @@ Each group of :class:`PartitionState` attributes has one owner::
 The delivery loops (``_processor``) read the settings and write the progress
 as plain attributes, once per batch or per message: no method call or property
 on that path.  Everyone else changes a partition's state through the methods.
+
+Nothing here touches the wire: the connections, the get sent ahead, the receive
+buffer and the bytes fetched ahead are the fetch side's (``_session``).
 """
 
 from __future__ import annotations
@@ -42,11 +44,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from metaq._errors import ConfigError, OffsetOutOfRangeError
+from metaq._types import BrokerAddress, PartitionKey
 from metaq.consumer._concurrent import ConcurrentDispatcher, InFlight
 from metaq.consumer._config import ConsumerConfig
 from metaq.consumer._message import Message
 from metaq.consumer._offsets import Ownership
-from metaq.net import BrokerConnection
 from metaq.protocol import Codec, PartitionReader
 from zk_layout import NodeDataError, StoredOffset, check_topic
 
@@ -91,8 +93,8 @@ class PartitionState:
         # progress
         "offset", "msg_id", "consumed", "retry_offset", "retry_count", "retry_delay",
         "max_size", "checked", "stalled", "damaged", "skipped", "resets", "delay",
-        "failures", "grow_size_streak", "checksum_failures", "ready", "rbuf",
-        "ready_offset", "ready_address", "time_ms", "rewound", "rewind_seen", "rewinds",
+        "failures", "grow_size_streak", "checksum_failures", "time_ms", "rewound",
+        "rewind_seen", "rewinds",
         "redelivered_skipped", "capped",
         # requests
         "seek_to", "seek_time", "rollback", "acked",
@@ -103,7 +105,7 @@ class PartitionState:
     )
 
     def __init__(self, *, topic: str, partition: str, broker_id: int, index: int,
-                 broker_address: tuple[str, int] | None, offset: int, msg_id: int,
+                 broker_address: BrokerAddress | None, offset: int, msg_id: int,
                  max_size: int, listener: Listener | None,
                  batch_listener: BatchListener | None, codec: Codec, verify: bool,
                  max_retries: int, retry_backoff: float = 0.5, reject: Reject | None = None,
@@ -114,7 +116,7 @@ class PartitionState:
         # -- settings: fixed once built (tests may change them before the first fetch)
         self.topic = topic
         self.partition = partition
-        self.key = (topic, partition)
+        self.key = PartitionKey(topic, partition)
         self.broker_id = broker_id
         self.index = index
         self.listener = listener
@@ -175,13 +177,6 @@ class PartitionState:
         self.failures = 0
         self.grow_size_streak = 0
         self.checksum_failures = 0
-        #: bytes fetched ahead (unconsumed tail of the last batch + the next reply),
-        #: valid while ``offset == ready_offset``; a view of ``rbuf``, the partition's
-        #: own receive buffer
-        self.ready: memoryview | None = None
-        self.rbuf: bytearray | None = None
-        self.ready_offset = -1
-        self.ready_address: tuple[str, int] | None = None
         #: the time (epoch ms) an ``offset`` of BY_TIME stands for
         self.time_ms: int | None = None
 
@@ -245,7 +240,7 @@ class PartitionState:
 
     def apply_requests(self) -> None:
         """(The runner holding it) apply a rollback, then a seek: progress moves there,
-        bytes fetched ahead and listener retries are forgotten."""
+        listener retries are forgotten (the runner drops the bytes fetched ahead)."""
         if self.rollback:
             self.rollback = False
             self.msg_id, self.offset = self.acked
@@ -258,7 +253,6 @@ class PartitionState:
             self.rewound = self.capped = None
             if not self.auto_ack:
                 self.acked = (-1, to)
-        self.ready = None  # bytes fetched ahead belong to the old position
         self.retry_offset, self.retry_count, self.retry_delay = -1, 0, None
 
     # -- scheduling (the FetchManager, under its lock) ------------------------------------
@@ -295,48 +289,21 @@ class PartitionState:
 
     def park(self, token: int) -> None:
         """Handed to the long poller under ``token`` (at its log end; see
-        :meth:`parked_on`); an idle partition gives its receive buffer back."""
+        :meth:`parked_on`)."""
         self.hold_token = token
         self.delay = 0.0
-        if self.ready is None:
-            self.rbuf = None
 
     def parked_on(self, token: int) -> bool:
         """Still waiting on the held get parked under ``token`` (not revoked, sought,
         paused or woken since)."""
         return self.hold_token == token and self.active
 
-    # -- progress (the runner holding it; :meth:`keep_ready` also the manager) -------------
-
-    def take_ready(self, address: tuple[str, int]) -> memoryview | None:
-        """The bytes fetched ahead, if they still start at ``offset`` (from ``address``);
-        forgotten either way."""
-        ready, self.ready = self.ready, None
-        if ready and self.ready_offset == self.offset and self.ready_address == address:
-            return ready
-        return None  # nothing, or the offset moved (seek, 301, resync, size growth)
-
-    def keep_ready(self, data: memoryview, offset: int, address: tuple[str, int]) -> None:
-        """``data`` (bytes at ``offset`` from ``address``) is delivered next, if the
-        offset is still there then.  The runner holding it, or the fetch manager
-        under its lock while the partition is parked (no runner holds it then)."""
-        self.ready, self.ready_offset, self.ready_address = data, offset, address
-
-    def drop_ready(self) -> None:
-        self.ready = None
-
-    def receive(self, conn: BrokerConnection, opaque: int, prefix: bytes) -> memoryview:
-        """The reply to get ``opaque``, received after ``prefix`` into this partition's
-        receive buffer (grown as needed): a view of the bytes."""
-        self.rbuf, n = conn.read_get_into(opaque, prefix, self.rbuf)
-        return memoryview(self.rbuf)[:n]
+    # -- progress (the runner holding it) -----------------------------------------------
 
     def back_off(self, step: float, max_delay: float) -> float:
         """Wait ``step`` longer before the next fetch (up to ``max_delay``): nothing new,
-        or a failure.  An idle partition gives its receive buffer back."""
+        or a failure."""
         self.delay = delay = min(max_delay, self.delay + step)
-        if self.ready is None:
-            self.rbuf = None
         return delay
 
     def answered(self) -> None:
@@ -344,8 +311,7 @@ class PartitionState:
         self.failures = 0
 
     def fetch_failed(self) -> int:
-        """The connection failed: bytes fetched ahead are gone; failures in a row."""
-        self.ready = None
+        """The connection failed: failures in a row."""
         self.failures += 1
         return self.failures
 
@@ -396,7 +362,6 @@ class PartitionState:
         self.rewound = (self.offset, self.msg_id)
         self.rewinds += 1
         self.offset = to
-        self.ready = None
 
     def rewind_checked(self, skip: int | None, messages: int = 0) -> None:
         """The re-read after a rewind: ``skip`` bytes (``messages``) were delivered
@@ -432,7 +397,7 @@ class PartitionState:
 
     # -- coordination (the coordinator thread) -------------------------------------------
 
-    def broker_moved(self, address: tuple[str, int] | None) -> None:
+    def broker_moved(self, address: BrokerAddress | None) -> None:
         """Its broker has a new address (or none known right now)."""
         self.broker_address = address
 
@@ -465,8 +430,9 @@ class SubscriptionState:
         self._dispatcher = dispatcher
         self._on_error = on_error
         self._subs: dict[str, Subscription] = {}
-        self._assigned: dict[tuple[str, str], PartitionState] = {}
-        #: messages consumed from partitions revoked since (not lost with a session)
+        self._assigned: dict[PartitionKey, PartitionState] = {}
+        #: messages consumed from partitions no longer owned (revoked, or dropped with
+        #: a lost session, a failure or close): metrics count them with the owned ones
         self.consumed_released = 0
         #: offset nodes found holding garbage
         self.damaged_offsets = 0
@@ -519,7 +485,7 @@ class SubscriptionState:
     # -- the assignment (written by the coordinator thread) -----------------------------
 
     def assign(self, topic: str, partition: str, broker_id: int,
-               address: tuple[str, int] | None, stored: StoredOffset | NodeDataError | None,
+               address: BrokerAddress | None, stored: StoredOffset | NodeDataError | None,
                ownership: Ownership | None) -> PartitionState:
         """The state of a partition just claimed, from its committed offset ``stored``
         (None: none yet; garbage: reported, then as offset_reset says)."""
@@ -529,16 +495,18 @@ class SubscriptionState:
         self._assigned[pf.key] = pf
         return pf
 
-    def revoke(self, key: tuple[str, str]) -> PartitionState:
+    def revoke(self, key: PartitionKey) -> PartitionState:
         """No longer owned (released): its consumed messages still count."""
         pf = self._assigned.pop(key)
         self.consumed_released += pf.consumed
         return pf
 
     def drop_all(self) -> list[PartitionState]:
-        """Forget every partition at once (session lost, member failed, closed)."""
+        """Forget every partition at once (session lost, member failed, closed); what
+        was consumed from them still counts, as for :meth:`revoke`."""
         dropped = list(self._assigned.values())
         self._assigned = {}
+        self.consumed_released += sum(pf.consumed for pf in dropped)
         return dropped
 
     # -- reading the assignment (any thread) ---------------------------------------------
@@ -546,7 +514,7 @@ class SubscriptionState:
     def partition(self, topic: str, partition: str) -> PartitionState | None:
         return self._assigned.get((topic, partition))
 
-    def assigned_keys(self) -> list[tuple[str, str]]:
+    def assigned_keys(self) -> list[PartitionKey]:
         """(topic, partition) of every owned partition, in the order they were assigned."""
         return list(self._assigned)
 
@@ -561,7 +529,7 @@ class SubscriptionState:
         return out
 
     def _new_state(self, topic: str, partition: str, broker_id: int,
-                   address: tuple[str, int] | None,
+                   address: BrokerAddress | None,
                    stored: StoredOffset | NodeDataError | None) -> PartitionState:
         cfg = self._config
         sub = self._subs[topic]

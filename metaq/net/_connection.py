@@ -10,6 +10,15 @@ sends it, :meth:`BrokerConnection.read_get` reads its reply later (as bytes,
 after an optional prefix), :meth:`BrokerConnection.read_get_into` receives it
 straight into the caller's buffer, or :meth:`BrokerConnection.skip_reply` drops
 it; replies come back in request order.
+
+This module is the transport error boundary of the blocking client: every
+``OSError`` (refused, reset, timed out) becomes a
+:class:`~metaq.BrokerUnavailableError` naming the broker, with the ``OSError``
+as its cause, and a reply that cannot be parsed a
+:class:`~metaq.MalformedReplyError` (a kind of both ``ProtocolError`` and
+``BrokerUnavailableError``).  Either closes the connection.  Callers catch
+``BrokerUnavailableError`` for "this connection is gone" and ``BrokerError``
+for "the broker answered no".
 """
 
 from __future__ import annotations
@@ -17,7 +26,13 @@ from __future__ import annotations
 import itertools
 import socket
 
-from metaq._errors import BrokerError, ConnectionClosedError, ProtocolError
+from metaq._errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConnectionClosedError,
+    MalformedReplyError,
+)
+from metaq._types import BrokerAddress
 from metaq.protocol import (
     encode_get,
     encode_offset,
@@ -35,22 +50,26 @@ _HELD_MAX = 256 * 1024
 _HEADROOM = 64 * 1024
 
 
-def parse_meta_uri(uri: str) -> tuple[str, int]:
+def parse_meta_uri(uri: str) -> BrokerAddress:
     """``meta://host:port`` (IPv6 in brackets) to ``(host, port)``."""
     from zk_layout import decode_broker_uri
 
     parsed = decode_broker_uri(uri.encode() if isinstance(uri, str) else uri)
-    return parsed.host, parsed.port
+    return BrokerAddress(parsed.host, parsed.port)
 
 
 class BrokerConnection:
     """One TCP connection; ``get``/``offset``/``stats``/``version`` block until answered."""
 
     def __init__(self, host: str, port: int, *, timeout: float = 10.0) -> None:
-        self.address = (host, port)
-        self._sock = socket.create_connection((host, port), timeout=timeout)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        self.address = BrokerAddress(host, port)
+        try:
+            self._sock = socket.create_connection(self.address, timeout=timeout)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
+        except OSError as e:
+            raise BrokerUnavailableError(f"cannot connect to broker {self.address}: {e}",
+                                         address=self.address) from e
         self._buf = bytearray(64 * 1024)
         self._start = 0  # unread bytes are _buf[_start:_end]
         self._end = 0
@@ -149,7 +168,7 @@ class BrokerConnection:
         try:
             return int(body)
         except ValueError:
-            raise ProtocolError(f"offset reply body is not a number: {body[:80]!r}") from None
+            raise self._malformed(f"offset reply body is not a number: {body[:80]!r}") from None
 
     def offset_for_time(self, topic: str, group: str, partition: int, when_ms: int
                         ) -> tuple[int, int | None]:
@@ -165,8 +184,8 @@ class BrokerConnection:
                 raise ValueError
             offset, t = int(parts[0]), int(parts[1])
         except ValueError:
-            raise ProtocolError("offset-for-time reply is not '<offset> <time>': "
-                                f"{body[:80]!r}") from None
+            raise self._malformed("offset-for-time reply is not '<offset> <time>': "
+                                  f"{body[:80]!r}") from None
         return offset, (t if t >= 0 else None)
 
     def send_put(self, topic: str, partition: int, payload: bytes, flag: int, checksum: int,
@@ -216,7 +235,8 @@ class BrokerConnection:
 
     def _send(self, data: bytes) -> None:
         if self._closed:
-            raise ConnectionClosedError(f"connection to {self._where()} is closed")
+            raise ConnectionClosedError(f"connection to {self._where()} is closed",
+                                        address=self.address)
         if self._held:
             self._held.append(data)
             data = b"".join(self._held)
@@ -224,12 +244,24 @@ class BrokerConnection:
             self._held_size = 0
         try:
             self._sock.sendall(data)
-        except OSError:
-            self.close()
-            raise
+        except OSError as e:
+            raise self._failed("sending to", e) from e
 
     def _where(self) -> str:
-        return f"{self.address[0]}:{self.address[1]}"
+        return str(self.address)
+
+    def _failed(self, doing: str, e: OSError) -> BrokerUnavailableError:
+        """Close and say why: the one conversion of socket errors (module docstring)."""
+        self.close()
+        what = "timed out" if isinstance(e, TimeoutError) else str(e) or type(e).__name__
+        return BrokerUnavailableError(f"{doing} broker {self._where()} failed: {what}",
+                                      address=self.address)
+
+    def _malformed(self, what: str) -> MalformedReplyError:
+        """Close (the stream can no longer be trusted) and say what was wrong."""
+        self.close()
+        return MalformedReplyError(f"{what} (from broker {self._where()})",
+                                   address=self.address)
 
     def _fill(self, need: int) -> None:
         """Make at least ``need`` unread bytes available in the buffer."""
@@ -252,12 +284,12 @@ class BrokerConnection:
         """One ``recv_into``; an error or the peer closing closes this connection."""
         try:
             n = self._sock.recv_into(view)
-        except OSError:
-            self.close()
-            raise
+        except OSError as e:
+            raise self._failed("receiving from", e) from e
         if n == 0:
             self.close()
-            raise ConnectionClosedError(f"{self._where()} closed the connection")
+            raise ConnectionClosedError(f"{self._where()} closed the connection",
+                                        address=self.address)
         return n
 
     def _line(self) -> bytes:
@@ -268,8 +300,7 @@ class BrokerConnection:
                 self._start = i + 2
                 return line
             if self._end - self._start > _MAX_HEADER:
-                self.close()
-                raise ProtocolError(f"reply line from {self._where()} over {_MAX_HEADER} bytes")
+                raise self._malformed(f"reply line over {_MAX_HEADER} bytes")
             self._fill(self._end - self._start + 1)
 
     def _reply(self, opaque: int, *, want_value: bool) -> memoryview:
@@ -291,13 +322,9 @@ class BrokerConnection:
             if length < 0:
                 raise ValueError
         except ValueError:
-            self.close()
-            raise ProtocolError(
-                f"malformed reply line from {self._where()}: {line[:120]!r}") from None
+            raise self._malformed(f"malformed reply line: {line[:120]!r}") from None
         if got != opaque:
-            self.close()
-            raise ProtocolError(
-                f"reply opaque {got} from {self._where()} does not match request {opaque}")
+            raise self._malformed(f"reply opaque {got} does not match request {opaque}")
         return code, length
 
     def _body(self, code: int, length: int) -> memoryview:

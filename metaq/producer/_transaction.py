@@ -37,7 +37,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from metaq._errors import BrokerError, ProducerError, TransactionError, XAError
+from metaq._errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ProducerError,
+    TransactionError,
+    XAError,
+)
 from metaq.net import BrokerConnection
 from metaq.producer._send import SendResult
 from metaq.protocol import (
@@ -185,7 +191,7 @@ class _OnOneBroker:
                 body = conn.read_result(opaque).split()
                 self._results.append(SendResult(int(body[0]), part, int(body[2]),
                                                 *map(int, part.split("-"))))
-            except (BrokerError, OSError, ValueError, IndexError) as e:
+            except (BrokerError, BrokerUnavailableError, ValueError, IndexError) as e:
                 errors.append(e)
         self._pending = []
         return errors
@@ -254,7 +260,7 @@ class LocalTransaction(_OnOneBroker):
             except BrokerError as e:
                 self._state = "failed"
                 raise _failure(e, f"commit of {self.key}") from None
-            except OSError as e:
+            except BrokerUnavailableError as e:
                 self._state = "unknown"
                 raise TransactionError(f"commit of {self.key}: the connection failed ({e}); "
                                        f"the outcome is unknown") from e
@@ -278,7 +284,7 @@ class LocalTransaction(_OnOneBroker):
                 self._collect()
                 self._conn.transaction(self.key, self.session_id, "ROLLBACK")
                 reuse = True
-        except (BrokerError, OSError):
+        except (BrokerError, BrokerUnavailableError):
             pass  # the broker rolls back a transaction whose connection closes
         finally:
             self._close(reuse=reuse)

@@ -21,7 +21,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from metaq._errors import BrokerError, ConnectionClosedError, CoordinationError, ProtocolError
+from metaq._errors import (
+    BrokerError,
+    BrokerUnavailableError,
+    ConnectionClosedError,
+    CoordinationError,
+    ProtocolError,
+)
 from metaq.net import BrokerConnection, TimeSeek, offset_for_time
 from metaq.protocol import HEADER_SIZE
 from metaq.spark._arrow import walk
@@ -186,7 +192,7 @@ class Cluster:
                                         f"{self.layout.broker_id(broker_id)})")
         try:
             conn = BrokerConnection(*address, timeout=self.broker_timeout)
-        except OSError as e:
+        except BrokerUnavailableError as e:
             raise ConnectionClosedError(f"cannot connect to broker {broker_id} at "
                                         f"{address[0]}:{address[1]}: {e}") from None
         self._conns[broker_id] = conn
@@ -196,7 +202,7 @@ class Cluster:
         part = parse_partition(partition)
         try:
             return fn(self._conn(part.broker_id), part.index)
-        except (OSError, ProtocolError, ConnectionClosedError) as e:
+        except (BrokerUnavailableError, ProtocolError) as e:
             conn = self._conns.pop(part.broker_id, None)
             if conn is not None:
                 conn.close()

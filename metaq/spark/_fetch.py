@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from metaq._errors import (
     BrokerError,
+    BrokerUnavailableError,
     ConfigError,
     ConnectionClosedError,
     DataLossError,
@@ -135,7 +136,7 @@ class _Link:
                 if e.code not in _TRANSIENT:
                     raise
                 problem: Exception = e
-            except (OSError, ConnectionClosedError, ProtocolError) as e:
+            except (BrokerUnavailableError, ProtocolError) as e:
                 self.close()
                 problem = e
             now = time.monotonic()

@@ -12,6 +12,7 @@ from collections import defaultdict
 import pytest
 
 from metaq.consumer._fetcher import FetchManager
+from metaq.consumer._session import Readahead
 from metaq.consumer._subscription import PartitionState
 from metaq.protocol import build_payload, encode_put, get_codec
 from metaq.testing import wait_until
@@ -80,14 +81,14 @@ def _check_serial(got, want):
 def ready_hits(monkeypatch):
     """Counts fetches served from bytes got ahead (proves the ahead path ran)."""
     hits = [0]
-    real = PartitionState.take_ready
+    real = Readahead.take
 
-    def counting(pf, address):
-        data = real(pf, address)
+    def counting(ra, offset, address):
+        data = real(ra, offset, address)
         hits[0] += data is not None
         return data
 
-    monkeypatch.setattr(PartitionState, "take_ready", counting)
+    monkeypatch.setattr(Readahead, "take", counting)
     return hits
 
 
@@ -176,10 +177,12 @@ def test_seek_back_while_bytes_are_ready_restarts_at_the_new_offset(loaded):
         wait_until(at_20.is_set, 30, what="20 messages")
         remover = threading.Thread(target=fm.remove, args=(pf, 10))
         remover.start()
+        ra = fm.readahead(pf)
         wait_until(lambda: not pf.active, 10, what="the partition to be removed")
         go.set()
         remover.join(10)
-        assert not pf.busy and pf.ready is not None  # bytes got ahead, not delivered
+        assert not pf.busy and ra is not None and ra.data is not None  # got ahead
+        assert fm.readahead(pf) is None  # and dropped with the partition: not delivered
         taken = len(got)
         seek = got[5]
         pf.offset, pf.msg_id = seek.offset, got[4].msg_id  # a seek to a message boundary
@@ -207,10 +210,11 @@ def test_replies_land_in_one_buffer_per_partition_given_back_when_idle(loaded):
 
     def on_message(m):
         pf = pfs[int(m.partition.split("-")[1])]
+        ra = fm.readahead(pf)
         with lock:
             got[m.partition].append(m)
-            if pf.rbuf is not None:
-                buffers[m.partition].add(id(pf.rbuf))
+            if ra is not None and ra.buf is not None:
+                buffers[m.partition].add(id(ra.buf))
 
     for pf in pfs:
         pf.listener = on_message
@@ -220,7 +224,7 @@ def test_replies_land_in_one_buffer_per_partition_given_back_when_idle(loaded):
         for pf in pfs:
             fm.add(pf)
         wait_until(lambda: sum(len(v) for v in got.values()) >= 150, 30, what="150 messages")
-        wait_until(lambda: all(pf.rbuf is None for pf in pfs), 30,
+        wait_until(lambda: all(fm.readahead(pf).buf is None for pf in pfs), 30,
                    what="idle partitions without a receive buffer")
         assert all(fm.remove(pf, 10) for pf in pfs)
     finally:
