@@ -22,6 +22,7 @@ from typing import Protocol
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
+from metaq._durable import write_durably
 from metaq._errors import CoordinationError, StorageError
 from zk_layout import Layout, NodeDataError, StoredOffset, decode_offset, encode_offset
 
@@ -285,14 +286,5 @@ class LocalFileOffsetStore:
         with self._lock:
             self._data[f"{topic}/{partition}"] = encode_offset(
                 StoredOffset(offset=offset, msg_id=msg_id)).decode()
-            tmp = self.path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self._data, f, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_durably(self.path, json.dumps(self._data, sort_keys=True).encode(),
+                          tmp=self.path.with_suffix(".tmp"))
