@@ -31,6 +31,7 @@ from metaq._errors import (
     MessageError,
     ProtocolError,
 )
+from metaq._types import BrokerAddress
 from metaq.net import BrokerConnection
 from metaq.protocol import HEADER, HEADER_SIZE, split_payload
 from metaq.spark._arrow import Walk, WalkHint, walk
@@ -117,7 +118,7 @@ class _Link:
             client.stop()
             client.close()
         if address is not None:
-            self.address = address
+            self.address = BrokerAddress(*address)
 
     def call(self, what: str, fn):  # type: ignore[no-untyped-def]
         deadline = None
