@@ -27,6 +27,7 @@ from metaq.net import BrokerConnection, TimeSeek, offset_for_time
 from metaq.protocol import HEADER_SIZE
 from metaq.spark._arrow import walk
 from zk_layout import (
+    DEFAULT_ROOT,
     Layout,
     NodeDataError,
     StoredOffset,
@@ -64,7 +65,7 @@ def open_zk(zk_connect: str, timeout: float) -> KazooClient:
 class Cluster:
     """ZooKeeper plus one connection per broker, for one planning step."""
 
-    def __init__(self, zk_connect: str, *, zk_root: str = "/meta", group: str,
+    def __init__(self, zk_connect: str, *, zk_root: str = DEFAULT_ROOT, group: str,
                  zk_timeout: float = 15.0, broker_timeout: float = 30.0) -> None:
         self.zk_connect = zk_connect
         self.layout = Layout(zk_root)

@@ -34,7 +34,14 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq._time import parse_time_ms
 from metaq.spark._arrow import CODECS
-from zk_layout import InvalidNameError, Layout, check_group, check_topic, parse_partition
+from zk_layout import (
+    DEFAULT_ROOT,
+    InvalidNameError,
+    Layout,
+    check_group,
+    check_topic,
+    parse_partition,
+)
 
 __all__ = ["OffsetSpec", "SourceOptions", "EARLIEST", "LATEST", "GROUP", "DEFAULT_GROUP"]
 
@@ -277,7 +284,7 @@ class SourceOptions:
     #: stream picks up topics created later (from their log start).
     subscribe_pattern: str | None = None
     #: [``zk.root``] root of Metaq's tree: ``/meta``.
-    zk_root: str = "/meta"
+    zk_root: str = DEFAULT_ROOT
     #: [``zk.timeout``] seconds to wait for a ZooKeeper session: 15.
     zk_timeout: float = 15.0
     #: [``group``] consumer group whose offsets ``group`` positions read and that

@@ -33,6 +33,7 @@ from metaq.spark._options import (
     parse_offsets,
 )
 from metaq.spark._ranges import OffsetRange, plan_ranges, progress_end_offsets
+from zk_layout import DEFAULT_ROOT
 
 __all__ = ["offset_ranges", "foreach_partition", "commit_ranges", "commit_query_offsets"]
 
@@ -65,7 +66,7 @@ def offset_ranges(zk_connect: str, topic: str | Iterable[str], *,
                   group: str = DEFAULT_GROUP,
                   starting: str | Mapping | OffsetSpec = "group",
                   ending: str | Mapping | OffsetSpec = "latest",
-                  zk_root: str = "/meta", max_bytes_per_range: int | None = None,
+                  zk_root: str = DEFAULT_ROOT, max_bytes_per_range: int | None = None,
                   fail_on_data_loss: bool = True, zk_timeout: float = 15.0,
                   broker_timeout: float = 30.0) -> list[OffsetRange]:
     """Per-partition ranges ``[from, until)`` to read, planned on the driver.
@@ -89,7 +90,7 @@ def offset_ranges(zk_connect: str, topic: str | Iterable[str], *,
 
 
 def commit_ranges(zk_connect: str, ranges: Iterable[OffsetRange], *, group: str,
-                  zk_root: str = "/meta", msg_ids: Mapping[PartitionKey, int] | None = None,
+                  zk_root: str = DEFAULT_ROOT, msg_ids: Mapping[PartitionKey, int] | None = None,
                   zk_timeout: float = 15.0) -> dict[PartitionKey, int]:
     """Write each partition's furthest ``until_offset`` under ``group`` in one
     ZooKeeper transaction (refused while the group has live consumers).
@@ -106,7 +107,7 @@ def commit_ranges(zk_connect: str, ranges: Iterable[OffsetRange], *, group: str,
 
 def foreach_partition(spark: Any, ranges: Iterable[OffsetRange],
                       func: Callable[[Iterator[RangeMessage]], Any], *, zk_connect: str,
-                      group: str, zk_root: str = "/meta", commit: bool = True,
+                      group: str, zk_root: str = DEFAULT_ROOT, commit: bool = True,
                       settings: FetchSettings | None = None,
                       **fetch_options: Any) -> dict[PartitionKey, int]:
     """Run ``func(messages)`` once per range in Spark tasks, then commit.
@@ -167,7 +168,7 @@ def foreach_partition(spark: Any, ranges: Iterable[OffsetRange],
     return committed
 
 
-def commit_query_offsets(query: Any, *, zk_connect: str, group: str, zk_root: str = "/meta",
+def commit_query_offsets(query: Any, *, zk_connect: str, group: str, zk_root: str = DEFAULT_ROOT,
                          zk_timeout: float = 15.0) -> dict[PartitionKey, int]:
     """Publish a streaming query's last completed position to ZooKeeper.
 
