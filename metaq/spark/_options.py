@@ -85,15 +85,18 @@ LATEST = OffsetSpec(kind="latest")
 GROUP = OffsetSpec(kind="group")
 
 
-def _json_object(name: str, text: str, example: str) -> dict:
+def _json_object(name: str, text: str, example: str, *, value: str,
+                 words: str = "") -> dict:
+    """Option ``name``'s JSON object of topic -> {partition: ``value``}; ``words``:
+    the other forms the option takes, named when the text is no JSON."""
     try:
         obj = json.loads(text)
     except ValueError as e:
-        raise ConfigError(f"option {name} must be JSON like {example}, "
+        raise ConfigError(f"option {name} must be {words}JSON like {example}, "
                           f"got {text!r} ({e})") from None
     if not isinstance(obj, dict) or not obj:
         raise ConfigError(f"option {name}: JSON must be a non-empty object of topic -> "
-                          f"{{partition: value}} like {example}, got {text!r}")
+                          f"{{partition: {value}}} like {example}, got {text!r}")
     return obj
 
 
@@ -120,7 +123,7 @@ def _json_partition(name: str, topic: str, part: str) -> str:
 def parse_timestamps(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
     """Parse ``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp``:
     ``{"topic": {"<brokerId>-<index>": <epoch ms or ISO-8601>}}``."""
-    obj = _json_object(name, text, '{"topic": {"0-0": 1700000000000}}')
+    obj = _json_object(name, text, '{"topic": {"0-0": 1700000000000}}', value="time")
     out: dict[str, dict[str, int]] = {}
     for topic, parts in obj.items():
         _check_json_topic(name, topic, topics)
@@ -138,14 +141,8 @@ def parse_offsets(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
     word = text.strip().lower()
     if word in ("earliest", "latest", "group"):
         return OffsetSpec(kind=word)
-    try:
-        obj = json.loads(text)
-    except ValueError as e:
-        raise ConfigError(f"option {name} must be earliest, latest, group or JSON like "
-                          f'{{"topic": {{"0-0": 1234}}}}, got {text!r} ({e})') from None
-    if not isinstance(obj, dict) or not obj:
-        raise ConfigError(f"option {name}: JSON must be a non-empty object of topic -> "
-                          f"{{partition: offset}}, got {text!r}")
+    obj = _json_object(name, text, '{"topic": {"0-0": 1234}}', value="offset",
+                       words="earliest, latest, group or ")
     out: dict[str, dict[str, int]] = {}
     for topic, parts in obj.items():
         _check_json_topic(name, topic, topics)
@@ -154,11 +151,7 @@ def parse_offsets(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
                               f"of partition -> offset, got {parts!r}")
         per: dict[str, int] = {}
         for part, offset in parts.items():
-            try:
-                per[str(parse_partition(part))] = offset
-            except InvalidNameError:
-                raise ConfigError(f"option {name}: {part!r} of topic {topic!r} is not a "
-                                  f"partition name '<brokerId>-<index>'") from None
+            per[_json_partition(name, topic, part)] = offset
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2 \
                     or offset > 2**63 - 1:
                 raise ConfigError(f"option {name}: offset of {topic} {part} must be an integer "
