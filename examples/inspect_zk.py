@@ -1,6 +1,6 @@
 """Read a Metaq ZooKeeper tree (ours or a Java cluster's) with zk_layout, no broker needed.
 
-    python examples/inspect_zk.py --zk 127.0.0.1:2181 [--root /meta]
+    python examples/inspect_zk.py --zk 127.0.0.1:2181 [--zk-root /meta]
 """
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ import argparse
 
 from kazoo.client import KazooClient
 
-from zk_layout import Layout, take_snapshot
+from zk_layout import DEFAULT_ROOT, Layout, take_snapshot
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--zk", required=True)
-    ap.add_argument("--root", default="/meta")
+    ap.add_argument("--zk-root", "--root", dest="zk_root", default=DEFAULT_ROOT)
     args = ap.parse_args()
 
     client = KazooClient(hosts=args.zk, read_only=True)
     client.start(timeout=15)
     try:
-        snap = take_snapshot(client, Layout(args.root))
+        snap = take_snapshot(client, Layout(args.zk_root))
     finally:
         client.stop()
     for b in snap.brokers:

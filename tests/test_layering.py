@@ -20,9 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("metaq", "zk_layout")
 #: private modules every package may import directly: the error tree, the named
-#: shapes and the one place that builds kazoo clients (httpx's ``_exceptions``/
-#: ``_config`` in spirit)
-SHARED = {"metaq._errors", "metaq._zkclient", "metaq._types"}
+#: shapes, the one place that builds kazoo clients (httpx's ``_exceptions``/
+#: ``_config`` in spirit) and the one durable file write (broker and consumer)
+SHARED = {"metaq._errors", "metaq._zkclient", "metaq._types", "metaq._durable"}
 
 
 def _modules() -> dict[str, Path]:

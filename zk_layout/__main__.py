@@ -2,7 +2,7 @@
 
 ::
 
-    python -m zk_layout --zk HOST:PORT[,HOST:PORT...][/chroot] [--root /meta] [--timeout 10]
+    python -m zk_layout --zk HOST:PORT[,HOST:PORT...][/chroot] [--zk-root /meta] [--timeout 10]
                         {tree,brokers,topics,groups,group NAME [--brokers]} [--json]
 
 It reads ZooKeeper only, except ``group NAME --brokers``, which also asks each
@@ -92,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Inspect Metaq's ZooKeeper tree (read-only).")
     parser.add_argument("--zk", required=True, type=parse_zk_hosts, metavar="HOST:PORT[/chroot]",
                         help="ZooKeeper connection string (kazoo syntax)")
-    parser.add_argument("--root", type=_layout, default=Layout(DEFAULT_ROOT), metavar="PATH",
-                        help=f"Metaq's zkRoot (default: {DEFAULT_ROOT})")
+    parser.add_argument("--zk-root", dest="root", type=_layout, default=Layout(DEFAULT_ROOT),
+                        metavar="PATH", help=f"Metaq's zkRoot (default: {DEFAULT_ROOT})")
+    parser.add_argument("--root", dest="root", type=_layout, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)  # the other spelling, as metaq's commands take
     parser.add_argument("--timeout", type=_timeout, default=DEFAULT_TIMEOUT, metavar="SECONDS",
                         help=f"connect and session timeout (default: {DEFAULT_TIMEOUT:g}s)")
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")

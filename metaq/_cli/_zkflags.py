@@ -1,4 +1,5 @@
-"""ZooKeeper security flags shared by every command that talks to ZooKeeper."""
+"""ZooKeeper flags shared by every command that talks to ZooKeeper: its security
+and the root of the Metaq tree (``--zk-root``, ``--root`` accepted too)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,18 @@ import argparse
 import os
 
 from metaq._zkclient import ACL_MODES, ZkSecurity
+from zk_layout import DEFAULT_ROOT
 
-__all__ = ["add_zk_security_args", "security_from_args"]
+__all__ = ["add_zk_root_arg", "add_zk_security_args", "security_from_args"]
+
+
+def add_zk_root_arg(p: argparse.ArgumentParser, *, default: str | None = DEFAULT_ROOT,
+                    help: str = f"ZooKeeper root of the Metaq tree (default {DEFAULT_ROOT})"
+                    ) -> None:
+    """``--zk-root PATH`` into ``args.zk_root``; ``--root``, its other spelling, is
+    accepted too (not shown in the help)."""
+    p.add_argument("--zk-root", dest="zk_root", default=default, metavar="PATH", help=help)
+    p.add_argument("--root", dest="zk_root", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_zk_security_args(p: argparse.ArgumentParser) -> None:

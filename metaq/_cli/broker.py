@@ -11,40 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from metaq._cli._zkflags import add_zk_security_args, security_from_args
+from metaq._cli._numbers import integer, number, size
+from metaq._cli._zkflags import add_zk_root_arg, add_zk_security_args, security_from_args
 from metaq._errors import ConfigError
 from metaq.broker import Broker, load_config, parse_topic_spec
 
 __all__ = ["register"]
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-
-
-def _size(text: str) -> int:
-    """Bytes, with an optional K/M/G suffix (powers of 1024)."""
-    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    mult = 1
-    if t and t[-1] in units:
-        mult = units[t[-1]]
-        t = t[:-1]
-    try:
-        return int(t) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size (e.g. 1048576, 64K, 1G): {text!r}") \
-            from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,46 +32,46 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                     "exit 0.  Flags override the config file (TOML, keys named like the "
                     "flags with underscores, topics in a [topics] table).")
     start.add_argument("--config", metavar="FILE", help="TOML config file")
-    start.add_argument("--id", dest="broker_id", type=_int, help="broker id, 0..1023")
+    start.add_argument("--id", dest="broker_id", type=integer, help="broker id, 0..1023")
     start.add_argument("--zk", dest="zk_connect", metavar="HOST:PORT[/CHROOT]",
                        help="ZooKeeper connect string (omit: do not register)")
-    start.add_argument("--zk-root", help="Metaq's root node (default /meta)")
+    add_zk_root_arg(start, default=None, help="Metaq's root node (default /meta)")
     start.add_argument("--host", help="listen address (default 127.0.0.1)")
-    start.add_argument("--port", type=_int, help="listen port (default 8123; 0 = any free)")
+    start.add_argument("--port", type=integer, help="listen port (default 8123; 0 = any free)")
     start.add_argument("--advertised-host",
                        help="host written to ZooKeeper (default: --host, or this machine)")
     start.add_argument("--data-dir", help="directory of the topic logs")
     start.add_argument("--topic", dest="topics", action="append", default=[],
                        metavar="NAME[:PARTITIONS]", help="serve a topic (repeatable)")
-    start.add_argument("--num-partitions", type=_int,
+    start.add_argument("--num-partitions", type=integer,
                        help="partitions of a topic given without a count (default 1)")
     start.add_argument("--auto-create-topics", action="store_true", default=None,
                        help="create unknown topics on their first put")
     start.add_argument("--group-commit", action="store_true",
                        help="fsync every put before acknowledging it (unflush threshold 0)")
-    start.add_argument("--unflush-threshold", type=_int,
+    start.add_argument("--unflush-threshold", type=integer,
                        help="fsync after this many messages per partition (default 1000)")
-    start.add_argument("--unflush-interval", type=_float,
+    start.add_argument("--unflush-interval", type=number,
                        help="fsync pending messages at least every N seconds (default 10)")
-    start.add_argument("--max-segment-size", type=_size, help="segment file size (default 1G)")
-    start.add_argument("--retention-hours", type=_float,
+    start.add_argument("--max-segment-size", type=size, help="segment file size (default 1G)")
+    start.add_argument("--retention-hours", type=number,
                        help="delete segments older than this (default 168)")
-    start.add_argument("--max-transfer-size", type=_size,
+    start.add_argument("--max-transfer-size", type=size,
                        help="largest get reply (default 1M)")
-    start.add_argument("--max-message-size", type=_size,
+    start.add_argument("--max-message-size", type=size,
                        help="largest put payload accepted")
     start.add_argument("--correct-offsets", action="store_true", default=None,
                        help="answer gets past the end with 301 and the end")
-    start.add_argument("--max-connections", type=_int,
+    start.add_argument("--max-connections", type=integer,
                        help="most client connections (default 10000)")
-    start.add_argument("--max-connections-per-address", type=_int,
+    start.add_argument("--max-connections-per-address", type=integer,
                        help="most connections from one client address (default 1000)")
-    start.add_argument("--request-timeout", type=_float,
+    start.add_argument("--request-timeout", type=number,
                        help="close a client whose request is incomplete after this many "
                             "seconds (default 30; 0: never)")
-    start.add_argument("--idle-timeout", type=_float,
+    start.add_argument("--idle-timeout", type=number,
                        help="close a client silent for this many seconds (default 600)")
-    start.add_argument("--max-hold", type=_float,
+    start.add_argument("--max-hold", type=number,
                        help="longest a get at the log end may be held for a metaq-py client, "
                             "seconds (default 30; 0: answer at once, as Metaq does)")
     start.add_argument("--no-time-index", dest="time_index", action="store_const",

@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from metaq._cli._zkflags import add_zk_security_args, security_from_args
+from metaq._cli._zkflags import add_zk_root_arg, add_zk_security_args, security_from_args
 from metaq.consumer import STRATEGIES, ConsumerConfig, Message, MessageConsumer, Rewind
 
 __all__ = ["register"]
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop after N messages (default: run until signalled)")
     p.add_argument("--print", dest="print_", action="store_true",
                    help="write '<partition> <offset> <msgId> <body>' per message")
-    p.add_argument("--root", default="/meta", help="ZooKeeper root of the Metaq tree")
+    add_zk_root_arg(p)
     p.add_argument("--consumer-id", default=None,
                    help="suffix of the consumer id (default ip-pid-uuid)")
     p.add_argument("--instance-id", default=None, metavar="NAME",
@@ -57,7 +57,7 @@ def _line(m: Message) -> bytes:
 
 def run(args: argparse.Namespace) -> int:
     options = dict(consumer_id=args.consumer_id, instance_id=args.instance_id,
-                   static_grace=args.static_grace, zk_root=args.root, strategy=args.strategy,
+                   static_grace=args.static_grace, zk_root=args.zk_root, strategy=args.strategy,
                    start_position=args.start, zk_session_timeout=args.session_timeout,
                    commit_period=args.commit_period, zk_security=security_from_args(args))
     if args.fetch_runners is not None:

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._admin import UNWRITTEN_NOTE, describe_group, log_damage, log_ends, reset_offsets
-from metaq._cli._zkflags import add_zk_security_args, security_from_args
+from metaq._cli._zkflags import add_zk_root_arg, add_zk_security_args, security_from_args
 from metaq._errors import ConfigError, CoordinationError
 from metaq._time import parse_time_ms
 from metaq._zkclient import make_client
@@ -28,7 +28,7 @@ __all__ = ["register"]
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--zk", required=True, metavar="HOST:PORT[/chroot]",
                    help="ZooKeeper connect string")
-    p.add_argument("--root", default="/meta", help="ZooKeeper root of the Metaq tree")
+    add_zk_root_arg(p)
     p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                    help="ZooKeeper and broker timeout (default 10)")
     add_zk_security_args(p)
@@ -104,7 +104,7 @@ def _table(headers: list[str], rows: list[list[object]]) -> str:
 
 def group_list(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        snap = take_snapshot(client, Layout(args.root))
+        snap = take_snapshot(client, Layout(args.zk_root))
     rows = [{"group": g.group, "members": len(g.members),
              "topics": sorted({t.topic for t in g.topics}),
              "partitions": sum(len(t.partitions) for t in g.topics)} for g in snap.groups]
@@ -119,7 +119,7 @@ def group_list(args: argparse.Namespace) -> int:
 
 def group_describe(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        report = describe_group(client, Layout(args.root), args.group, interval=args.interval,
+        report = describe_group(client, Layout(args.zk_root), args.group, interval=args.interval,
                                 timeout=args.timeout)
     if args.json:
         print(json.dumps(report.as_json(), indent=2))
@@ -154,7 +154,7 @@ def group_reset(args: argparse.Namespace) -> int:
     if isinstance(to, int) and to < 0:
         raise ConfigError("--to-offset must be >= 0")
     with _client(args) as client:
-        done = reset_offsets(client, Layout(args.root), args.group, args.topic, to=to,
+        done = reset_offsets(client, Layout(args.zk_root), args.group, args.topic, to=to,
                              timeout=args.timeout, dry_run=args.dry_run)
     if args.dry_run:
         print(f"dry run: nothing written ({args.group}, {args.topic})")
@@ -168,7 +168,7 @@ def group_reset(args: argparse.Namespace) -> int:
 
 def topic_list(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        snap = take_snapshot(client, Layout(args.root))
+        snap = take_snapshot(client, Layout(args.zk_root))
     rows = [{"topic": t.topic, "brokers": sorted({b.broker_id for b in t.brokers}),
              "partitions": len(t.partitions)} for t in snap.topics]
     if args.json:
@@ -181,10 +181,10 @@ def topic_list(args: argparse.Namespace) -> int:
 
 
 def topic_describe(args: argparse.Namespace) -> int:
-    layout = Layout(args.root)
+    layout = Layout(args.zk_root)
     with _client(args) as client:
         if client.exists(layout.topic_sub_dir(args.topic)) is None:
-            raise ConfigError(f"no topic {args.topic!r} under {args.root}")
+            raise ConfigError(f"no topic {args.topic!r} under {args.zk_root}")
         unwritten: set[str] = set()
         ends = log_ends(client, layout, args.topic, timeout=args.timeout, unwritten=unwritten)
         damage = log_damage(client, layout, args.topic, timeout=args.timeout)

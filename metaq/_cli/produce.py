@@ -20,6 +20,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import BinaryIO
 
+from metaq._cli._numbers import non_negative_int, positive_float
+from metaq._cli._zkflags import add_zk_root_arg
 from metaq._errors import ConfigError, MetaqError
 from metaq.producer import Producer, ProducerConfig, SendResult
 
@@ -27,26 +29,6 @@ __all__ = ["register", "generated", "lines"]
 
 #: Most futures kept before waiting for the oldest (bounds memory, not speed).
 _WINDOW = 100_000
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -59,24 +41,23 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--zk", required=True, metavar="HOST:PORT[/CHROOT]",
                    help="ZooKeeper connect string")
     p.add_argument("--topic", required=True)
-    p.add_argument("--zk-root", "--root", dest="zk_root", default="/meta",
-                   help="ZooKeeper root of the Metaq tree (default %(default)s)")
+    add_zk_root_arg(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--file", metavar="FILE", help="read lines from FILE instead of stdin")
-    src.add_argument("--count", type=_positive_int, metavar="N",
+    src.add_argument("--count", type=non_negative_int, metavar="N",
                      help="send N generated messages instead of reading lines")
-    p.add_argument("--size", type=_positive_int, default=None, metavar="BYTES",
+    p.add_argument("--size", type=non_negative_int, default=None, metavar="BYTES",
                    help="body size of generated messages (default 100)")
     p.add_argument("--attribute", default=None, help="attribute string of every message")
     p.add_argument("--key", default=None,
                    help="partition key of every message (implies --partitioner hash)")
     p.add_argument("--partitioner", choices=["roundrobin", "hash"], default=None,
                    help="default roundrobin, or hash when --key is given")
-    p.add_argument("--send-timeout", type=_seconds, default=3.0, metavar="SECONDS",
+    p.add_argument("--send-timeout", type=positive_float, default=3.0, metavar="SECONDS",
                    help="total time per message, retries included (default %(default)s)")
-    p.add_argument("--retries", type=_positive_int, default=2,
+    p.add_argument("--retries", type=non_negative_int, default=2,
                    help="retries on another partition (default %(default)s)")
-    p.add_argument("--max-in-flight", type=_positive_int, default=16384, metavar="N",
+    p.add_argument("--max-in-flight", type=non_negative_int, default=16384, metavar="N",
                    help="most messages in flight per broker (default %(default)s)")
     p.add_argument("--sync", action="store_true",
                    help="send one message at a time, waiting for each acknowledgement")

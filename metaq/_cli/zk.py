@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from metaq._cli._numbers import port, positive_float
 from metaq._errors import ConfigError
 from metaq._zk import ZooKeeperConfig, ZooKeeperServer, status, stop
 
@@ -29,26 +30,6 @@ _DATA_DIR_HELP = (
 )
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 < port < 65536:
-        raise argparse.ArgumentTypeError(f"port must be in 1..65535, got {port}")
-    return port
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     parser = subparsers.add_parser(
         "zk",
@@ -67,19 +48,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "Start the server, wait until it serves clients, and leave it running in the "
             "background. The last line printed is the connect string host:port. If a server "
             "already runs on the data dir, report it instead of starting another."))
-    start.add_argument("--port", type=_port, default=None,
+    start.add_argument("--port", type=port, default=None,
                        help="client port (default: a free port)")
     start.add_argument("--data-dir", default=default_dir, help=_DATA_DIR_HELP)
     start.add_argument("--tick-time-ms", type=int, default=ZooKeeperConfig.tick_time_ms,
                        help="ZooKeeper tickTime in ms (default: %(default)s)")
-    start.add_argument("--timeout", type=_positive, default=ZooKeeperConfig.start_timeout,
+    start.add_argument("--timeout", type=positive_float, default=ZooKeeperConfig.start_timeout,
                        help="seconds to wait for the server to serve (default: %(default)s)")
     start.set_defaults(func=_start)
 
     stop_p = sub.add_parser("stop", help="stop the server of a data dir",
                             description="Stop the server of the data dir (SIGTERM, then SIGKILL).")
     stop_p.add_argument("--data-dir", default=default_dir, help=_DATA_DIR_HELP)
-    stop_p.add_argument("--timeout", type=_positive, default=10.0,
+    stop_p.add_argument("--timeout", type=positive_float, default=10.0,
                         help="seconds to wait after SIGTERM before SIGKILL (default: %(default)s)")
     stop_p.set_defaults(func=_stop)
 

@@ -3,7 +3,8 @@ their replies, in request order.
 
 The request parser hands the broker puts in two forms: the tuples of its put
 loop, ``(target, length, flag, checksum, opaque_token, payload)`` (valid puts to
-served partitions, the broker's hot path; targets are described in ``_topics``),
+served partitions, the broker's hot path; targets, ``PutTarget`` and
+``PickTarget``, are described in ``_topics``),
 and :class:`~metaq.protocol.PutRequest` for any other put.  A run of puts, of
 either form or both, goes through the same steps:
 
@@ -11,8 +12,8 @@ either form or both, goes through the same steps:
    (400 for a partition below -1, 404 for one not served, the topic created when
    ``auto_create_topics`` says so); a put to partition -1 gets the next partition
    of its topic's round robin, in request order; a PutRequest the broker refuses
-   whatever its payload (over ``max_message_size``) gets a
-   target that says why (a third field); a PutRequest's checksum -1 ("not
+   whatever its payload (over ``max_message_size``) gets a target that says why
+   (its ``refused``, see ``_topics.PutTarget``); a PutRequest's checksum -1 ("not
    computed", as Java's clients send it, or none given) becomes the payload's;
 2. groups the puts by target: one group when all go to one partition, one per
    run when they come in runs (batches), else one per partition;
@@ -41,7 +42,7 @@ from metaq.protocol import CHECKSUM_MASK, HEADER, HEADER_SIZE, crc32
 
 if TYPE_CHECKING:
     from metaq.broker._storage import PartitionLog
-    from metaq.broker._topics import Topics
+    from metaq.broker._topics import PickTarget, PutTarget, Topics
 
 __all__ = ["store", "store_requests", "put_group", "runs", "target_of", "opaque_of"]
 
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 target_of = operator.itemgetter(0)
 opaque_of = operator.itemgetter(4)
 #: ``put_group(target, puts, msg_ids) -> (replies, how many failed, whether it wrote)``
-PutGroup = Callable[[tuple, list, list[int]], tuple[list[bytes], int, bool]]
+PutGroup = Callable[["PutTarget", list, list[int]], tuple[list[bytes], int, bool]]
 
 _pack = HEADER.pack
 _PLUS_HEADER = HEADER_SIZE.__add__  # a message's bytes in the log: header + payload
@@ -59,18 +60,18 @@ _PLUS_HEADER = HEADER_SIZE.__add__  # a message's bytes in the log: header + pay
 _COLUMNAR_MIN = 8
 
 
-def store(puts: list, targets: list[tuple], ids: list[int], put_group: PutGroup,
-          topics: Topics) -> tuple[list[bytes], int, list[PartitionLog]]:
+def store(puts: list, targets: list[PutTarget | PickTarget], ids: list[int],
+          put_group: PutGroup, topics: Topics) -> tuple[list[bytes], int, list[PartitionLog]]:
     """The put step for put tuples (``targets``: theirs), msgIds ``ids``: ``(replies in
     request order, how many failed, the logs written)`` (steps 2 and 3 above)."""
     n = len(puts)
     first = targets[0]
     bad = 0
     written: list[PartitionLog] = []
-    if first[0] is not None and targets.count(first) == n:
+    if first.log is not None and targets.count(first) == n:
         replies, bad, wrote = put_group(first, puts, ids)
         if wrote:
-            written.append(first[0])
+            written.append(first.log)
     elif (found := runs(targets)) is not None:  # a few runs (batches): one group each
         replies = []
         start = 0
@@ -79,18 +80,18 @@ def store(puts: list, targets: list[tuple], ids: list[int], put_group: PutGroup,
             group, group_bad, wrote = put_group(target, puts[start:stop], ids[start:stop])
             replies += group
             bad += group_bad
-            if wrote and target[0] not in written:
-                written.append(target[0])
+            if wrote and target.log not in written:
+                written.append(target.log)
             start = stop
     else:
         replies = [None] * n
-        buckets: dict[tuple, list[int]] = {}
+        buckets: dict[PutTarget, list[int]] = {}
         for k, t in enumerate(targets):
-            if t[0] is None:  # partition -1: the broker picks
-                t = topics.pick(t[1])
+            if t.log is None:  # partition -1: the broker picks
+                topic = t.topic
+                t = topics.pick(topic)
                 if t is None:
-                    replies[k] = result(404, f"topic {puts[k][0][1]} not found",
-                                        int(puts[k][4]))
+                    replies[k] = result(404, f"topic {topic} not found", int(puts[k][4]))
                     bad += 1
                     continue
             b = buckets.get(t)
@@ -105,7 +106,7 @@ def store(puts: list, targets: list[tuple], ids: list[int], put_group: PutGroup,
                 replies[k] = reply
             bad += group_bad
             if wrote:
-                written.append(target[0])
+                written.append(target.log)
     return replies, bad, written
 
 
@@ -125,20 +126,21 @@ def store_requests(puts: list, ids: list[int], put_group: PutGroup, topics: Topi
 
 
 def _targets(puts: list, topics: Topics, max_size: int,
-             replies: list) -> tuple[list[tuple], list[tuple], list[int]]:
+             replies: list) -> tuple[list[tuple], list[PutTarget], list[int]]:
     """Step 1, for a run that holds PutRequests: every put as a tuple with its target
     resolved (partition -1 included), in request order; the replies of those that
     have none are set in ``replies``.  Returns ``(tuples, targets, their indexes)``."""
     todo: list[tuple] = []
-    targets: list[tuple] = []
+    targets: list[PutTarget] = []
     where: list[int] = []
     for k, put in enumerate(puts):
         if type(put) is tuple:
             target = put[0]
-            if target[0] is None:  # partition -1
-                target = topics.pick(target[1])
+            if target.log is None:  # partition -1
+                topic = target.topic
+                target = topics.pick(topic)
                 if target is None:
-                    replies[k] = result(404, f"topic {put[0][1]} not found", int(put[4]))
+                    replies[k] = result(404, f"topic {topic} not found", int(put[4]))
                     continue
         else:
             topic, partition, length, flag, check, _tx_key, opaque, payload = put
@@ -157,7 +159,8 @@ def _targets(puts: list, topics: Topics, max_size: int,
                 replies[k] = result(400, f"bad partition {partition}", opaque)
                 continue
             if length > max_size:
-                target = (*target, f"message of {length} bytes is over the limit {max_size}")
+                target = target._replace(
+                    refused=f"message of {length} bytes is over the limit {max_size}")
             if check == -1:  # not given (Java's clients, legacy forms): the broker's own
                 check = crc32(payload) & CHECKSUM_MASK
             put = (target, length, flag, check, b"%d" % opaque, payload)
@@ -167,16 +170,16 @@ def _targets(puts: list, topics: Topics, max_size: int,
     return todo, targets, where
 
 
-def runs(targets: list[tuple]) -> list[tuple[tuple, int]] | None:
+def runs(targets: list[PutTarget | PickTarget]) -> list[tuple[PutTarget, int]] | None:
     """``[(target, count), ...]`` of the runs of equal targets, when there are few
     (at most one per 64 puts) and none is "partition -1"; else None."""
     found = [(t, len(list(g))) for t, g in itertools.groupby(targets)]
-    if len(found) * 64 > len(targets) or any(t[0] is None for t, _ in found):
+    if len(found) * 64 > len(targets) or any(t.log is None for t, _ in found):
         return None
     return found
 
 
-def put_group(target: tuple, puts: list, ids: list[int]) -> tuple[list[bytes], int, bool]:
+def put_group(target: PutTarget, puts: list, ids: list[int]) -> tuple[list[bytes], int, bool]:
     """Store ``puts`` (tuples, all to ``target``) with msgIds ``ids``: ``(replies in
     order, how many failed, whether anything was written)``.
 
@@ -187,39 +190,35 @@ def put_group(target: tuple, puts: list, ids: list[int]) -> tuple[list[bytes], i
     any is wrong), the 20-byte headers packed with one ``map``, the replies built
     together.
     """
-    plog = target[0]
+    plog, partition, refused = target
     m = len(puts)
-    if plog.closed or len(target) > 2:
+    if plog.closed or refused is not None:
         return _refused(target, puts), m, False
     if m < _COLUMNAR_MIN:  # a few puts: whole-list steps would cost more than a loop
-        return _put_group_checked(plog, target[1], puts, ids)
+        return _put_group_checked(plog, partition, puts, ids)
     _t, lengths, flags, checks, opaques, payloads = zip(*puts, strict=True)
     if list(map(CHECKSUM_MASK.__and__, map(crc32, payloads))) != list(checks):
-        return _put_group_checked(plog, target[1], puts, ids)
+        return _put_group_checked(plog, partition, puts, ids)
     base = plog.end
     parts: list = [None] * (2 * m)
     parts[0::2] = map(_pack, lengths, checks, ids, flags)
     parts[1::2] = payloads
     offsets = list(itertools.accumulate(map(_PLUS_HEADER, lengths), initial=base))
     offsets.pop()
-    try:
-        start = plog.append(b"".join(parts), m)
-        if start != base:  # cannot happen: offsets are only assigned here
-            raise StorageError(f"append to {plog.dir} landed at {start}, expected {base}")
-    except StorageError as e:
-        log.error("put failed: %s", e)
-        return [result(500, f"write failed: {e}", int(o)) for o in opaques], m, False
-    return put_results(target[1], opaques, ids, offsets), 0, True
+    failed = _append(plog, parts, m, base)
+    if failed is not None:
+        return [result(500, failed, int(o)) for o in opaques], m, False
+    return put_results(partition, opaques, ids, offsets), 0, True
 
 
-def _refused(target: tuple, puts: list) -> list[bytes]:
+def _refused(target: PutTarget, puts: list) -> list[bytes]:
     """The replies of a group that stores nothing: a closed partition's (403), or a
-    refused put's (400, ``target[2]``), unless the checksum is wrong already (400)."""
-    plog = target[0]
+    refused put's (400, ``target.refused``), unless the checksum is wrong already (400)."""
+    plog = target.log
     if plog.closed:
         code, why = 403, f"partition {plog.topic}-{plog.partition} is closed"
     else:
-        code, why = 400, target[2]
+        code, why = 400, target.refused
     return [checksum_mismatch(opaque) if crc32(payload) & CHECKSUM_MASK != check else
             result(code, why, int(opaque))
             for _t, _l, _f, check, opaque, payload in puts]

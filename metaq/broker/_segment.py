@@ -317,65 +317,79 @@ class Segment:
         return None
 
     def build_index(self) -> None:
-        """Walk the headers of the whole segment to fill the sparse index."""
-        fd = self.rfile.fileno()
-        size = self.size
-        index = [self.start]
-        pos = 0
-        while pos + HEADER_SIZE <= size:
-            chunk = os.pread(fd, min(_SCAN_CHUNK, size - pos), pos)
-            view = memoryview(chunk)
-            b = 0
-            while b + HEADER_SIZE <= len(chunk):
-                length = HEADER.unpack_from(view, b)[0]
-                if length < 0:
-                    size = 0  # garbage: stop here, boundary_at_or_before resyncs
-                    break
-                if self.start + pos + b - index[-1] >= INDEX_STEP:
-                    index.append(self.start + pos + b)
-                b += HEADER_SIZE + length
-            if b == 0:
-                break
-            pos += b
-        self.index = index
-        self.indexed = True
+        """Fill the sparse index of a sealed segment with a checked scan of it (the
+        damaged ranges it meets are recorded and stepped over): every entry is a
+        checked message start, never a position reached through damaged bytes."""
+        self._scan_all(None)
 
     def boundary_at_or_before(self, offset: int) -> int:
         """Start of the message holding ``offset`` (``offset`` itself at a boundary),
         or the next valid message start when the bytes there are corrupt; the
-        segment end when nothing valid follows."""
+        segment end when nothing valid follows.
+
+        The walk from the index entry before ``offset`` checks every message it
+        passes and steps over the damaged ranges between (known ones at once, new
+        ones recorded from where the valid messages stop), so it never walks a
+        damaged message's length into intact messages."""
         known = self.damage_at(offset)
         if known is not None:
             return known[1]
         if not self.indexed:
             self.build_index()
+            known = self.damage_at(offset)
+            if known is not None:
+                return known[1]
         i = bisect.bisect_right(self.index, offset) - 1
         pos = self.index[max(i, 0)]
+        for _a, b, _why in self.damaged:  # known damage between the entry and offset
+            if pos < b <= offset:
+                pos = b
         end = self.end
         fd = self.rfile.fileno()
-        while pos + HEADER_SIZE <= end:
-            head = os.pread(fd, HEADER_SIZE, pos - self.start)
-            length = HEADER.unpack(head)[0]
-            nxt = pos + HEADER_SIZE + length
-            if length < 0 or nxt > end:
-                break
-            if nxt > offset:
-                body = os.pread(fd, length, pos + HEADER_SIZE - self.start)
-                if scan_messages(head + body, max_payload=INT32_MAX)[1] == 1:
-                    return pos
-                break
-            pos = nxt
-        bad = max(pos, min(offset, end))
-        good = self._resync(bad)
-        if good > bad:  # found by a reader (a sealed segment is not scanned at start)
-            self.add_damage(bad, good, "found while looking for a valid offset")
-        return good
+        while True:
+            while pos < offset:  # whole, checked messages up to offset
+                chunk = os.pread(fd, min(offset - pos, _SCAN_CHUNK), pos - self.start)
+                if not chunk:
+                    break
+                view = memoryview(chunk)
+                valid = scan_messages(view, max_payload=INT32_MAX)[0]
+                hole = _hole(chunk, view, valid)
+                pos += valid if hole is None else hole[0]
+                if valid < len(chunk) or hole is not None:
+                    break
+            # the message at pos holds offset, is longer than a chunk, or is damaged
+            if pos + HEADER_SIZE <= end:
+                head = os.pread(fd, HEADER_SIZE, pos - self.start)
+                length = HEADER.unpack(head)[0]
+                nxt = pos + HEADER_SIZE + length
+                if length >= 0 and nxt <= end and head != _ZEROS:
+                    body = os.pread(fd, length, pos + HEADER_SIZE - self.start)
+                    if scan_messages(head + body, max_payload=INT32_MAX)[1] == 1:
+                        if nxt > offset:
+                            return pos
+                        pos = nxt
+                        continue
+            good = self._resync(pos)  # damaged bytes from pos, the last checked boundary
+            if good > pos:  # found by a reader (a sealed segment is not scanned at start)
+                self.add_damage(pos, good, "found while looking for a valid offset")
+            if good > offset:
+                return good
+            pos = good  # intact messages after the damage: on to offset
 
     def build_time_index(self) -> TimeIndex:
         """Rebuild the time index (and the boundary index) of a sealed segment with a
         checked scan, resuming after damaged bytes; blocking.  The caller saves it."""
-        index = [self.start]
         tindex = TimeIndex()
+        self._scan_all(tindex)
+        self.tindex = tindex
+        tindex.last_time = last_message_time(self)
+        return tindex
+
+    def _scan_all(self, tindex: TimeIndex | None) -> None:
+        """Checked scan of the whole (sealed) segment: the boundary index (and
+        ``tindex``) over its valid messages, each damaged range recorded and
+        stepped over to where valid messages run again."""
+        index = [self.start]
         pos = 0
         while pos < self.size:
             stop, _n, problem = self._scan_from(pos, index, tindex)
@@ -389,9 +403,6 @@ class Segment:
                 break
             pos = nxt
         self.index, self.indexed = index, True
-        self.tindex = tindex
-        tindex.last_time = last_message_time(self)
-        return tindex
 
     def next_valid(self, pos: int) -> int:
         """The first valid message start after ``pos`` (absolute), or the segment end."""

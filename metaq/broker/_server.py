@@ -29,7 +29,7 @@ from metaq.broker._hold import HeldGets
 from metaq.broker._puts import opaque_of, put_group, store, store_requests, target_of
 from metaq.broker._replies import FileReply, Gate, answer, result
 from metaq.broker._storage import PartitionLog, Storage
-from metaq.broker._topics import Topics
+from metaq.broker._topics import PutTarget, Topics
 from metaq.broker._transactions import Transactions
 from metaq.protocol import (
     HOLD_CAPABILITY,
@@ -272,7 +272,7 @@ class BrokerServer:
         else:
             conn.send(data)
 
-    def _put_group(self, target: tuple, puts: list, ids: list[int]
+    def _put_group(self, target: PutTarget, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:
         """One group of the put step (``_puts.put_group``); a method, looked up per
         read, so that a test can watch how a read's puts are grouped."""

@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
+from metaq._durable import fsync_dir
 from metaq._errors import StorageError
 from metaq.broker import _timeindex as timeindex
 from metaq.broker._segment import Segment, check_contiguous, parse_segment_name, segment_name
@@ -58,11 +59,7 @@ def _fsync_job(sealed: list[int], fd: int | None, dir_path: Path | None) -> None
     if fd is not None:
         os.fsync(fd)
     if dir_path is not None:
-        dfd = os.open(dir_path, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(dir_path)
 
 
 class PartitionLog:

@@ -34,9 +34,11 @@ import logging
 import os
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from metaq._durable import write_durably
 from metaq._errors import StorageError
 
 __all__ = ["TxJournal", "Replayed", "COMPACT_AT"]
@@ -74,6 +76,16 @@ def _put_name(s: str) -> bytes:
     return _U16.pack(len(raw)) + raw
 
 
+def _record(kind: bytes, key: str, data: bytes = b"") -> bytes:
+    """A journal record: length and CRC32 of the body, then the body."""
+    body = kind + _put_name(key) + data
+    return _HEAD.pack(len(body), zlib.crc32(body)) + body
+
+
+def _put_record(key: str, topic: str, partition: int, message: bytes) -> bytes:
+    return _record(b"P", key, _put_name(topic) + _I32.pack(partition) + message)
+
+
 class TxJournal:
     """The append-only journal file (event loop thread: appends; :meth:`sync` may run
     on an executor thread)."""
@@ -92,8 +104,7 @@ class TxJournal:
 
     # -- writing ---------------------------------------------------------------------------
     def _append(self, kind: bytes, key: str, data: bytes = b"") -> None:
-        body = kind + _put_name(key) + data
-        rec = _HEAD.pack(len(body), zlib.crc32(body)) + body
+        rec = _record(kind, key, data)
         if self._buffer:
             self._buffer.append(rec)
             rec = b"".join(self._buffer)
@@ -114,9 +125,9 @@ class TxJournal:
         """A put: kept in memory until the next other record, :meth:`write` or 1 MiB
         of them (a put matters only once its transaction prepares or commits, and
         those records write it first)."""
-        body = b"P" + _put_name(key) + _put_name(topic) + _I32.pack(partition) + message
-        self._buffer.append(_HEAD.pack(len(body), zlib.crc32(body)) + body)
-        self._buffered += len(body) + _HEAD.size
+        rec = _put_record(key, topic, partition, message)
+        self._buffer.append(rec)
+        self._buffered += len(rec)
         if self._buffered >= _BUFFER_MAX:
             self.write()
 
@@ -236,30 +247,19 @@ class TxJournal:
     def rewrite(self, keep: list[Replayed]) -> None:
         """Replace the journal with the records of ``keep`` (prepared branches), atomically
         (a new file fsynced, renamed over the old one, the directory fsynced)."""
-        tmp = self.dir / "journal.new"
-        fresh = TxJournal.__new__(TxJournal)
-        fresh.dir, fresh.path = self.dir, tmp
-        fresh.fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
-        fresh.size = 0
-        fresh._buffer, fresh._buffered = [], 0
-        try:
+        def records() -> Iterator[bytes]:
             for tx in keep:
                 for topic, partition, message in tx.puts:
-                    fresh.put(tx.key, topic, partition, message)
+                    yield _put_record(tx.key, topic, partition, message)
                 if tx.prepared:
-                    fresh.prepare(tx.key)
-            fresh.write()
-            os.fsync(fresh.fd)
-            os.replace(tmp, self.path)
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+                    yield _record(b"R", tx.key)
+
+        try:
+            size = write_durably(self.path, records(), tmp=self.dir / "journal.new")
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         except OSError as e:
-            os.close(fresh.fd)
             raise StorageError(f"cannot rewrite the transaction journal {self.path}: {e}") from e
         self._buffer.clear()
         self._buffered = 0
         os.close(self.fd)
-        self.fd, self.size = fresh.fd, fresh.size
+        self.fd, self.size = fd, size

@@ -14,7 +14,7 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq._time import parse_time_ms
 from metaq._zkclient import ZkSecurity
-from zk_layout import InvalidNameError, Layout
+from zk_layout import DEFAULT_ROOT, InvalidNameError, Layout
 
 __all__ = ["ConsumerConfig", "START_POSITIONS"]
 
@@ -54,7 +54,7 @@ class ConsumerConfig:
     #: How long a static member's partitions are held for it while it is away [30 s].
     static_grace: float = 30.0
     #: ZooKeeper root of the Metaq tree [``/meta``].
-    zk_root: str = "/meta"
+    zk_root: str = DEFAULT_ROOT
     #: ZooKeeper credentials, ACLs for the nodes we create, and TLS (default: open).
     zk_security: ZkSecurity | None = None
     #: ZooKeeper session timeout in seconds [30].

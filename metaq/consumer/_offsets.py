@@ -22,7 +22,9 @@ from typing import Protocol
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, RolledBackError
 
+from metaq._durable import write_durably
 from metaq._errors import CoordinationError, StorageError
+from metaq._types import PartitionKey
 from zk_layout import Layout, NodeDataError, StoredOffset, decode_offset, encode_offset
 
 __all__ = ["OffsetStore", "ZkOffsetStore", "LocalFileOffsetStore", "SessionFence", "Ownership",
@@ -69,8 +71,8 @@ class OffsetStore(Protocol):
 
     def load(self, topic: str, partition: str) -> StoredOffset | None: ...
 
-    def load_many(self, keys: list[tuple[str, str]]
-                  ) -> dict[tuple[str, str], StoredOffset | NodeDataError]: ...
+    def load_many(self, keys: list[PartitionKey]
+                  ) -> dict[PartitionKey, StoredOffset | NodeDataError]: ...
 
     def commit(self, topic: str, partition: str, msg_id: int, offset: int,
                ownership: Ownership | None) -> None: ...
@@ -96,14 +98,14 @@ class ZkOffsetStore:
             return None
         return decode_offset(data, path)
 
-    def load_many(self, keys: list[tuple[str, str]]
-                  ) -> dict[tuple[str, str], StoredOffset | NodeDataError]:
+    def load_many(self, keys: list[PartitionKey]
+                  ) -> dict[PartitionKey, StoredOffset | NodeDataError]:
         """``load`` for many (topic, partition) keys, pipelined.  A node holding garbage
         gives its :class:`NodeDataError` (naming the path and the bytes) instead of a
         value: one damaged node must not stop the others from being read."""
         paths = {k: self._layout.offset(self._group, *k) for k in keys}
         pending = {k: self._client.get_async(p) for k, p in paths.items()}
-        out: dict[tuple[str, str], StoredOffset | NodeDataError] = {}
+        out: dict[PartitionKey, StoredOffset | NodeDataError] = {}
         for k, r in pending.items():
             try:
                 out[k] = decode_offset(r.get()[0], paths[k])
@@ -148,7 +150,7 @@ class ZkOffsetStore:
 
     def commit_and_release(
         self, items: list[tuple[str, str, tuple[int, int] | None, Ownership]],
-    ) -> dict[tuple[str, str], BaseException | None]:
+    ) -> dict[PartitionKey, BaseException | None]:
         """Release partitions: for each (topic, partition, final (msg_id, offset) or None,
         ownership), write the offset and delete the owner node in one transaction (the
         delete, conditional on the owner node's version, fences the write), all of them
@@ -158,7 +160,7 @@ class ZkOffsetStore:
         when our owner node was already gone (nothing written; the session or the
         ownership ended), or the exception that left the outcome unknown (the caller
         keeps the owner node to delete later)."""
-        out: dict[tuple[str, str], BaseException | None] = {}
+        out: dict[PartitionKey, BaseException | None] = {}
         paths = {(t, p): self._layout.offset(self._group, t, p) for t, p, pos, _ in items
                  if pos is not None}
         exists = {k: self._client.exists_async(path) for k, path in paths.items()}
@@ -272,7 +274,7 @@ class LocalFileOffsetStore:
         v = self._data.get(f"{topic}/{partition}")
         return None if v is None else decode_offset(v.encode(), str(self.path))
 
-    def load_many(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], StoredOffset]:
+    def load_many(self, keys: list[PartitionKey]) -> dict[PartitionKey, StoredOffset]:
         out = {}
         for k in keys:
             v = self.load(*k)
@@ -285,14 +287,5 @@ class LocalFileOffsetStore:
         with self._lock:
             self._data[f"{topic}/{partition}"] = encode_offset(
                 StoredOffset(offset=offset, msg_id=msg_id)).decode()
-            tmp = self.path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(self._data, f, sort_keys=True)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_durably(self.path, json.dumps(self._data, sort_keys=True).encode(),
+                          tmp=self.path.with_suffix(".tmp"))

@@ -26,6 +26,7 @@ from typing import Any
 
 import msgpack
 
+from metaq._durable import write_durably
 from metaq._errors import ConfigError, StorageError
 
 __all__ = ["RecoverStore", "RecoveredMessage"]
@@ -75,14 +76,6 @@ class RecoveredMessage:
             raise StorageError(f"damaged recover record {path}: {e}") from None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class RecoverStore:
     """Durable per-group store of rejected messages; see the module doc."""
 
@@ -109,13 +102,7 @@ class RecoverStore:
     def _write(self, rec: RecoveredMessage) -> None:
         path = self._path(rec.topic, rec.partition, rec.offset)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(rec.to_record())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        write_durably(path, rec.to_record(), tmp=path.with_suffix(".tmp"))
 
     def put(self, *, topic: str, partition: str, offset: int, next_offset: int, msg_id: int,
             flag: int, payload: bytes, error: BaseException | str) -> None:

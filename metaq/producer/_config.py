@@ -13,7 +13,7 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq._zkclient import ZkSecurity
 from metaq.protocol import MAX_MESSAGE_SIZE, MAX_PAYLOAD_SIZE, Codec, get_codec
-from zk_layout import InvalidNameError, Layout, Partition
+from zk_layout import DEFAULT_ROOT, InvalidNameError, Layout, Partition
 
 __all__ = ["ProducerConfig", "PartitionerFn", "PARTITIONERS", "MIB"]
 
@@ -51,7 +51,7 @@ class ProducerConfig:
     """
 
     #: ZooKeeper root of the Metaq tree [``/meta``].
-    zk_root: str = "/meta"
+    zk_root: str = DEFAULT_ROOT
     #: ZooKeeper session timeout in seconds.
     zk_session_timeout: float = 30.0
     #: How long the constructor waits for a ZooKeeper session, seconds.

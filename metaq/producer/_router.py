@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.protocol.states import KazooState
 
+from metaq._types import BrokerAddress
 from zk_layout import (
     InvalidNameError,
     Layout,
@@ -51,7 +52,7 @@ class TopicRoute:
 
     topic: str
     partitions: tuple[Partition, ...] = ()
-    addresses: dict[int, tuple[str, int]] = field(default_factory=dict)
+    addresses: dict[int, BrokerAddress] = field(default_factory=dict)
     #: position of each partition in ``partitions``
     positions: dict[Partition, int] = field(default_factory=dict)
     #: round-robin position (starts at a random partition, so producers spread out)
@@ -60,7 +61,7 @@ class TopicRoute:
 
     @staticmethod
     def build(topic: str, num_parts: dict[int, int],
-              addresses: dict[int, tuple[str, int]]) -> TopicRoute:
+              addresses: dict[int, BrokerAddress]) -> TopicRoute:
         parts = sort_partitions(Partition(bid, i) for bid, n in num_parts.items()
                                 if bid in addresses for i in range(n))
         used = {bid: addr for bid, addr in addresses.items() if num_parts.get(bid)}
@@ -220,7 +221,7 @@ class Router:
                 log.warning("skipping damaged node: %s", e)
                 continue
             num_parts[child.broker_id] = value.num_parts
-        addresses: dict[int, tuple[str, int]] = {}
+        addresses: dict[int, BrokerAddress] = {}
         for bid in sorted(num_parts):
             addr = self._address(bid)
             if addr is not None:
@@ -230,11 +231,11 @@ class Router:
                          "its partitions are skipped", bid, topic)
         return TopicRoute.build(topic, num_parts, addresses)
 
-    def address(self, broker_id: int) -> tuple[str, int] | None:
+    def address(self, broker_id: int) -> BrokerAddress | None:
         """Broker ``broker_id``'s address as registered now (None when it is not)."""
         return self._address(broker_id)
 
-    def _address(self, broker_id: int) -> tuple[str, int] | None:
+    def _address(self, broker_id: int) -> BrokerAddress | None:
         client = self._client
         path = self._layout.broker_master(broker_id)
         watch = self._broker_watcher(broker_id)
@@ -248,7 +249,7 @@ class Router:
             except NoNodeError:
                 return None
         try:
-            return decode_broker_uri(data, path).address
+            return BrokerAddress(*decode_broker_uri(data, path).address)
         except NodeDataError as e:
             log.warning("skipping damaged node: %s", e)
             return None

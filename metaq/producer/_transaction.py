@@ -44,6 +44,7 @@ from metaq._errors import (
     TransactionError,
     XAError,
 )
+from metaq._types import BrokerAddress
 from metaq.net import BrokerConnection
 from metaq.producer._send import SendResult
 from metaq.protocol import (
@@ -103,7 +104,7 @@ class TxSender:
     path: SendPath
     encoder: MessageEncoder
     send_timeout: float
-    idle: dict[tuple[str, int], list[BrokerConnection]] = field(default_factory=dict)
+    idle: dict[BrokerAddress, list[BrokerConnection]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
 
@@ -130,7 +131,7 @@ class _OnOneBroker:
         self._rr = itertools.count()
         self._lock = threading.Lock()
 
-    def _connect(self, broker_id: int, address: tuple[str, int]) -> BrokerConnection:
+    def _connect(self, broker_id: int, address: BrokerAddress) -> BrokerConnection:
         if self._conn is None:
             with self._sender.lock:
                 idle = self._sender.idle.get(address)
@@ -140,7 +141,7 @@ class _OnOneBroker:
         return self._conn
 
     def _partition(self, topic: str, data: bytes, key: Any,
-                   partition: str | None) -> tuple[Partition, tuple[str, int]]:
+                   partition: str | None) -> tuple[Partition, BrokerAddress]:
         path = self._sender.path
         route = self._sender.router.get(topic) or path.load(topic)
         if partition is not None:

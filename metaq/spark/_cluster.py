@@ -28,10 +28,12 @@ from metaq._errors import (
     CoordinationError,
     ProtocolError,
 )
+from metaq._types import BrokerAddress, PartitionKey
 from metaq.net import BrokerConnection, TimeSeek, offset_for_time
 from metaq.protocol import HEADER_SIZE
 from metaq.spark._arrow import walk
 from zk_layout import (
+    DEFAULT_ROOT,
     Layout,
     NodeDataError,
     StoredOffset,
@@ -69,14 +71,14 @@ def open_zk(zk_connect: str, timeout: float) -> KazooClient:
 class Cluster:
     """ZooKeeper plus one connection per broker, for one planning step."""
 
-    def __init__(self, zk_connect: str, *, zk_root: str = "/meta", group: str,
+    def __init__(self, zk_connect: str, *, zk_root: str = DEFAULT_ROOT, group: str,
                  zk_timeout: float = 15.0, broker_timeout: float = 30.0) -> None:
         self.zk_connect = zk_connect
         self.layout = Layout(zk_root)
         self.group = group
         self.broker_timeout = broker_timeout
         self.zk = open_zk(zk_connect, zk_timeout)
-        self._addresses: dict[int, tuple[str, int] | None] = {}
+        self._addresses: dict[int, BrokerAddress | None] = {}
         self._conns: dict[int, BrokerConnection] = {}
 
     def __enter__(self) -> Cluster:
@@ -109,10 +111,11 @@ class Cluster:
             return []
         return sorted(n for n in names if pattern.fullmatch(n))
 
-    def address(self, broker_id: int) -> tuple[str, int] | None:
+    def address(self, broker_id: int) -> BrokerAddress | None:
         """Where broker ``broker_id`` serves (master, else a slave), None when down."""
         if broker_id not in self._addresses:
-            self._addresses[broker_id] = broker_address(self.zk, self.layout, broker_id)
+            found = broker_address(self.zk, self.layout, broker_id)
+            self._addresses[broker_id] = None if found is None else BrokerAddress(*found)
         return self._addresses[broker_id]
 
     def live_members(self) -> list[str]:
@@ -150,7 +153,7 @@ class Cluster:
                 out[part] = e
         return out
 
-    def commit(self, offsets: Mapping[tuple[str, str], tuple[int, int]]) -> None:
+    def commit(self, offsets: Mapping[PartitionKey, tuple[int, int]]) -> None:
         """Write ``{(topic, partition): (offset, msg_id)}`` under the group in one
         ZooKeeper transaction (all or nothing), after checking that the group
         has no live members."""

@@ -32,12 +32,14 @@ from metaq._errors import (
     MessageError,
     ProtocolError,
 )
+from metaq._types import BrokerAddress
 from metaq.net import BrokerConnection
 from metaq.protocol import HEADER, HEADER_SIZE, split_payload
 from metaq.spark._arrow import Walk, WalkHint, walk
 from metaq.spark._cluster import LOG_END, open_zk
 from metaq.spark._options import DEFAULT_GROUP, MIB
 from metaq.spark._ranges import OffsetRange
+from zk_layout import DEFAULT_ROOT
 
 __all__ = ["FetchSettings", "RangeMessage", "iter_chunks", "fetch_range"]
 
@@ -64,7 +66,7 @@ class FetchSettings:
     retry_timeout: float = 120.0
     #: ZooKeeper to re-read a moved broker's address from (None: keep the planned one).
     zk_connect: str | None = None
-    zk_root: str = "/meta"
+    zk_root: str = DEFAULT_ROOT
     zk_timeout: float = 15.0
 
     def __post_init__(self) -> None:
@@ -118,7 +120,7 @@ class _Link:
             client.stop()
             client.close()
         if address is not None:
-            self.address = address
+            self.address = BrokerAddress(*address)
 
     def call(self, what: str, fn):  # type: ignore[no-untyped-def]
         deadline = None

@@ -26,6 +26,7 @@ from metaq.spark._ranges import (
     measure_backlog,
     progress_end_offsets,
 )
+from zk_layout import DEFAULT_ROOT
 
 __all__ = ["Lag", "PartitionLag", "stream_lag"]
 
@@ -61,7 +62,7 @@ class Lag:
 
 def stream_lag(zk_connect: str, *, query: Any = None, offsets: Mapping | None = None,
                group: str | None = None, topics: Iterable[str] | None = None,
-               zk_root: str = "/meta", zk_timeout: float = 15.0,
+               zk_root: str = DEFAULT_ROOT, zk_timeout: float = 15.0,
                now_ms: int | None = None) -> Lag:
     """Lag of exactly one of: ``query`` (a StreamingQuery, or its ``lastProgress``
     dict: the ``endOffset`` of its ``metaq`` sources), ``offsets`` (``{topic:

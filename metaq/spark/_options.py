@@ -34,7 +34,14 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq._time import parse_time_ms
 from metaq.spark._arrow import CODECS
-from zk_layout import InvalidNameError, Layout, check_group, check_topic, parse_partition
+from zk_layout import (
+    DEFAULT_ROOT,
+    InvalidNameError,
+    Layout,
+    check_group,
+    check_topic,
+    parse_partition,
+)
 
 __all__ = ["OffsetSpec", "SourceOptions", "EARLIEST", "LATEST", "GROUP", "DEFAULT_GROUP"]
 
@@ -78,15 +85,18 @@ LATEST = OffsetSpec(kind="latest")
 GROUP = OffsetSpec(kind="group")
 
 
-def _json_object(name: str, text: str, example: str) -> dict:
+def _json_object(name: str, text: str, example: str, *, value: str,
+                 words: str = "") -> dict:
+    """Option ``name``'s JSON object of topic -> {partition: ``value``}; ``words``:
+    the other forms the option takes, named when the text is no JSON."""
     try:
         obj = json.loads(text)
     except ValueError as e:
-        raise ConfigError(f"option {name} must be JSON like {example}, "
+        raise ConfigError(f"option {name} must be {words}JSON like {example}, "
                           f"got {text!r} ({e})") from None
     if not isinstance(obj, dict) or not obj:
         raise ConfigError(f"option {name}: JSON must be a non-empty object of topic -> "
-                          f"{{partition: value}} like {example}, got {text!r}")
+                          f"{{partition: {value}}} like {example}, got {text!r}")
     return obj
 
 
@@ -113,7 +123,7 @@ def _json_partition(name: str, topic: str, part: str) -> str:
 def parse_timestamps(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
     """Parse ``startingOffsetsByTimestamp`` / ``endingOffsetsByTimestamp``:
     ``{"topic": {"<brokerId>-<index>": <epoch ms or ISO-8601>}}``."""
-    obj = _json_object(name, text, '{"topic": {"0-0": 1700000000000}}')
+    obj = _json_object(name, text, '{"topic": {"0-0": 1700000000000}}', value="time")
     out: dict[str, dict[str, int]] = {}
     for topic, parts in obj.items():
         _check_json_topic(name, topic, topics)
@@ -131,14 +141,8 @@ def parse_offsets(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
     word = text.strip().lower()
     if word in ("earliest", "latest", "group"):
         return OffsetSpec(kind=word)
-    try:
-        obj = json.loads(text)
-    except ValueError as e:
-        raise ConfigError(f"option {name} must be earliest, latest, group or JSON like "
-                          f'{{"topic": {{"0-0": 1234}}}}, got {text!r} ({e})') from None
-    if not isinstance(obj, dict) or not obj:
-        raise ConfigError(f"option {name}: JSON must be a non-empty object of topic -> "
-                          f"{{partition: offset}}, got {text!r}")
+    obj = _json_object(name, text, '{"topic": {"0-0": 1234}}', value="offset",
+                       words="earliest, latest, group or ")
     out: dict[str, dict[str, int]] = {}
     for topic, parts in obj.items():
         _check_json_topic(name, topic, topics)
@@ -147,11 +151,7 @@ def parse_offsets(name: str, text: str, topics: tuple[str, ...]) -> OffsetSpec:
                               f"of partition -> offset, got {parts!r}")
         per: dict[str, int] = {}
         for part, offset in parts.items():
-            try:
-                per[str(parse_partition(part))] = offset
-            except InvalidNameError:
-                raise ConfigError(f"option {name}: {part!r} of topic {topic!r} is not a "
-                                  f"partition name '<brokerId>-<index>'") from None
+            per[_json_partition(name, topic, part)] = offset
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < -2 \
                     or offset > 2**63 - 1:
                 raise ConfigError(f"option {name}: offset of {topic} {part} must be an integer "
@@ -277,7 +277,7 @@ class SourceOptions:
     #: stream picks up topics created later (from their log start).
     subscribe_pattern: str | None = None
     #: [``zk.root``] root of Metaq's tree: ``/meta``.
-    zk_root: str = "/meta"
+    zk_root: str = DEFAULT_ROOT
     #: [``zk.timeout``] seconds to wait for a ZooKeeper session: 15.
     zk_timeout: float = 15.0
     #: [``group``] consumer group whose offsets ``group`` positions read and that

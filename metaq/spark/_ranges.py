@@ -20,6 +20,7 @@ from typing import Any
 
 from metaq._errors import ConfigError, ConnectionClosedError, CoordinationError, DataLossError
 from metaq._time import format_time_ms
+from metaq._types import BrokerAddress, PartitionKey
 from metaq.protocol import MSG_ID_EPOCH_MS
 from metaq.spark._cluster import Cluster
 from metaq.spark._options import EARLIEST_CODE, LATEST_CODE, OffsetSpec
@@ -48,7 +49,7 @@ class OffsetRange:
     partition: str
     from_offset: int
     until_offset: int
-    address: tuple[str, int] | None = None
+    address: BrokerAddress | None = None
 
     def __post_init__(self) -> None:
         parse_partition(self.partition)
@@ -346,7 +347,7 @@ class Backlog:
 
 
 def measure_backlog(cluster: Cluster, start: PartitionOffsets, latest: PartitionOffsets,
-                    *, sample_bytes: int = SAMPLE_BYTES) -> dict[tuple[str, str], Backlog]:
+                    *, sample_bytes: int = SAMPLE_BYTES) -> dict[PartitionKey, Backlog]:
     """A :class:`Backlog` per partition with bytes waiting (one ``get`` each)."""
     out = {}
     for topic, parts in latest.items():
@@ -357,13 +358,13 @@ def measure_backlog(cluster: Cluster, start: PartitionOffsets, latest: Partition
             if end <= a:
                 continue
             bounds, first_id = cluster.sample(topic, part, a, min(sample_bytes, end - a))
-            out[(topic, part)] = Backlog(start=a, end=end, bounds=tuple(bounds),
+            out[PartitionKey(topic, part)] = Backlog(start=a, end=end, bounds=tuple(bounds),
                                          first_msg_id=first_id)
     return out
 
 
 def cap_messages(cluster: Cluster, start: PartitionOffsets, latest: PartitionOffsets,
-                 backlog: Mapping[tuple[str, str], Backlog], max_messages: int
+                 backlog: Mapping[PartitionKey, Backlog], max_messages: int
                  ) -> PartitionOffsets:
     """End offsets at most ``max_messages`` past ``start`` in total (Kafka's
     maxOffsetsPerTrigger), shared in proportion to each partition's waiting

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from metaq._errors import ConfigError
+from metaq._types import PartitionKey
 from metaq.spark._cluster import Cluster
 from metaq.spark._fetch import FetchSettings, RangeMessage, fetch_range
 from metaq.spark._options import (
@@ -32,6 +33,7 @@ from metaq.spark._options import (
     parse_offsets,
 )
 from metaq.spark._ranges import OffsetRange, plan_ranges, progress_end_offsets
+from zk_layout import DEFAULT_ROOT
 
 __all__ = ["offset_ranges", "foreach_partition", "commit_ranges", "commit_query_offsets"]
 
@@ -64,7 +66,7 @@ def offset_ranges(zk_connect: str, topic: str | Iterable[str], *,
                   group: str = DEFAULT_GROUP,
                   starting: str | Mapping | OffsetSpec = "group",
                   ending: str | Mapping | OffsetSpec = "latest",
-                  zk_root: str = "/meta", max_bytes_per_range: int | None = None,
+                  zk_root: str = DEFAULT_ROOT, max_bytes_per_range: int | None = None,
                   fail_on_data_loss: bool = True, zk_timeout: float = 15.0,
                   broker_timeout: float = 30.0) -> list[OffsetRange]:
     """Per-partition ranges ``[from, until)`` to read, planned on the driver.
@@ -88,12 +90,12 @@ def offset_ranges(zk_connect: str, topic: str | Iterable[str], *,
 
 
 def commit_ranges(zk_connect: str, ranges: Iterable[OffsetRange], *, group: str,
-                  zk_root: str = "/meta", msg_ids: Mapping[tuple[str, str], int] | None = None,
-                  zk_timeout: float = 15.0) -> dict[tuple[str, str], int]:
+                  zk_root: str = DEFAULT_ROOT, msg_ids: Mapping[PartitionKey, int] | None = None,
+                  zk_timeout: float = 15.0) -> dict[PartitionKey, int]:
     """Write each partition's furthest ``until_offset`` under ``group`` in one
     ZooKeeper transaction (refused while the group has live consumers).
     Returns ``{(topic, partition): offset}`` as committed."""
-    ends: dict[tuple[str, str], int] = {}
+    ends: dict[PartitionKey, int] = {}
     for rng in ranges:
         key = (rng.topic, rng.partition)
         ends[key] = max(ends.get(key, rng.until_offset), rng.until_offset)
@@ -105,9 +107,9 @@ def commit_ranges(zk_connect: str, ranges: Iterable[OffsetRange], *, group: str,
 
 def foreach_partition(spark: Any, ranges: Iterable[OffsetRange],
                       func: Callable[[Iterator[RangeMessage]], Any], *, zk_connect: str,
-                      group: str, zk_root: str = "/meta", commit: bool = True,
+                      group: str, zk_root: str = DEFAULT_ROOT, commit: bool = True,
                       settings: FetchSettings | None = None,
-                      **fetch_options: Any) -> dict[tuple[str, str], int]:
+                      **fetch_options: Any) -> dict[PartitionKey, int]:
     """Run ``func(messages)`` once per range in Spark tasks, then commit.
 
     ``spark`` is a SparkSession or SparkContext.  Each task reads its range
@@ -151,8 +153,8 @@ def foreach_partition(spark: Any, ranges: Iterable[OffsetRange],
     results = sc.parallelize(list(enumerate(ranges)), len(ranges)).mapPartitions(task).collect()
     if not commit:
         return {}
-    msg_ids: dict[tuple[str, str], int] = {}
-    best: dict[tuple[str, str], int] = {}
+    msg_ids: dict[PartitionKey, int] = {}
+    best: dict[PartitionKey, int] = {}
     for index, msg_id in results:
         rng = ranges[index]
         key = (rng.topic, rng.partition)
@@ -166,8 +168,8 @@ def foreach_partition(spark: Any, ranges: Iterable[OffsetRange],
     return committed
 
 
-def commit_query_offsets(query: Any, *, zk_connect: str, group: str, zk_root: str = "/meta",
-                         zk_timeout: float = 15.0) -> dict[tuple[str, str], int]:
+def commit_query_offsets(query: Any, *, zk_connect: str, group: str, zk_root: str = DEFAULT_ROOT,
+                         zk_timeout: float = 15.0) -> dict[PartitionKey, int]:
     """Publish a streaming query's last completed position to ZooKeeper.
 
     A running query writes its position when it plans the next micro-batch, so

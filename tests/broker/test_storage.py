@@ -450,6 +450,47 @@ def test_nearest_valid_offset(tmp_path):
         assert [(a, b) for a, b, _ in storage.open_topic("t", 1)[0].damaged] == [(360, 480)]
 
 
+@pytest.mark.parametrize("case", ["recovered", "sealed", "sealed-index"])
+def test_a_walk_past_a_damaged_length_marks_no_intact_message(tmp_path, case):
+    """A message whose length field is damaged lies between the index entry before an
+    offset and the offset: the walk to the message holding the offset steps over the
+    damage (known from recovery, or found by this walk) and never reads the damaged
+    length as a jump, so the message holding the offset is found and no intact byte
+    is recorded as damaged.
+
+    ``recovered``: the writable segment, the damage recorded at start.  ``sealed``: a
+    sealed segment (not scanned at start).  ``sealed-index``: a sealed segment longer
+    than an index step, where a header walk taking the damaged length at its word
+    would put an index entry inside a later message."""
+    size, count, seg_max = {"recovered": (100, 50, 1024 ** 3),
+                            "sealed": (100, 100, 4096),
+                            "sealed-index": (1000, 200, 150_000)}[case]
+    step = 20 + size
+    bad, ask = {"recovered": (20, 30), "sealed": (3, 10), "sealed-index": (10, 120)}[case]
+    with Storage(tmp_path, max_segment_size=seg_max) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(count):
+            plog.append(rec(i, size), 1)
+        path = plog.segments[0].path
+        assert (case == "recovered") == (len(plog.segments) == 1)
+    data = bytearray(path.read_bytes())
+    if case == "sealed-index":  # the length points into message 100's payload (ASCII digits)
+        data[bad * step:bad * step + 4] = (100 * step + 27 - bad * step - 20).to_bytes(4, "big")
+    else:  # a length past the end of the segment
+        data[bad * step + 1] ^= 0x5A
+    path.write_bytes(bytes(data))
+    with Storage(tmp_path, max_segment_size=seg_max) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        damage = [(bad * step, (bad + 1) * step)]
+        assert [(a, b) for a, b, _ in plog.damaged] == (damage if case == "recovered" else [])
+        assert plog.nearest_valid_offset(ask * step + 7) == ask * step
+        assert plog.nearest_valid_offset(ask * step) == ask * step
+        assert [(a, b) for a, b, _ in plog.damaged] == damage
+        got = [m.msg_id for m in _valid_messages(plog)]
+        assert got == [i for i in range(count) if i != bad]
+        assert [(a, b) for a, b, _ in plog.damaged] == damage
+
+
 def test_failed_write_leaves_no_partial_message(tmp_path, monkeypatch):
     import errno
 
