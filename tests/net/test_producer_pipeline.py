@@ -3,18 +3,18 @@ misbehaving servers (silent, garbage, closing) that a real broker cannot play.""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from helpers.fake_broker import fake_brokers
 from helpers.procs import read_partition
 
 from metaq import BrokerError, ConnectionClosedError, SendTimeoutError
 from metaq.broker import Broker
 from metaq.net import BrokerConnection, PipelinedConnection, PutAck
-from metaq.protocol import RequestParser, checksum, encode_result
+from metaq.protocol import checksum, encode_result
 from metaq.testing import free_port, wait_until
 
 pytestmark = pytest.mark.broker
@@ -25,67 +25,10 @@ def broker(broker_factory) -> Broker:  # type: ignore[no-untyped-def]
     return broker_factory({"t": 2}, broker_id=3, port=0)
 
 
-class Server:
-    """A TCP server that reads requests and answers with ``behaviour(parsed requests)``."""
-
-    def __init__(self, answer) -> None:  # type: ignore[no-untyped-def]
-        self.answer = answer
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.conns: list[socket.socket] = []
-        self.received = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="test-fake-server", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.conns.append(conn)
-            parser = RequestParser()
-            while True:
-                try:
-                    data = conn.recv(65536)
-                except OSError:
-                    break
-                if not data:
-                    break
-                reqs = parser.feed(data)
-                self.received += len(reqs)
-                out = self.answer(reqs)
-                if out is None:
-                    continue
-                if out == b"CLOSE":
-                    conn.close()
-                    break
-                conn.sendall(out)
-
-    def close(self) -> None:
-        self.stop.set()
-        for s in (self.sock, *self.conns):  # shutdown wakes a thread blocked in accept/recv
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-        self.thread.join(5)
-
-
 @pytest.fixture
 def server_factory() -> Iterator:  # type: ignore[type-arg]
-    servers: list[Server] = []
-
-    def make(answer) -> Server:  # type: ignore[no-untyped-def]
-        s = Server(answer)
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.close()
+    with fake_brokers() as make:
+        yield make
 
 
 def _pipe_threads() -> list[str]:

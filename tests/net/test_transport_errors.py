@@ -5,11 +5,10 @@ and MultiplexedConnection matches out-of-order replies to the requests that aske
 from __future__ import annotations
 
 import selectors
-import socket
-import threading
 import time
 
 import pytest
+from helpers.fake_broker import CLOSE, FakeBroker, fake_brokers
 from helpers.inproc import inproc_broker
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -28,62 +27,12 @@ from metaq.testing import free_port, wait_until
 TOPIC = "transport"
 
 
-class Scripted:
-    """A loopback server whose every accepted connection gets ``reply(request bytes)``
-    written back (None: close at once; b"": say nothing)."""
-
-    def __init__(self, reply, *, close_after: bool = False) -> None:  # noqa: ANN001
-        self._reply = reply
-        self._close_after = close_after
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.address = BrokerAddress("127.0.0.1", self.sock.getsockname()[1])
-        self._stop = False
-        self._conns: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._run, name="scripted-broker",
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        self.sock.settimeout(0.2)
-        while not self._stop:
-            try:
-                c, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._conns.append(c)
-            c.settimeout(5)
-            try:
-                data = c.recv(65536)
-            except OSError:
-                continue
-            out = self._reply(data)
-            if out:
-                c.sendall(out)
-            if out is None or self._close_after:
-                c.close()
-
-    def close(self) -> None:
-        self._stop = True
-        self.sock.close()
-        self._thread.join(5)
-        for c in self._conns:
-            c.close()
-
-
 @pytest.fixture
 def scripted():
-    servers = []
-
-    def make(reply):  # noqa: ANN001
-        s = Scripted(reply)
-        servers.append(s)
-        return s
-
-    yield make
-    for s in servers:
-        s.close()
+    """A fake broker answering every request with ``reply(requests)`` (None: silent;
+    CLOSE: close at once)."""
+    with fake_brokers() as make:
+        yield make
 
 
 def _refused_address() -> BrokerAddress:
@@ -102,7 +51,7 @@ def test_a_refused_connection_is_broker_unavailable_with_its_address_and_cause()
 
 
 def test_a_peer_that_closes_is_connection_closed_a_kind_of_unavailable(scripted):
-    server = scripted(lambda data: None)
+    server = scripted(lambda reqs: CLOSE)
     conn = BrokerConnection(*server.address, timeout=5)
     with pytest.raises(ConnectionClosedError) as info:
         conn.version()
@@ -113,7 +62,7 @@ def test_a_peer_that_closes_is_connection_closed_a_kind_of_unavailable(scripted)
 
 
 def test_a_broker_that_never_answers_times_out_as_unavailable(scripted):
-    server = scripted(lambda data: b"")
+    server = scripted(lambda reqs: None)
     conn = BrokerConnection(*server.address, timeout=0.3)
     with pytest.raises(BrokerUnavailableError, match="timed out") as info:
         conn.offset(TOPIC, "g", 0, 0)
@@ -128,7 +77,7 @@ def test_a_broker_that_never_answers_times_out_as_unavailable(scripted):
     b"x" * 2000,                             # a line that never ends
 ])
 def test_a_malformed_reply_is_both_a_protocol_error_and_unavailable(scripted, garbage):
-    server = scripted(lambda data: garbage)
+    server = scripted(lambda reqs: garbage)
     conn = BrokerConnection(*server.address, timeout=5)
     with pytest.raises(MalformedReplyError) as info:
         conn.version()
@@ -140,7 +89,7 @@ def test_a_malformed_reply_is_both_a_protocol_error_and_unavailable(scripted, ga
 
 
 def test_an_offset_reply_that_is_no_number_is_malformed(scripted):
-    server = scripted(lambda data: b"result 200 5 1\r\nnope!")
+    server = scripted(lambda reqs: b"result 200 5 1\r\nnope!")
     conn = BrokerConnection(*server.address, timeout=5)
     with pytest.raises(MalformedReplyError, match="not a number"):
         conn.offset(TOPIC, "g", 0, 0)
@@ -230,7 +179,7 @@ def test_multiplexed_failures_are_converted_and_pending_tokens_handed_back(scrip
         MultiplexedConnection(_refused_address(), timeout=2)
     assert isinstance(info.value.__cause__, OSError)
 
-    server = scripted(lambda data: None)  # reads the request, then closes
+    server = scripted(lambda reqs: CLOSE)  # reads the request, then closes
     conn = MultiplexedConnection(server.address, timeout=5)
     conn.send_get("a", TOPIC, "g", 0, 0, 1024, hold_ms=1000)
     with pytest.raises(ConnectionClosedError):
@@ -242,7 +191,7 @@ def test_multiplexed_failures_are_converted_and_pending_tokens_handed_back(scrip
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.binary(min_size=1, max_size=300))
 def test_multiplexed_read_of_any_bytes_is_replies_or_malformed_never_a_crash(data):
-    server = Scripted(lambda request: data, close_after=True)
+    server = FakeBroker(lambda reqs: data, close_after=True)
     try:
         conn = MultiplexedConnection(server.address, timeout=5)
         conn.send_get(1, TOPIC, "g", 0, 0, 1024)
