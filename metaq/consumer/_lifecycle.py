@@ -146,8 +146,9 @@ class Lifecycle:
         """``group G consumer C gen N``: how every rebalance log line begins."""
         return f"group {self.group} consumer {self.consumer_id} gen {self.generation}"
 
-    def transitions(self, after_id: int = 0) -> list[Transition]:
-        """The transitions kept with an id above ``after_id``, oldest first."""
+    def transitions(self, after_id: int = -1) -> list[Transition]:
+        """The transitions kept with an id above ``after_id`` (all of them by default,
+        the first being id 0, INIT -> INIT), oldest first."""
         with self._cond:
             return list(self._after(after_id))
 

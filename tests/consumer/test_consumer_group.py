@@ -8,6 +8,7 @@ End-to-end consumption with broker processes is in test_consumer_e2e.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
@@ -256,3 +257,53 @@ def test_offsets_written_by_java_metaq_are_read(zk_connect, zk_client):
     assert store.load(TOPIC, "0-1").offset == 4096 and store.load(TOPIC, "0-1").msg_id is None
     assert store.load(TOPIC, "0-10").msg_id == 123
     assert store.load(TOPIC, "1-0") is None
+
+
+def test_every_state_transition_of_a_member_is_numbered_and_waitable(zk_connect, zk_client,
+                                                                     zk_server):
+    """Not only the settled state: each transition the coordinator makes gets the next
+    id and can be waited for after it passed (issue 25), with the generation it began."""
+    from metaq.consumer._lifecycle import TRANSITIONS
+
+    publish(zk_client, TOPIC, 0, 4)
+    client = KazooClient(hosts=zk_connect, timeout=4.0)
+    client.start(timeout=20)
+    a = MessageConsumer("g1", client, consumer_id="a", zk_session_timeout=4.0,
+                        commit_period=0.5)  # its session is expired below
+    a.subscribe(TOPIC, lambda m: None)
+    b = make(zk_connect, "b")
+    coord = a._coordinator
+    try:
+        assert (coord.state_id, a.state) == (0, State.INIT)
+        a.start()
+        joined = coord.wait_for(State.STABLE, 20)
+        assert joined is not None and a.wait_settled(0)
+        first = coord.life.transitions()[:4]
+        assert [(t.id, t.state, t.generation) for t in first] == [
+            (0, State.INIT, 0), (1, State.CONNECTING, 0), (2, State.REBALANCING, 1),
+            (3, State.STABLE, 1)]
+        # a newcomer moves a: the rebalance is seen even once a has settled again
+        mark = coord.state_id
+        b.start()
+        wait_until(lambda: settled([a, b], all_parts((0,))), timeout=20, what="two settled")
+        moved = coord.wait_for(State.REBALANCING, 0, after=mark)
+        assert moved is not None and moved.generation > joined.generation
+        assert coord.wait_for(State.STABLE, 0, after=moved.id) is not None
+        # the session lost: CONNECTING in a new generation, then back
+        mark = coord.state_id
+        expire_session(client, zk_server.hosts)
+        lost = coord.wait_for(State.CONNECTING, 30, after=mark)
+        assert lost is not None and lost.reason == "ZooKeeper session lost"
+        assert coord.wait_for(State.STABLE, 30, after=lost.id) is not None
+        a.close()
+        assert coord.wait_for(State.CLOSED, 0) is not None
+        kept = coord.life.transitions()
+        assert [t.id for t in kept] == list(range(len(kept)))
+        for before, after in itertools.pairwise(kept):
+            assert after.previous is before.state and after.state in TRANSITIONS[before.state]
+            assert after.generation >= before.generation
+    finally:
+        a.close()
+        b.close()
+        client.stop()
+        client.close()
