@@ -16,6 +16,8 @@ One concept per module:
 ``_view``          the group as read, re-read only where a watch fired
 ``_plan``          this member's share of a generation (pure: group -> plan)
 ``_owners``        owner nodes: claims, waits for held ones, fenced releases
+``_handoff``       partitions in and out of fetching as a plan says, with the
+                   user's on_assigned/on_revoked
 ``_commits``       the commit timer
 ``_backoff``       retry timing: capped exponential backoff with jitter
 ``_lease``         the delivery lease a frozen member cannot outlive

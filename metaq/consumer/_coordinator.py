@@ -17,6 +17,9 @@ makes one rebalance.  What it drives, one concept a part:
 ``make_plan``       this member's share of a generation, pure (``_plan``)
 ``OwnerNodes``      claims, waits for partitions still held, fenced releases
                     (``_owners``)
+``Handoff``         partitions in and out of the fetcher and the subscription
+                    state as a plan says, with the user's callbacks
+                    (``_handoff``)
 ``Committer``       the commit timer (``_commits``)
 ``Backoff``         retry timing of a failed step and of rejoining
                     (``_backoff``)
@@ -38,10 +41,10 @@ after a backoff or, after :data:`MAX_FAILURES` in a row, close with the error.
 
 Its collaborators are passed in, each for what the coordinator needs of it:
 the :class:`~metaq.consumer._subscription.SubscriptionState` (the topics, and
-the assignment it changes: ``assign``/``revoke``/``drop_all``), the fetch
-manager as :class:`Fetching` (partitions in and out, all suspended or resumed),
-the offset store, the delivery lease, an error sink and the user's
-``on_assigned``/``on_revoked`` callbacks.
+the assignment the handoff changes), the fetch manager as
+:class:`~metaq.consumer._handoff.Fetching` (partitions in and out, all
+suspended or resumed), the offset store, the delivery lease, an error sink and
+the user's ``on_assigned``/``on_revoked`` callbacks.
 """
 
 from __future__ import annotations
@@ -49,9 +52,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException
@@ -67,42 +69,24 @@ from metaq.consumer._assignors import get_strategy
 from metaq.consumer._backoff import Backoff
 from metaq.consumer._commits import Committer
 from metaq.consumer._config import ConsumerConfig
+from metaq.consumer._handoff import Fetching, Handoff, names
 from metaq.consumer._lease import Lease
 from metaq.consumer._lifecycle import Lifecycle, State, Transition, Want
 from metaq.consumer._membership import Membership
-from metaq.consumer._offsets import OffsetStore, Ownership, SessionFence, ZkOffsetStore
+from metaq.consumer._offsets import OffsetStore, SessionFence, ZkOffsetStore
 from metaq.consumer._owners import OwnerNodes
-from metaq.consumer._plan import Plan, make_plan
+from metaq.consumer._plan import make_plan
 from metaq.consumer._subscription import PartitionState, SubscriptionState
 from metaq.consumer._view import GroupView
 from zk_layout import Layout
 
-__all__ = ["Coordinator", "Fetching", "MAX_FAILURES"]
+__all__ = ["Coordinator", "MAX_FAILURES"]
 
 log = logging.getLogger(__name__)
 
 #: Unexpected coordinator failures in a row (no settled rebalance between them) after
 #: which the member closes with the error instead of rejoining.
 MAX_FAILURES = 5
-
-
-class Fetching(Protocol):
-    """What the coordinator needs of the fetch manager."""
-
-    def add(self, pf: PartitionState) -> None:
-        """Start fetching a partition just claimed."""
-
-    def remove(self, pf: PartitionState, timeout: float | None = None) -> bool:
-        """Stop fetching it; True once no runner holds it (its progress is final)."""
-
-    def remove_many(self, pfs: list[PartitionState], timeout: float | None = None) -> bool:
-        """Stop fetching all of them at once; True once no runner holds any."""
-
-    def suspend(self) -> None:
-        """Hand out no partition (the ZooKeeper connection is uncertain)."""
-
-    def resume(self) -> None:
-        """Hand them out again."""
 
 
 @dataclass
@@ -140,8 +124,6 @@ class Coordinator:
         self._subs = subscriptions
         self._fetcher = fetcher
         self._on_error = on_error
-        self._on_assigned = on_assigned
-        self._on_revoked = on_revoked
         self._strategy = get_strategy(config.strategy)
         self.fence = SessionFence()
         self.lease = lease
@@ -157,9 +139,10 @@ class Coordinator:
                                   on_owner_event=self._on_owner_event)
         self._commits = Committer(self.store, subscriptions, config.commit_period,
                                   life=self.life, on_stale=self.request_rebalance)
-        #: the last plan (claim retries between rebalances use it; only a watch on the
-        #: group changes it)
-        self._plan = Plan()
+        self._handoff = Handoff(subscriptions, fetcher, owners=self._owners,
+                                commits=self._commits, store=self.store, config=config,
+                                life=self.life, on_error=on_error, on_assigned=on_assigned,
+                                on_revoked=on_revoked)
         self._cond = threading.Condition()
         self._asked = _Asked()
         #: a rebalance asked for while disconnected: run once connected again
@@ -389,7 +372,7 @@ class Coordinator:
             f"({error!r}); " + (f"closed after {failures} failures in a row"
                                 if final else "left the group, rejoining"))
         err.__cause__ = error
-        self._fetcher.remove_many(self._subs.assigned(), timeout=self._cfg.close_timeout)
+        self._handoff.stop_all()
         self._view.reset()
         try:
             self._leave()
@@ -411,7 +394,7 @@ class Coordinator:
     def _leave(self) -> None:
         """Give up every partition and the registration, committing nothing (our
         progress may be what failed); owner nodes go in this session, fenced."""
-        dropped = self._subs.drop_all()
+        dropped = self._handoff.drop_all()
         session = self._membership.forget()
         self._owners.abandon(pf.ownership for pf in dropped)
         if session is not None and self._client.connected:
@@ -420,8 +403,7 @@ class Coordinator:
     def _refuse(self, error: DuplicateInstanceError) -> None:
         """A duplicate static member: own nothing, touch nothing of the other's, close."""
         log.error("group %s consumer %s: %s", self.life.group, self.consumer_id, error)
-        self._fetcher.remove_many(self._subs.assigned(), timeout=self._cfg.close_timeout)
-        self._subs.drop_all()
+        self._handoff.drop_all()
         self._owners.clear()
         self.failed = error
         self.life.set_state(State.CLOSED, "another live process has this instance_id")
@@ -429,9 +411,7 @@ class Coordinator:
 
     def _on_lost(self) -> None:
         """The session ended: stop everything, keep nothing from it, commit nothing."""
-        owned = self._subs.assigned()
-        self._fetcher.remove_many(owned, timeout=self._cfg.close_timeout)
-        self._subs.drop_all()
+        owned = self._handoff.drop_all()
         self._view.reset()  # the session's watches ended with it
         self._owners.clear()  # the orphans are ephemeral: they ended with the session
         self._membership.forget()
@@ -455,14 +435,14 @@ class Coordinator:
         hold its partitions from the moment they see it go; leaving for good, it
         deletes its record, and the others rebalance at once."""
         session = self._membership.session
-        self._fetcher.remove_many(self._subs.assigned(), timeout=self._cfg.close_timeout)
+        self._handoff.stop_all()
         if self._client.connected and session is not None:
             try:
                 self._membership.static.leaving(for_good=leave_for_good)
             except KazooException as e:
                 log.warning("updating the static member record at close: %r", e)
             try:
-                self._release(self._subs.assigned_keys())
+                self._handoff.release_all()
             except (KazooException, MetaqError) as e:
                 log.warning("releasing partitions at close failed: %r", e)
             try:
@@ -476,29 +456,22 @@ class Coordinator:
     # -- rebalance --------------------------------------------------------------
 
     def _rebalance(self, why: str) -> None:
+        """A new generation: registered, the group read, a plan made and followed."""
         self._membership.register()
         self._owners.delete_orphans()
         self.life.set_state(State.REBALANCING, why, new_generation=True)
         topics = self._subs.topics()
         topo = self._view.read(topics)
         held = self._membership.static.holds(topo, self.life.generation)
-        self._plan = plan = make_plan(topics, topo, held, self._strategy,
-                                      me=self.consumer_id, broadcast=self._cfg.broadcast)
-        release, claim = plan.moves(PartitionKey(*k) for k in self._subs.assigned_keys())
-        self._release(release)
-        self._owners.keep_only(plan.target)
-        self._claim(self._owners.not_backing_off(claim, time.monotonic()))
-        assigned = self._subs.assigned()
-        for pf in assigned:  # brokers may move (restart on a new port)
-            addr = plan.brokers.get(pf.broker_id)
-            if addr != pf.broker_address:
-                pf.broker_moved(addr)
+        plan = make_plan(topics, topo, held, self._strategy, me=self.consumer_id,
+                         broadcast=self._cfg.broadcast)
+        release, claim = self._handoff.apply(plan)
         self._settle("rebalanced")
         if release or claim:
             log.info("%s: owns %d, released %s, claimed %s, waiting for %s", self.life.label,
-                     len(assigned), _names(release),
-                     _names(k for k in claim if self._subs.partition(*k) is not None),
-                     _names(self._owners.waiting()))
+                     len(self._subs.assigned_keys()), names(release),
+                     names(k for k in claim if self._subs.partition(*k) is not None),
+                     names(self._owners.waiting()))
 
     def _settle(self, reason: str) -> None:
         """STABLE when every planned partition is ours, else CLAIMING."""
@@ -510,62 +483,8 @@ class Coordinator:
     def _retry_claims(self) -> None:
         """Claims whose time came (or whose holder's node went), against the last plan:
         no re-read of the group, which has not changed (its watches would have said)."""
-        due = self._owners.due(time.monotonic())
-        self._claim(due)
+        won = self._handoff.retry_claims()
         self._settle("claims retried")
-        waiting = self._owners.waiting()
-        won = [k for k in due if k not in waiting]
         if won:
-            log.info("%s: claimed %s, waiting for %s", self.life.label, _names(won),
-                     _names(waiting))
-
-    def _release(self, keys: list[PartitionKey]) -> None:
-        """Give partitions up: stop them all, then commit each one's final offset and
-        delete its owner node (one fenced transaction per partition, all pipelined)."""
-        if not keys:
-            return
-        pfs = [pf for k in keys if (pf := self._subs.partition(*k)) is not None]
-        if not self._fetcher.remove_many(pfs, timeout=self._cfg.close_timeout):
-            busy = [pf.key for pf in pfs if pf.busy]
-            raise CoordinationError(f"partitions {_names(busy)} still busy after close_timeout")
-        for pf in pfs:
-            self._callback(self._on_revoked, pf.key)
-            pf.drain()
-        failed = self._owners.release(pfs, self._commits.commit)
-        for pf in pfs:
-            self._subs.revoke(pf.key)
-        log.debug("%s: released %s", self.life.label, _names(keys))
-        if failed is not None:
-            raise failed
-
-    def _claim(self, keys: list[PartitionKey]) -> None:
-        """Claim partitions (owner nodes; none in broadcast mode) and fetch those won."""
-        if not keys:
-            return
-        won: dict[PartitionKey, Ownership | None]
-        won = {k: None for k in keys} if self._cfg.broadcast else dict(self._owners.claim(keys))
-        keys = [k for k in keys if k in won]
-        if not keys:
-            return
-        stored = self.store.load_many(keys)
-        for k in keys:
-            broker_id = self._plan.target[k]
-            pf = self._subs.assign(k[0], k[1], broker_id, self._plan.brokers.get(broker_id),
-                                   stored.get(k), won[k])
-            self._callback(self._on_assigned, k)
-            self._fetcher.add(pf)
-
-    def _callback(self, fn: Callable[[str, str], None] | None, key: tuple[str, str]) -> None:
-        """Run a user's on_assigned/on_revoked: its failure is reported, never stops a
-        rebalance."""
-        if fn is None:
-            return
-        try:
-            fn(*key)
-        except Exception as e:  # noqa: BLE001 - a user callback must not stop a rebalance
-            log.exception("callback %r failed for %s/%s", fn, *key)
-            self._on_error(e)
-
-
-def _names(keys: Iterable[tuple[str, str]]) -> str:
-    return "[" + ", ".join(f"{t}/{p}" for t, p in keys) + "]"
+            log.info("%s: claimed %s, waiting for %s", self.life.label, names(won),
+                     names(self._owners.waiting()))
