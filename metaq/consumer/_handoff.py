@@ -152,7 +152,7 @@ class Handoff:
             self._callback(self._on_assigned, k)
             self._fetcher.add(pf)
 
-    def _callback(self, fn: Callable[[str, str], None] | None, key: tuple[str, str]) -> None:
+    def _callback(self, fn: Callable[[str, str], None] | None, key: PartitionKey) -> None:
         """Run a user's on_assigned/on_revoked: its failure is reported, never stops a
         rebalance."""
         if fn is None:
@@ -164,6 +164,6 @@ class Handoff:
             self._on_error(e)
 
 
-def names(keys: Iterable[tuple[str, str]]) -> str:
+def names(keys: Iterable[PartitionKey]) -> str:
     """``[topic/partition, ...]`` for a log line."""
     return "[" + ", ".join(f"{t}/{p}" for t, p in keys) + "]"

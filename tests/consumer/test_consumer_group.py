@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 
 import pytest
 from helpers.audit import OwnerAudit
@@ -18,7 +19,7 @@ from kazoo.client import KazooClient
 from metaq import MessageConsumer
 from metaq.consumer import State, get_strategy
 from metaq.consumer._offsets import Ownership, SessionFence, StaleOwnershipError, ZkOffsetStore
-from metaq.testing import expire_session, wait_until
+from metaq.testing import ZkProxy, expire_session, wait_until
 from zk_layout import Layout, TopicBroker, encode_topic_broker
 
 L = Layout()
@@ -307,3 +308,42 @@ def test_every_state_transition_of_a_member_is_numbered_and_waitable(zk_connect,
         b.close()
         client.stop()
         client.close()
+
+
+def test_the_coordinator_sleeps_while_its_connection_is_down(zk_connect, zk_client,
+                                                            zk_server, monkeypatch):
+    """Its ZooKeeper timers (the heartbeat, claim and retry backoffs) wait for the
+    connection: while it is down the coordinator thread sleeps until the reconnection
+    (or the commit timer) wakes it.  It used to turn without pause for the whole
+    outage: the heartbeat, due but skipped while disconnected, held its wait at zero."""
+    publish(zk_client, TOPIC, 0, 2)
+    chroot = zk_connect[len(zk_server.hosts):]
+    with ZkProxy(zk_server.hosts) as proxy:
+        client = KazooClient(hosts=proxy.hosts + chroot, timeout=10.0)
+        c = MessageConsumer("g1", client, consumer_id="a", zk_session_timeout=10.0)
+        c.subscribe(TOPIC, lambda m: None)
+        coord = c._coordinator
+        turns = {"n": 0}
+        real_turn = coord._turn
+
+        def counted() -> bool:
+            turns["n"] += 1
+            return real_turn()
+
+        monkeypatch.setattr(coord, "_turn", counted)
+        try:
+            client.start(timeout=30)
+            c.start()
+            wait_until(lambda: settled([c], all_parts((0,), 2)), timeout=20, what="settled")
+            proxy.down()  # the session lives on (10 s); the heartbeat is due every 1.7 s
+            assert coord.wait_for(State.SUSPENDED, 20) is not None
+            before = turns["n"]
+            time.sleep(3.0)  # the interval measured, not a wait for something
+            during = turns["n"] - before
+            proxy.up()
+            assert coord.wait_for(State.STABLE, 20) is not None
+            assert during <= 3, f"{during} turns in 3 s while disconnected"
+        finally:
+            c.close()
+            client.stop()
+            client.close()
