@@ -288,7 +288,7 @@ class Coordinator:
             self._on_lost()
         if asked.suspended and not asked.reconnected:
             self.life.set_state(State.SUSPENDED, "ZooKeeper connection suspended")
-        rebalance, why = asked.rebalance, "asked"
+        rebalance, why = asked.rebalance, "requested"
         if asked.reconnected and self._client.connected:
             self._membership.heartbeat_now()
             self._fetcher.resume()
