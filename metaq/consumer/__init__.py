@@ -7,7 +7,19 @@ One concept per module:
 ``_config``        ConsumerConfig: the settings, validated
 ``_subscription``  subscription state: topics subscribed, and each owned
                    partition's state with its transitions
-``_coordinator``   membership, rebalances, ownership and commits (ZooKeeper)
+``_coordinator``   the coordinator thread: runs the state machine, drives the
+                   parts below, does every ZooKeeper write
+``_lifecycle``     State: the member's states, transitions and generation, one
+                   writer, every transition numbered and waitable
+``_membership``    our id node in the group, and its heartbeat
+``_static``        static membership: our record, the holds for away members
+``_view``          the group as read, re-read only where a watch fired
+``_plan``          this member's share of a generation (pure: group -> plan)
+``_owners``        owner nodes: claims, waits for held ones, fenced releases
+``_handoff``       partitions in and out of fetching as a plan says, with the
+                   user's on_assigned/on_revoked
+``_commits``       the commit timer
+``_backoff``       retry timing: capped exponential backoff with jitter
 ``_lease``         the delivery lease a frozen member cannot outlive
 ``_assignors``     assignment strategies (pure functions)
 ``_offsets``       offset stores and the session fence of commits
@@ -33,7 +45,7 @@ from metaq.consumer._assignors import STRATEGIES, Strategy, get_strategy
 from metaq.consumer._concurrent import RECONSUME_LATER
 from metaq.consumer._config import ConsumerConfig
 from metaq.consumer._consumer import MessageConsumer
-from metaq.consumer._coordinator import State
+from metaq.consumer._lifecycle import State
 from metaq.consumer._message import Message
 from metaq.consumer._processor import Rewind
 

@@ -31,9 +31,10 @@ from metaq._types import BrokerAddress, PartitionKey
 from metaq._zkclient import make_client
 from metaq.consumer._concurrent import ConcurrentDispatcher
 from metaq.consumer._config import MIB, ConsumerConfig
-from metaq.consumer._coordinator import Coordinator, State
+from metaq.consumer._coordinator import Coordinator
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._lease import Lease
+from metaq.consumer._lifecycle import State
 from metaq.consumer._message import Message
 from metaq.consumer._offsets import LocalFileOffsetStore
 from metaq.consumer._recover import RecoverStore
@@ -235,7 +236,7 @@ class MessageConsumer:
 
     def wait_settled(self, timeout: float) -> bool:
         """Block until every assigned partition is owned and fetching (or timeout)."""
-        return self._coordinator.settled.wait(timeout)
+        return self._coordinator.wait_for(State.STABLE, timeout) is not None
 
     def commit(self) -> None:
         """Ask for a commit at the next coordinator turn (the timer also commits)."""

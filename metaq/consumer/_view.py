@@ -15,6 +15,9 @@ A stale mark is taken off *before* the read it asks for, so a change that lands
 during the read marks the part stale again and is read next time.  ZooKeeper
 keeps a session's watches over a reconnect in the same session; after a
 session loss they are all gone, and the owner calls :meth:`GroupView.reset`.
+The two listings by consumer id (the live members' id nodes, the static member
+records) are cached alike, each with one watch callback for its list of
+children and one for a child's node.
 
 Owners (``sticky`` only) are read afresh each time, as a plan that depends on
 them must be redone whenever they change.
@@ -24,10 +27,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from typing import Generic, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.protocol.states import EventType, WatchedEvent
 
+from metaq._types import BrokerAddress
 from zk_layout import (
     Layout,
     NodeKind,
@@ -46,6 +51,97 @@ from zk_layout import (
 
 __all__ = ["GroupView"]
 
+T = TypeVar("T")
+Watch = Callable[[WatchedEvent], object]
+
+
+class _Listing(Generic[T]):
+    """A watched listing of the group's children by consumer id (the live members'
+    id nodes, or the static member records) and each child's node: what is cached,
+    what a watch said changed, and the two watch callbacks of its shape (the list's
+    and a node's).  The callbacks are bound methods, equal at every read: kazoo keeps
+    a set of watchers per path, so a read arms one watch, not one more each time."""
+
+    def __init__(self, lock: threading.Lock, layout: Layout, *,
+                 lost_watches: Callable[[WatchedEvent | None], bool],
+                 changed: Callable[[], None],
+                 list_ids: Callable[[Watch], list[str]],
+                 read_nodes: Callable[[list[str], Watch], dict[str, T]]) -> None:
+        self._lock = lock
+        self._layout = layout
+        self._lost_watches = lost_watches
+        self._changed = changed
+        self._list_ids = list_ids
+        self._read_nodes = read_nodes
+        self.cache: dict[str, T] = {}
+        #: what a watch said changed (under the lock); the list starts stale
+        self.list_stale = True
+        self.stale: set[str] = set()
+
+    # -- watch callbacks (kazoo's event thread: never block) ----------------------------
+
+    def on_list(self, event: WatchedEvent | None = None) -> None:
+        """The children changed: list them again."""
+        if self._lost_watches(event):
+            return
+        with self._lock:
+            self.list_stale = True
+        self._changed()
+
+    def on_node(self, event: WatchedEvent) -> None:
+        """One child's node changed (or went): read it again."""
+        if self._lost_watches(event):
+            return
+        ref = self._layout.classify(event.path)
+        with self._lock:
+            if ref is not None and ref.consumer_id is not None:
+                self.stale.add(ref.consumer_id)
+            else:
+                self.list_stale = True
+        self._changed()
+
+    # -- under the lock -----------------------------------------------------------------
+
+    def take(self) -> tuple[bool, set[str]]:
+        """What is stale, marked fresh (before the read it asks for)."""
+        taken = self.list_stale, self.stale
+        self.list_stale, self.stale = False, set()
+        return taken
+
+    def give_back(self, taken: tuple[bool, set[str]]) -> None:
+        """A read failed: read it all again next time (how far it got is unknown)."""
+        self.list_stale = self.list_stale or taken[0]
+        self.stale |= taken[1] | set(self.cache)
+
+    def reset(self) -> None:
+        self.list_stale = True
+        self.stale.update(self.cache)
+
+    # -- the coordinator thread ---------------------------------------------------------
+
+    def refresh(self, taken: tuple[bool, set[str]]) -> int:
+        """Read what was taken as stale; returns the requests sent."""
+        list_stale, stale = taken
+        requests = 0
+        if list_stale:
+            listed = set(self._list_ids(self.on_list))
+            requests += 1
+            for cid in list(self.cache):
+                if cid not in listed:
+                    del self.cache[cid]
+            stale = (stale & listed) | (listed - set(self.cache))
+        else:
+            stale &= set(self.cache)
+        if stale:
+            fresh = self._read_nodes(sorted(stale), self.on_node)
+            requests += len(stale)
+            for cid in stale:
+                if cid in fresh:
+                    self.cache[cid] = fresh[cid]
+                else:
+                    self.cache.pop(cid, None)  # gone (or damaged: logged, skipped)
+        return requests
+
 
 class GroupView:
     """A watched cache of what a rebalance reads; :meth:`read` returns a :class:`Topology`."""
@@ -58,15 +154,17 @@ class GroupView:
         self._on_change = on_change
         self._with_owners = with_owners
         self._lock = threading.Lock()
-        self._members: dict[str, tuple[str, ...]] = {}
-        self._statics: dict[str, tuple[StaticMember, int]] = {}
+        listing = dict(lock=self._lock, layout=layout, lost_watches=self._lost_watches,
+                       changed=self._changed)
+        self._members: _Listing[tuple[str, ...]] = _Listing(
+            **listing, list_ids=lambda w: member_ids(client, layout, group, w),
+            read_nodes=lambda ids, w: member_topics(client, layout, group, ids, w))
+        self._statics: _Listing[tuple[StaticMember, int]] = _Listing(
+            **listing, list_ids=lambda w: static_member_ids(client, layout, group, w),
+            read_nodes=lambda ids, w: static_records(client, layout, group, ids, w))
         self._parts: dict[str, list[str]] = {}
-        self._brokers: dict[int, tuple[str, int] | None] = {}
-        #: what a watch said changed (under _lock); "all" parts start stale
-        self._ids_stale = True
-        self._static_list_stale = True
-        self._stale_members: set[str] = set()
-        self._stale_statics: set[str] = set()
+        self._brokers: dict[int, BrokerAddress | None] = {}
+        #: what a watch said changed (under _lock)
         self._stale_topics: set[str] = set()
         self._stale_brokers: set[int] = set()
         #: requests sent by the last read (for tests and the benchmark)
@@ -85,42 +183,6 @@ class GroupView:
             self._changed()
             return True
         return False
-
-    def _on_ids(self, event: WatchedEvent | None = None) -> None:
-        if self._lost_watches(event):
-            return
-        with self._lock:
-            self._ids_stale = True
-        self._changed()
-
-    def _on_member(self, event: WatchedEvent) -> None:
-        if self._lost_watches(event):
-            return
-        ref = self._layout.classify(event.path)
-        with self._lock:
-            if ref is not None and ref.consumer_id is not None:
-                self._stale_members.add(ref.consumer_id)
-            else:
-                self._ids_stale = True
-        self._changed()
-
-    def _on_static_list(self, event: WatchedEvent | None = None) -> None:
-        if self._lost_watches(event):
-            return
-        with self._lock:
-            self._static_list_stale = True
-        self._changed()
-
-    def _on_static(self, event: WatchedEvent) -> None:
-        if self._lost_watches(event):
-            return
-        ref = self._layout.classify(event.path)
-        with self._lock:
-            if ref is not None and ref.consumer_id is not None:
-                self._stale_statics.add(ref.consumer_id)
-            else:
-                self._static_list_stale = True
-        self._changed()
 
     def _on_partitions(self, event: WatchedEvent) -> None:
         if self._lost_watches(event):
@@ -154,83 +216,42 @@ class GroupView:
     def reset(self) -> None:
         """Forget everything (the session ended and its watches with it)."""
         with self._lock:
-            self._ids_stale = self._static_list_stale = True
-            self._stale_members.update(self._members)
-            self._stale_statics.update(self._statics)
+            self._members.reset()
+            self._statics.reset()
             self._stale_topics.update(self._parts)
             self._stale_brokers.update(self._brokers)
 
     def forget_static(self, consumer_id: str) -> None:
         """Re-read this static record next time (we just wrote or deleted it)."""
         with self._lock:
-            self._stale_statics.add(consumer_id)
-            self._static_list_stale = True
+            self._statics.stale.add(consumer_id)
+            self._statics.list_stale = True
 
     def read(self, topics: Iterable[str]) -> Topology:
         """The group as it is now for these topics, reading only what changed since
         the last read (and topics never read before)."""
         topics = list(topics)
         with self._lock:
-            ids_stale, self._ids_stale = self._ids_stale, False
-            static_list_stale, self._static_list_stale = self._static_list_stale, False
-            stale_members, self._stale_members = self._stale_members, set()
-            stale_statics, self._stale_statics = self._stale_statics, set()
+            members = self._members.take()
+            statics = self._statics.take()
             stale_topics, self._stale_topics = self._stale_topics, set()
             stale_topics |= {t for t in topics if t not in self._parts}
             stale_brokers, self._stale_brokers = self._stale_brokers, set()
         try:
-            return self._read(topics, ids_stale, static_list_stale, stale_members,
-                              stale_statics, stale_topics, stale_brokers)
+            return self._read(topics, members, statics, stale_topics, stale_brokers)
         except BaseException:
             with self._lock:  # read it all again next time: we do not know how far we got
-                self._ids_stale = self._ids_stale or ids_stale
-                self._static_list_stale = self._static_list_stale or static_list_stale
-                self._stale_members |= stale_members | set(self._members)
-                self._stale_statics |= stale_statics | set(self._statics)
+                self._members.give_back(members)
+                self._statics.give_back(statics)
                 self._stale_topics |= stale_topics
                 self._stale_brokers |= stale_brokers
             raise
 
-    def _read(self, topics: list[str], ids_stale: bool, static_list_stale: bool,
-              stale_members: set[str], stale_statics: set[str], stale_topics: set[str],
+    def _read(self, topics: list[str], members: tuple[bool, set[str]],
+              statics: tuple[bool, set[str]], stale_topics: set[str],
               stale_brokers: set[int]) -> Topology:
         client, layout, group = self._client, self._layout, self._group
-        requests = 0
-        if ids_stale:
-            live = set(member_ids(client, layout, group, self._on_ids))
-            requests += 1
-            for cid in list(self._members):
-                if cid not in live:
-                    del self._members[cid]
-            stale_members = (stale_members & live) | (live - set(self._members))
-        else:
-            stale_members &= set(self._members)
-        if stale_members:
-            fresh = member_topics(client, layout, group, sorted(stale_members), self._on_member)
-            requests += len(stale_members)
-            for cid in stale_members:
-                if cid in fresh:
-                    self._members[cid] = fresh[cid]
-                else:
-                    self._members.pop(cid, None)  # gone (or damaged: logged, skipped)
-        if static_list_stale:
-            listed = set(static_member_ids(client, layout, group, self._on_static_list))
-            requests += 1
-            for cid in list(self._statics):
-                if cid not in listed:
-                    del self._statics[cid]
-            stale_statics = (stale_statics & listed) | (listed - set(self._statics))
-        else:
-            stale_statics &= set(self._statics)
-        if stale_statics:
-            fresh_statics = static_records(client, layout, group, sorted(stale_statics),
-                                           self._on_static)
-            requests += len(stale_statics)
-            for cid in stale_statics:
-                if cid in fresh_statics:
-                    self._statics[cid] = fresh_statics[cid]
-                else:
-                    self._statics.pop(cid, None)
+        requests = self._members.refresh(members) + self._statics.refresh(statics)
         for topic in sorted(stale_topics):
             self._parts[topic] = read_partitions(client, layout, topic, self._on_partitions)
             requests += 1 + len(self._parts[topic])
@@ -241,13 +262,15 @@ class GroupView:
             # an address read while the broker was down is read again every time: its node
             # may come back before any of its topics (a restart), arming no watch of ours
             if bid in stale_brokers or bid not in self._brokers or self._brokers[bid] is None:
-                self._brokers[bid] = broker_address(client, layout, bid, self._on_broker)
+                address = broker_address(client, layout, bid, self._on_broker)
+                self._brokers[bid] = None if address is None else BrokerAddress(*address)
                 requests += 1
-        topo = Topology(member_topics=dict(self._members), static=dict(self._statics),
+        member_topics_ = dict(self._members.cache)
+        topo = Topology(member_topics=member_topics_, static=dict(self._statics.cache),
                         brokers={b: self._brokers[b] for b in sorted(wanted)})
         for topic in topics:
             topo.members[topic] = sort_consumer_ids(
-                c for c, subscribed in self._members.items() if topic in subscribed)
+                c for c, subscribed in member_topics_.items() if topic in subscribed)
             topo.partitions[topic] = list(self._parts.get(topic, []))
             if self._with_owners:
                 topo.owners[topic] = read_owners(client, layout, group, topic, self._on_owners)

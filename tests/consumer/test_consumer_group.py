@@ -8,7 +8,9 @@ End-to-end consumption with broker processes is in test_consumer_e2e.py.
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 
 import pytest
 from helpers.audit import OwnerAudit
@@ -17,7 +19,7 @@ from kazoo.client import KazooClient
 from metaq import MessageConsumer
 from metaq.consumer import State, get_strategy
 from metaq.consumer._offsets import Ownership, SessionFence, StaleOwnershipError, ZkOffsetStore
-from metaq.testing import expire_session, wait_until
+from metaq.testing import ZkProxy, expire_session, wait_until
 from zk_layout import Layout, TopicBroker, encode_topic_broker
 
 L = Layout()
@@ -256,3 +258,92 @@ def test_offsets_written_by_java_metaq_are_read(zk_connect, zk_client):
     assert store.load(TOPIC, "0-1").offset == 4096 and store.load(TOPIC, "0-1").msg_id is None
     assert store.load(TOPIC, "0-10").msg_id == 123
     assert store.load(TOPIC, "1-0") is None
+
+
+def test_every_state_transition_of_a_member_is_numbered_and_waitable(zk_connect, zk_client,
+                                                                     zk_server):
+    """Not only the settled state: each transition the coordinator makes gets the next
+    id and can be waited for after it passed (issue 25), with the generation it began."""
+    from metaq.consumer._lifecycle import TRANSITIONS
+
+    publish(zk_client, TOPIC, 0, 4)
+    client = KazooClient(hosts=zk_connect, timeout=4.0)
+    client.start(timeout=20)
+    a = MessageConsumer("g1", client, consumer_id="a", zk_session_timeout=4.0,
+                        commit_period=0.5)  # its session is expired below
+    a.subscribe(TOPIC, lambda m: None)
+    b = make(zk_connect, "b")
+    coord = a._coordinator
+    try:
+        assert (coord.state_id, a.state) == (0, State.INIT)
+        a.start()
+        joined = coord.wait_for(State.STABLE, 20)
+        assert joined is not None and a.wait_settled(0)
+        first = coord.life.transitions()[:4]
+        assert [(t.id, t.state, t.generation) for t in first] == [
+            (0, State.INIT, 0), (1, State.CONNECTING, 0), (2, State.REBALANCING, 1),
+            (3, State.STABLE, 1)]
+        # a newcomer moves a: the rebalance is seen even once a has settled again
+        mark = coord.state_id
+        b.start()
+        wait_until(lambda: settled([a, b], all_parts((0,))), timeout=20, what="two settled")
+        moved = coord.wait_for(State.REBALANCING, 0, after=mark)
+        assert moved is not None and moved.generation > joined.generation
+        assert coord.wait_for(State.STABLE, 0, after=moved.id) is not None
+        # the session lost: CONNECTING in a new generation, then back
+        mark = coord.state_id
+        expire_session(client, zk_server.hosts)
+        lost = coord.wait_for(State.CONNECTING, 30, after=mark)
+        assert lost is not None and lost.reason == "ZooKeeper session lost"
+        assert coord.wait_for(State.STABLE, 30, after=lost.id) is not None
+        a.close()
+        assert coord.wait_for(State.CLOSED, 0) is not None
+        kept = coord.life.transitions()
+        assert [t.id for t in kept] == list(range(len(kept)))
+        for before, after in itertools.pairwise(kept):
+            assert after.previous is before.state and after.state in TRANSITIONS[before.state]
+            assert after.generation >= before.generation
+    finally:
+        a.close()
+        b.close()
+        client.stop()
+        client.close()
+
+
+def test_the_coordinator_sleeps_while_its_connection_is_down(zk_connect, zk_client,
+                                                            zk_server, monkeypatch):
+    """Its ZooKeeper timers (the heartbeat, claim and retry backoffs) wait for the
+    connection: while it is down the coordinator thread sleeps until the reconnection
+    (or the commit timer) wakes it.  It used to turn without pause for the whole
+    outage: the heartbeat, due but skipped while disconnected, held its wait at zero."""
+    publish(zk_client, TOPIC, 0, 2)
+    chroot = zk_connect[len(zk_server.hosts):]
+    with ZkProxy(zk_server.hosts) as proxy:
+        client = KazooClient(hosts=proxy.hosts + chroot, timeout=10.0)
+        c = MessageConsumer("g1", client, consumer_id="a", zk_session_timeout=10.0)
+        c.subscribe(TOPIC, lambda m: None)
+        coord = c._coordinator
+        turns = {"n": 0}
+        real_turn = coord._turn
+
+        def counted() -> bool:
+            turns["n"] += 1
+            return real_turn()
+
+        monkeypatch.setattr(coord, "_turn", counted)
+        try:
+            client.start(timeout=30)
+            c.start()
+            wait_until(lambda: settled([c], all_parts((0,), 2)), timeout=20, what="settled")
+            proxy.down()  # the session lives on (10 s); the heartbeat is due every 1.7 s
+            assert coord.wait_for(State.SUSPENDED, 20) is not None
+            before = turns["n"]
+            time.sleep(3.0)  # the interval measured, not a wait for something
+            during = turns["n"] - before
+            proxy.up()
+            assert coord.wait_for(State.STABLE, 20) is not None
+            assert during <= 3, f"{during} turns in 3 s while disconnected"
+        finally:
+            c.close()
+            client.stop()
+            client.close()
