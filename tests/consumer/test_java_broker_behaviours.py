@@ -156,6 +156,72 @@ def test_a_real_rewind_still_delivers_everything(zk_connect, tmp_path):
     assert set(seen) >= {b"old-0", b"old-1", b"old-2", b"old-3", b"new-0"}
 
 
+def broker_gets(b: Broker) -> int:
+    return int(next(ln.split()[2] for ln in b.stats().splitlines()
+                    if ln.startswith("STAT cmd_get ")))
+
+
+def test_a_301_at_a_committed_offset_without_msgid_waits_for_the_broker(zk_connect,
+                                                                       zk_client, tmp_path):
+    """Issue 25: a committed offset without a msgId (written by a tool or another client)
+    at the log end, above what the broker calls its max offset (nothing fsynced): there
+    is no msgId to check a re-read against, so the consumer asks again from there with
+    Metaq's backoff instead of going to offset_reset (earliest: every message written
+    before the group's position, again); what comes there next is delivered, once."""
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=free_port(), topics={TOPIC: 1},
+                       zk_connect=zk_connect, zk_session_timeout=6.0,
+                       java_tell_max_offset=True, unflush_threshold=1_000_000,
+                       unflush_interval=3600.0)
+    errors: list = []
+    got = Got()
+    with Broker(cfg) as b:
+        send(zk_connect, [b"old-%d" % i for i in range(5)])
+        zk_client.ensure_path(LAYOUT.consumer_ids("g-noid"))
+        out = reset_offsets(zk_client, LAYOUT, "g-noid", TOPIC, to="latest")
+        end = out["0-0"][1]
+        assert end > 0
+        before = broker_gets(b)
+        c = MessageConsumer("g-noid", zk_connect, commit_period=0.2, max_fetch_delay=2.0,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            # four gets at the committed offset, each answered 301 "0" (the fsynced end)
+            wait_until(lambda: broker_gets(b) >= before + 4, 30,
+                       what="the consumer asking four times")
+            assert got.snapshot() == [] and not errors
+            assert c.metrics()["partitions"][f"{TOPIC}/0-0"]["position"] == end
+            send(zk_connect, [b"new-%d" % i for i in range(3)])
+            wait_until(lambda: len(got.snapshot()) >= 3, 30, what="the new messages")
+            assert got.snapshot() == [b"new-0", b"new-1", b"new-2"]
+            assert c.metrics()["offset_resets"] == 0
+    assert errors == []
+
+
+def test_a_301_that_persists_past_the_longest_backoff_is_reported(zk_connect, zk_client,
+                                                                  tmp_path):
+    """... but an offset the broker keeps calling above its end for longer than the
+    longest backoff is not a lag: offset_reset, reported as before."""
+    cfg = broker_config(zk_connect, tmp_path, java_tell_max_offset=True)
+    errors: list = []
+    got = Got()
+    with Broker(cfg):
+        send(zk_connect, [b"old-%d" % i for i in range(5)])
+        zk_client.ensure_path(LAYOUT.consumer_ids("g-far"))
+        reset_offsets(zk_client, LAYOUT, "g-far", TOPIC, to=100_000)
+        c = MessageConsumer("g-far", zk_connect, commit_period=0.2, max_fetch_delay=0.2,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            wait_until(lambda: len(got.snapshot()) >= 5, 30,
+                       what="offset_reset=earliest delivering from the log start")
+    (err,) = [e for e in errors if isinstance(e, OffsetOutOfRangeError) and e.partition == "0-0"]
+    assert err.action == "earliest" and err.offset == 100_000
+    assert "above the log end" in str(err)
+    assert got.snapshot()[:5] == [b"old-%d" % i for i in range(5)]
+
+
 # -- 3. over the transfer cap ----------------------------------------------------------------
 
 def test_a_message_over_the_transfer_cap_is_reported_then_read_when_raised(zk_connect,
