@@ -311,6 +311,9 @@ class PartitionFetcher:
                     # sent back to the broker's max offset, and nothing there yet: a Java
                     # broker's max offset (what it flushed) lags what it served and it
                     # answers 404 there until it flushes: wait, re-read (the msgId check)
+                    log.debug("%s/%s: nothing yet at %d, the broker's max offset: waiting "
+                              "for it to catch up with %d", pf.topic, pf.partition, pf.offset,
+                              pf.rewound[0])
                     return self.backoff(pf)
                 moved = pf.offset  # still nothing after the longest backoff: the log is
                 pf.rewind_checked(None)  # shorter than what was delivered (a real rewind)

@@ -5,6 +5,9 @@ broker's ``java_*`` options (a real broker over TCP, registered in a real ZooKee
    partition is empty for every tool and for Spark planning;
 2. a get past the fsynced end answers 301 with an earlier offset: the consumer re-reads
    and delivers nothing twice, and still delivers everything when the log really changed;
+   at a committed offset without msgId (nothing to check a re-read against) it asks again
+   with Metaq's backoff, and resets (reported) only when the 301 outlasts the longest
+   backoff (issue 25; the real Java broker's race is tests/interop/test_java_broker_301.py);
 3. a message bigger than the broker's transfer cap can never be read: reported once,
    backed off, read as soon as the cap is raised.
 """

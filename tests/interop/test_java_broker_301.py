@@ -49,6 +49,19 @@ BUDGET = 75.0
 LAYOUT = Layout()
 
 
+#: a member's INFO line for a 301's re-read that found its messages and passed over them
+PASSED_OVER = "were delivered already: not delivered again"
+ROUND_FIELDS = ("round, 301s from the broker, re-reads passed over, delivered twice, "
+                "delivered from before the start")
+
+
+def problems(log: str) -> str:
+    """A member's log lines at WARNING and above, and its last lines."""
+    lines = log.splitlines()
+    bad = [ln for ln in lines if " WARNING " in ln or " ERROR " in ln or "error" in ln]
+    return "\n".join(bad[-30:] + ["..."] + lines[-5:])
+
+
 class Member:
     """One ``metaq consume --print`` subprocess; its lines collected by a thread."""
 
@@ -57,7 +70,7 @@ class Member:
         self.stderr_path = log_dir / f"{name}.stderr"
         self.lines: list[str] = []
         self._lock = threading.Lock()
-        argv = [sys.executable, "-m", "metaq", "consume", "--zk", zk_connect,
+        argv = [sys.executable, "-m", "metaq", "-v", "consume", "--zk", zk_connect,
                 "--group", group, "--topic", TOPIC, "--start", "latest", "--print",
                 "--commit-period", "0.5", "--session-timeout", "10"]
         with open(self.stderr_path, "wb") as err:
@@ -160,11 +173,12 @@ def test_a_new_latest_group_never_goes_back_before_its_start(zk_connect, zk_clie
             got = [b for m in members for b in m.bodies()]
             twice = len(got) - len(set(got))
             early = sum(b in before for b in got)
-            rounds.append((k, broker.count(TELL_MAX_OFFSET) - tell, twice, early))
-            errors = "\n".join(f"--- {m.name}:\n{m.stderr()[-3000:]}" for m in members)
+            logs = [m.stderr() for m in members]
+            passed = sum(text.count(PASSED_OVER) for text in logs)
+            rounds.append((k, broker.count(TELL_MAX_OFFSET) - tell, passed, twice, early))
+            errors = "\n".join(f"--- {m.name}:\n{problems(text)}"
+                               for m, text in zip(members, logs, strict=True))
             assert twice == 0 and early == 0, (
                 f"round {k}: {twice} messages delivered twice, {early} written before the "
-                f"group started delivered (rounds so far (round, 301s, twice, early): "
-                f"{rounds})\n{errors}")
-        print(f"rounds (round, 301s from the broker, delivered twice, from before the "
-              f"start): {rounds}")
+                f"group started delivered (rounds so far: {rounds}, {ROUND_FIELDS})\n{errors}")
+        print(f"rounds: {rounds} ({ROUND_FIELDS})")
