@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.java_broker import TELL_MAX_OFFSET, JavaBroker, java_server
+from helpers.java_broker import TELL_MAX_OFFSET, JavaBroker, JavaServer, java_server
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
@@ -133,9 +133,15 @@ def produce(producer: Producer, bodies: list[bytes], rate: float) -> None:
         producer.send(TOPIC, body)
 
 
-def test_a_new_latest_group_never_goes_back_before_its_start(zk_connect, zk_client, tmp_path,
-                                                             request):
-    server = java_server()
+@pytest.fixture(scope="session")
+def server() -> JavaServer:
+    """First in the tests' arguments: where Java or the jars are missing they skip before
+    ZooKeeper starts."""
+    return java_server()
+
+
+def test_a_new_latest_group_never_goes_back_before_its_start(server, zk_connect, zk_client,
+                                                             tmp_path, request):
     with JavaBroker(server, zk_connect, tmp_path / "jb", {TOPIC: PARTS}) as broker, \
             broker.attach_log(request), Producer(zk_connect) as producer:
         written: list[str] = []  # every body the broker holds, in order sent
