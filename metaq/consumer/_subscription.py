@@ -218,8 +218,9 @@ class PartitionState:
                 return low[1], low[0]
         if not self.auto_ack:
             return self.acked
-        if self.rewound is not None:  # sent back to re-read what it delivered: not yet
-            return self.rewound[1], self.rewound[0]  # checked, it still stands where it was
+        rewound = self.rewound  # once: the runner clears it
+        if rewound is not None:  # sent back to re-read what it delivered: until that is
+            return rewound[1], rewound[0]  # checked, it still stands where it was
         return self.msg_id, self.offset
 
     # -- requests (any thread) ------------------------------------------------------------
