@@ -14,7 +14,9 @@ broker's ``java_*`` options (a real broker over TCP, registered in a real ZooKee
 
 from __future__ import annotations
 
+import itertools
 import os
+import socketserver
 import subprocess
 import sys
 import threading
@@ -25,6 +27,8 @@ import pytest
 from metaq import MessageConsumer, MessageError, OffsetOutOfRangeError, Producer
 from metaq._admin import UNWRITTEN_NOTE, describe_group, log_ends, reset_offsets
 from metaq.broker import Broker, BrokerConfig
+from metaq.broker._registry import BrokerRegistry
+from metaq.protocol import encode_message, encode_result, encode_value_header
 from metaq.testing import free_port, wait_until
 from zk_layout import Layout
 
@@ -157,6 +161,111 @@ def test_a_real_rewind_still_delivers_everything(zk_connect, tmp_path):
     assert seen[:6] == [b"old-%d" % i for i in range(6)]
     assert [e for e in errors if isinstance(e, OffsetOutOfRangeError)]
     assert set(seen) >= {b"old-0", b"old-1", b"old-2", b"old-3", b"new-0"}
+
+
+class FlushLagBroker:
+    """A stand-in for a Java broker's partition ``jv/0-0`` whose max offset is what it
+    flushed (``highWaterMark``) while a get below it is served up to what it wrote, as in
+    ``MessageStore``/``FileMessageSet``: a get at the max offset answers 404, past it 301
+    with the max offset (``updateConsumerOffsets=true``).  Our broker's ``java_tell_max_
+    offset`` serves whatever is written at any offset, so it never answers that 404."""
+
+    def __init__(self, zk_connect: str) -> None:
+        self.data = bytearray()
+        self.flushed = 0
+        self.answers: list[tuple[int, int]] = []  # (offset, code) of every get
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1 << 40)
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        name="flush-lag-broker")
+        self._registry = BrokerRegistry(zk_connect=zk_connect, zk_root="/meta", broker_id=0,
+                                        host="127.0.0.1", port=self._server.server_address[1],
+                                        topics=lambda: {TOPIC: 1})
+
+    def __enter__(self) -> FlushLagBroker:
+        self._thread.start()
+        self._registry.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._registry.stop()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def write(self, bodies: list[bytes], flush: bool) -> None:
+        with self.lock:
+            for body in bodies:
+                self.data += encode_message(next(self._ids), 0, body)
+            if flush:
+                self.flushed = len(self.data)
+
+    def count(self, offset: int, code: int) -> int:
+        with self.lock:
+            return self.answers.count((offset, code))
+
+    def answer(self, line: bytes) -> bytes:
+        verb, *args = line.decode().split()
+        opaque = int(args[-1])
+        with self.lock:
+            if verb == "get":  # get topic group partition offset maxSize opaque
+                offset, size = int(args[3]), int(args[4])
+                code = 200 if offset < self.flushed else 404 if offset == self.flushed else 301
+                self.answers.append((offset, code))
+                if code == 200:
+                    chunk = bytes(self.data[offset:offset + size])
+                    return encode_value_header(len(chunk), opaque) + chunk
+                body = b"Could not find message" if code == 404 else b"%d" % self.flushed
+                return encode_result(code, body, opaque)
+            if verb == "offset":  # Java: the max offset for any offset at or past it
+                offset = int(args[3])
+                return encode_result(200, b"%d" % (0 if offset < self.flushed
+                                                   else self.flushed), opaque)
+        if verb == "version":
+            return encode_result(200, b"1.4.6.3-SNAPSHOT", opaque)
+        return encode_result(500, b"unknown command", opaque)
+
+    def _handler(self) -> type[socketserver.StreamRequestHandler]:
+        stub = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for line in self.rfile:
+                    if line.startswith(b"quit"):
+                        return
+                    self.wfile.write(stub.answer(line))
+                    self.wfile.flush()
+        return Handler
+
+
+def test_a_404_at_the_max_offset_a_301_named_is_waited_out(zk_connect):
+    """Issue 25 (the real Java broker's race): the consumer read bytes written but not
+    flushed, asks after them, is sent back to the flushed end, and its re-read there gets
+    404 until the broker flushes.  That 404 is a lag, not a shorter log: it waits, then
+    the re-read passes over what was delivered; nothing goes to offset_reset."""
+    errors: list = []
+    got = Got()
+    with FlushLagBroker(zk_connect) as b:
+        b.write([b"a-0", b"a-1", b"a-2"], flush=True)
+        max_offset = b.flushed
+        b.write([b"b-0", b"b-1"], flush=False)  # served below the max offset, not flushed
+        first = [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1"]
+        c = MessageConsumer("g-lag", zk_connect, commit_period=0.2, max_fetch_delay=2.0,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            wait_until(lambda: b.count(max_offset, 404) >= 2, 30,
+                       what="the re-read at the broker's max offset answered 404 twice")
+            assert got.snapshot() == first and errors == []
+            b.write([], flush=True)  # the broker flushes: its max offset catches up
+            b.write([b"c-0"], flush=True)
+            wait_until(lambda: len(got.snapshot()) > 5, 30, what="the message after")
+            assert got.snapshot() == [*first, b"c-0"]
+            m = c.metrics()
+            assert (m["broker_rewinds"], m["redelivered_skipped"], m["offset_resets"]) == (1, 2, 0)
+    assert errors == []
 
 
 def broker_gets(b: Broker) -> int:
