@@ -257,9 +257,17 @@ class PartitionFetcher:
 
     def _on_broker_error(self, pf: PartitionState, e: BrokerError, s: FetchSession) -> float:
         if e.code == 404:
-            if pf.rewound is not None:  # sent back, and nothing is there now: the log is
-                moved = pf.offset      # shorter than what was delivered (a real rewind)
-                pf.rewind_checked(None)
+            if pf.rewound is not None:
+                if pf.delay < self._max_delay:
+                    # sent back to the broker's max offset, and nothing there yet: a Java
+                    # broker's max offset (what it flushed) lags what it served and it
+                    # answers 404 there until it flushes: wait, re-read (the msgId check)
+                    log.debug("%s/%s: nothing yet at %d, the broker's max offset: waiting "
+                              "for it to catch up with %d", pf.topic, pf.partition, pf.offset,
+                              pf.rewound[0])
+                    return self._backoff(s)
+                moved = pf.offset  # still nothing after the longest backoff: the log is
+                pf.rewind_checked(None)  # shorter than what was delivered (a real rewind)
                 return self._out_of_range(pf, s, start=None, end=moved)
             if not pf.checked:  # nothing here: the end, or a position beyond it?
                 delay = self._check_position(pf, s)
@@ -287,12 +295,20 @@ class PartitionFetcher:
             if pf.offset == pf.rewind_seen:
                 return self._backoff(s)  # sent back again from where a re-read proved
                 #                          the log the same: nothing new yet, wait
-            if pf.msg_id != -1 and pf.rewound is None:
+            if pf.msg_id != -1:
                 # above what the broker calls its end, where we read (a Java broker whose
                 # max offset lags): re-read from there, passing over what was delivered
+                # (sent back further during a re-read: from there, checked the same way)
                 pf.rewind(moved)
                 s.ra.drop()
                 return 0.0
+            if pf.delay < self._max_delay:
+                # no msgId to check a re-read against (a committed offset without one, a
+                # seek): maybe a lag too; ask again from here with Metaq's backoff, and
+                # only when it still says so after the longest backoff is it above the end
+                log.info("%s/%s: the broker says its max offset is %d, below %d: asking "
+                         "again", pf.topic, pf.partition, moved, pf.offset)
+                return self._backoff(s)
             return self._out_of_range(pf, s, start=None, end=moved)  # above the end
         log.warning("fetch %s/%s: %s", pf.topic, pf.partition, e)
         return self._backoff(s)
@@ -366,6 +382,8 @@ class PartitionFetcher:
                       start: int | None, end: int | None) -> float:
         """``pf.offset`` is below the log ``start`` or above its ``end``: offset_reset."""
         policy = self._offset_reset
+        where = (f"above the log end {end}" if start is None
+                 else f"below the log start {start}")  # before a bound is asked for
         try:
             if policy == "earliest" and start is None:
                 start = s.offset(0)
@@ -376,8 +394,6 @@ class PartitionFetcher:
             return self._backoff(s)
         except BrokerUnavailableError as e:
             return self._connection_failed(pf, s, e)
-        where = (f"above the log end {end}" if start is None
-                 else f"below the log start {start}")
         if policy == "fail":
             err = self._report_reset(pf, "fail", start, end,
                                      f"offset {pf.offset} is {where}; offset_reset=fail: "

@@ -213,6 +213,9 @@ class PartitionState:
                 return low[1], low[0]
         if not self.auto_ack:
             return self.acked
+        rewound = self.rewound  # once: the runner clears it
+        if rewound is not None:  # sent back to re-read what it delivered: until that is
+            return rewound[1], rewound[0]  # checked, it still stands where it was
         return self.msg_id, self.offset
 
     # -- requests (any thread) ------------------------------------------------------------
@@ -244,6 +247,7 @@ class PartitionState:
         if self.rollback:
             self.rollback = False
             self.msg_id, self.offset = self.acked
+            self.rewound = None  # delivered again from there, not passed over
         to = self.seek_to
         if to is not None:
             self.seek_to = None
@@ -358,9 +362,11 @@ class PartitionState:
         self.offset, self.checked = valid, True
 
     def rewind(self, to: int) -> None:
-        """The broker moved it back to ``to``: remember where it was (``rewound``)."""
-        self.rewound = (self.offset, self.msg_id)
-        self.rewinds += 1
+        """The broker moved it back to ``to``: remember where it was (``rewound``; moved
+        back further before the re-read: still where it was first)."""
+        if self.rewound is None:
+            self.rewound = (self.offset, self.msg_id)
+            self.rewinds += 1
         self.offset = to
 
     def rewind_checked(self, skip: int | None, messages: int = 0) -> None:

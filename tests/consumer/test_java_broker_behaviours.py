@@ -5,13 +5,18 @@ broker's ``java_*`` options (a real broker over TCP, registered in a real ZooKee
    partition is empty for every tool and for Spark planning;
 2. a get past the fsynced end answers 301 with an earlier offset: the consumer re-reads
    and delivers nothing twice, and still delivers everything when the log really changed;
+   at a committed offset without msgId (nothing to check a re-read against) it asks again
+   with Metaq's backoff, and resets (reported) only when the 301 outlasts the longest
+   backoff (issue 25; the real Java broker's race is tests/interop/test_java_broker_301.py);
 3. a message bigger than the broker's transfer cap can never be read: reported once,
    backed off, read as soon as the cap is raised.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+import socketserver
 import subprocess
 import sys
 import threading
@@ -22,6 +27,8 @@ import pytest
 from metaq import MessageConsumer, MessageError, OffsetOutOfRangeError, Producer
 from metaq._admin import UNWRITTEN_NOTE, describe_group, log_ends, reset_offsets
 from metaq.broker import Broker, BrokerConfig
+from metaq.broker._registry import BrokerRegistry
+from metaq.protocol import encode_message, encode_result, encode_value_header
 from metaq.testing import free_port, wait_until
 from zk_layout import Layout
 
@@ -154,6 +161,177 @@ def test_a_real_rewind_still_delivers_everything(zk_connect, tmp_path):
     assert seen[:6] == [b"old-%d" % i for i in range(6)]
     assert [e for e in errors if isinstance(e, OffsetOutOfRangeError)]
     assert set(seen) >= {b"old-0", b"old-1", b"old-2", b"old-3", b"new-0"}
+
+
+class FlushLagBroker:
+    """A stand-in for a Java broker's partition ``jv/0-0`` whose max offset is what it
+    flushed (``highWaterMark``) while a get below it is served up to what it wrote, as in
+    ``MessageStore``/``FileMessageSet``: a get at the max offset answers 404, past it 301
+    with the max offset (``updateConsumerOffsets=true``).  Our broker's ``java_tell_max_
+    offset`` serves whatever is written at any offset, so it never answers that 404."""
+
+    def __init__(self, zk_connect: str) -> None:
+        self.data = bytearray()
+        self.flushed = 0
+        self.answers: list[tuple[int, int]] = []  # (offset, code) of every get
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1 << 40)
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), self._handler())
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True,
+                                        name="flush-lag-broker")
+        self._registry = BrokerRegistry(zk_connect=zk_connect, zk_root="/meta", broker_id=0,
+                                        host="127.0.0.1", port=self._server.server_address[1],
+                                        topics=lambda: {TOPIC: 1})
+
+    def __enter__(self) -> FlushLagBroker:
+        self._thread.start()
+        self._registry.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._registry.stop()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def write(self, bodies: list[bytes], flush: bool) -> None:
+        with self.lock:
+            for body in bodies:
+                self.data += encode_message(next(self._ids), 0, body)
+            if flush:
+                self.flushed = len(self.data)
+
+    def count(self, offset: int, code: int) -> int:
+        with self.lock:
+            return self.answers.count((offset, code))
+
+    def answer(self, line: bytes) -> bytes:
+        verb, *args = line.decode().split()
+        opaque = int(args[-1])
+        with self.lock:
+            if verb == "get":  # get topic group partition offset maxSize opaque
+                offset, size = int(args[3]), int(args[4])
+                code = 200 if offset < self.flushed else 404 if offset == self.flushed else 301
+                self.answers.append((offset, code))
+                if code == 200:
+                    chunk = bytes(self.data[offset:offset + size])
+                    return encode_value_header(len(chunk), opaque) + chunk
+                body = b"Could not find message" if code == 404 else b"%d" % self.flushed
+                return encode_result(code, body, opaque)
+            if verb == "offset":  # Java: the max offset for any offset at or past it
+                offset = int(args[3])
+                return encode_result(200, b"%d" % (0 if offset < self.flushed
+                                                   else self.flushed), opaque)
+        if verb == "version":
+            return encode_result(200, b"1.4.6.3-SNAPSHOT", opaque)
+        return encode_result(500, b"unknown command", opaque)
+
+    def _handler(self) -> type[socketserver.StreamRequestHandler]:
+        stub = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for line in self.rfile:
+                    if line.startswith(b"quit"):
+                        return
+                    self.wfile.write(stub.answer(line))
+                    self.wfile.flush()
+        return Handler
+
+
+def test_a_404_at_the_max_offset_a_301_named_is_waited_out(zk_connect):
+    """Issue 25 (the real Java broker's race): the consumer read bytes written but not
+    flushed, asks after them, is sent back to the flushed end, and its re-read there gets
+    404 until the broker flushes.  That 404 is a lag, not a shorter log: it waits, then
+    the re-read passes over what was delivered; nothing goes to offset_reset."""
+    errors: list = []
+    got = Got()
+    with FlushLagBroker(zk_connect) as b:
+        b.write([b"a-0", b"a-1", b"a-2"], flush=True)
+        max_offset = b.flushed
+        b.write([b"b-0", b"b-1"], flush=False)  # served below the max offset, not flushed
+        first = [b"a-0", b"a-1", b"a-2", b"b-0", b"b-1"]
+        c = MessageConsumer("g-lag", zk_connect, commit_period=0.2, max_fetch_delay=2.0,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            wait_until(lambda: b.count(max_offset, 404) >= 2, 30,
+                       what="the re-read at the broker's max offset answered 404 twice")
+            assert got.snapshot() == first and errors == []
+            b.write([], flush=True)  # the broker flushes: its max offset catches up
+            b.write([b"c-0"], flush=True)
+            wait_until(lambda: len(got.snapshot()) > 5, 30, what="the message after")
+            assert got.snapshot() == [*first, b"c-0"]
+            m = c.metrics()
+            assert (m["broker_rewinds"], m["redelivered_skipped"], m["offset_resets"]) == (1, 2, 0)
+    assert errors == []
+
+
+def broker_gets(b: Broker) -> int:
+    return int(next(ln.split()[2] for ln in b.stats().splitlines()
+                    if ln.startswith("STAT cmd_get ")))
+
+
+def test_a_301_at_a_committed_offset_without_msgid_waits_for_the_broker(zk_connect,
+                                                                       zk_client, tmp_path):
+    """Issue 25: a committed offset without a msgId (written by a tool or another client)
+    at the log end, above what the broker calls its max offset (nothing fsynced): there
+    is no msgId to check a re-read against, so the consumer asks again from there with
+    Metaq's backoff instead of going to offset_reset (earliest: every message written
+    before the group's position, again); what comes there next is delivered, once."""
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=free_port(), topics={TOPIC: 1},
+                       zk_connect=zk_connect, zk_session_timeout=6.0,
+                       java_tell_max_offset=True, unflush_threshold=1_000_000,
+                       unflush_interval=3600.0)
+    errors: list = []
+    got = Got()
+    with Broker(cfg) as b:
+        send(zk_connect, [b"old-%d" % i for i in range(5)])
+        zk_client.ensure_path(LAYOUT.consumer_ids("g-noid"))
+        out = reset_offsets(zk_client, LAYOUT, "g-noid", TOPIC, to="latest")
+        end = out["0-0"][1]
+        assert end > 0
+        before = broker_gets(b)
+        c = MessageConsumer("g-noid", zk_connect, commit_period=0.2, max_fetch_delay=2.0,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            # four gets at the committed offset, each answered 301 "0" (the fsynced end)
+            wait_until(lambda: broker_gets(b) >= before + 4, 30,
+                       what="the consumer asking four times")
+            assert got.snapshot() == [] and not errors
+            assert c.metrics()["partitions"][f"{TOPIC}/0-0"]["position"] == end
+            send(zk_connect, [b"new-%d" % i for i in range(3)])
+            wait_until(lambda: len(got.snapshot()) >= 3, 30, what="the new messages")
+            assert got.snapshot() == [b"new-0", b"new-1", b"new-2"]
+            assert c.metrics()["offset_resets"] == 0
+    assert errors == []
+
+
+def test_a_301_that_persists_past_the_longest_backoff_is_reported(zk_connect, zk_client,
+                                                                  tmp_path):
+    """... but an offset the broker keeps calling above its end for longer than the
+    longest backoff is not a lag: offset_reset, reported as before."""
+    cfg = broker_config(zk_connect, tmp_path, java_tell_max_offset=True)
+    errors: list = []
+    got = Got()
+    with Broker(cfg):
+        send(zk_connect, [b"old-%d" % i for i in range(5)])
+        zk_client.ensure_path(LAYOUT.consumer_ids("g-far"))
+        reset_offsets(zk_client, LAYOUT, "g-far", TOPIC, to=100_000)
+        c = MessageConsumer("g-far", zk_connect, commit_period=0.2, max_fetch_delay=0.2,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            wait_until(lambda: len(got.snapshot()) >= 5, 30,
+                       what="offset_reset=earliest delivering from the log start")
+    (err,) = [e for e in errors if isinstance(e, OffsetOutOfRangeError) and e.partition == "0-0"]
+    assert err.action == "earliest" and err.offset == 100_000
+    assert "above the log end" in str(err)
+    assert got.snapshot()[:5] == [b"old-%d" % i for i in range(5)]
 
 
 # -- 3. over the transfer cap ----------------------------------------------------------------
