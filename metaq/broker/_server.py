@@ -32,6 +32,7 @@ from metaq.broker._storage import PartitionLog, Storage
 from metaq.broker._topics import PutTarget, Topics
 from metaq.broker._transactions import Transactions
 from metaq.protocol import (
+    BOUNDARY_CAPABILITY,
     HOLD_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     BadRequest,
@@ -79,7 +80,8 @@ class BrokerServer:
         self.stats = collections.Counter()
         self.version_text = VERSION + "".join(
             f" {cap}" for cap, offered in ((HOLD_CAPABILITY, config.max_hold > 0),
-                                          (TIME_INDEX_CAPABILITY, config.time_index))
+                                          (TIME_INDEX_CAPABILITY, config.time_index),
+                                          (BOUNDARY_CAPABILITY, True))
             if offered)
         self._continue_ids()
         #: open transactions and their journal (recovered here, before serving)

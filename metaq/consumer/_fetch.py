@@ -354,7 +354,14 @@ class PartitionFetcher:
     def _check_position(self, pf: PartitionState, s: FetchSession) -> float | None:
         """Is ``pf.offset`` (from a commit or a seek) a message boundary in the log?
         Asks the broker (``offset``); None when it is (the caller goes on), else the
-        delay after handling what it is not (offset_reset)."""
+        delay after handling what it is not (offset_reset).
+
+        A broker's log end may lag what it served (a Java broker's is what it has
+        flushed), so a position above it is asked about again with Metaq's backoff,
+        and only one still above it after the longest backoff is out of range.  A
+        broker without ``+boundary`` (Java) answers ``offset`` inside the log with a
+        segment's start: such a position is taken as it is (as Java's own client
+        does), never moved back to the segment's start."""
         try:
             valid = s.offset(pf.offset)
             if valid == pf.offset:
@@ -368,15 +375,49 @@ class PartitionFetcher:
         except BrokerUnavailableError as e:
             return self._connection_failed(pf, s, e)
         if pf.offset > end:
+            if pf.delay < self._max_delay:
+                log.info("%s/%s: the broker says its log ends at %d, below %d: asking "
+                         "again", pf.topic, pf.partition, end, pf.offset)
+                return self._backoff(s)
             return self._out_of_range(pf, s, start=None, end=end)
         if valid > pf.offset:  # below the log start
             return self._out_of_range(pf, s, start=valid, end=end)
+        if not s.tells_boundaries:  # ``valid`` is a segment's start: walk from there
+            try:
+                found = self._find_boundary(pf, s, valid)
+            except BrokerError as e:
+                log.debug("position check of %s/%s: %s", pf.topic, pf.partition, e)
+                found = None
+            except BrokerUnavailableError as e:
+                return self._connection_failed(pf, s, e)
+            if found is None or found == pf.offset:  # a boundary, or it cannot tell
+                pf.mark_checked()
+                return None
+            valid = found
         # inside a message: back to its start (that message is read again)
         self._report_reset(pf, "boundary", None, end,
                            f"offset {pf.offset} is inside the message at {valid}; "
                            f"reading from {valid} ({pf.offset - valid} bytes again)")
         pf.move_to_boundary(valid)
         return 0.0
+
+    def _find_boundary(self, pf: PartitionState, s: FetchSession, start: int) -> int | None:
+        """The start of the message holding ``pf.offset``, walking message headers from
+        ``start`` (a segment's start, where a message begins) without delivering
+        anything; None when the walk cannot get there (damaged bytes, a message
+        bigger than a fetch)."""
+        at, target, size = start, pf.offset, self._max_fetch_size
+        while at < target:
+            data = s.read(at, size)
+            bounds, count, stop, _kind, _a, _b = scan(data, False, MAX_PAYLOAD_SIZE)
+            if not count:
+                return None
+            starts = memoryview(bounds).cast("i")
+            for i in range(count):
+                if at + starts[i + 1] > target:  # this message ends past the position
+                    return at + starts[i]
+            at += stop
+        return at if at == target else None
 
     def _out_of_range(self, pf: PartitionState, s: FetchSession, *,
                       start: int | None, end: int | None) -> float:

@@ -8,10 +8,12 @@ of the same broker id (Metaq's ``Cluster.getBrokerRandom(brokerId)``), chosen
 here and nowhere else.
 
 What a broker offers is learned once per new runner connection from its
-``version`` answer (``+hold``: it holds gets, so a partition at its log end is
-parked with the long poller instead of backed off).  Runners write that table
-from their own threads; a dict item assignment is atomic, and a stale answer
-only costs one backoff, so it takes no lock.
+``version`` answer: ``+hold`` (it holds gets, so a partition at its log end is
+parked with the long poller instead of backed off) and ``+boundary`` (its
+``offset`` answer inside the log is a message's start; a Java Metaq broker
+answers a segment's start, which says nothing about messages).  Runners write
+that table from their own threads; a dict item assignment is atomic, and a
+stale answer only costs one backoff, so it takes no lock.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from metaq._errors import BrokerError
 from metaq._types import BrokerAddress
 from metaq.consumer._subscription import PartitionState
 from metaq.net import BrokerConnection
-from metaq.protocol import HOLD_CAPABILITY
+from metaq.protocol import BOUNDARY_CAPABILITY, HOLD_CAPABILITY
 
 __all__ = ["BrokerRoute"]
 
@@ -32,12 +34,13 @@ log = logging.getLogger(__name__)
 class BrokerRoute:
     """Where partitions are read from (see the module docstring)."""
 
-    __slots__ = ("_long_poll", "_holds")
+    __slots__ = ("_long_poll", "_offers")
 
     def __init__(self, *, long_poll: bool) -> None:
         self._long_poll = long_poll
-        #: broker address -> it offers held gets (asked on each new runner connection)
-        self._holds: dict[BrokerAddress, bool] = {}
+        #: broker address -> the capabilities in its ``version`` answer (asked on each
+        #: new runner connection)
+        self._offers: dict[BrokerAddress, frozenset[str]] = {}
 
     def address(self, pf: PartitionState) -> BrokerAddress | None:
         """The broker ``pf`` is read from now, or None when none is known (its broker
@@ -45,19 +48,21 @@ class BrokerRoute:
         return pf.broker_address
 
     def learn(self, address: BrokerAddress, conn: BrokerConnection) -> None:
-        """A runner connected to ``address``: ask what it offers (only what this
-        consumer uses: held gets when long polling)."""
-        if self._long_poll:
-            self._holds[address] = _offers_hold(conn)
+        """A runner connected to ``address``: ask what it offers."""
+        self._offers[address] = _capabilities(conn)
 
     def holds(self, address: BrokerAddress) -> bool:
         """Park partitions of ``address`` at their log end with the long poller."""
-        return self._long_poll and self._holds.get(address, False)
+        return self._long_poll and HOLD_CAPABILITY in self._offers.get(address, ())
+
+    def tells_boundaries(self, address: BrokerAddress) -> bool:
+        """``address`` answers ``offset`` inside the log with a message's start."""
+        return BOUNDARY_CAPABILITY in self._offers.get(address, ())
 
 
-def _offers_hold(conn: BrokerConnection) -> bool:
-    """Does this broker hold gets (``+hold`` in its ``version`` answer)?"""
+def _capabilities(conn: BrokerConnection) -> frozenset[str]:
+    """The ``+`` tokens of a broker's ``version`` answer (none from a Java broker)."""
     try:
-        return HOLD_CAPABILITY in conn.version().split()
+        return frozenset(t for t in conn.version().split() if t.startswith("+"))
     except BrokerError:
-        return False  # a broker that does not answer version: Metaq's backoff
+        return frozenset()  # a broker that does not answer version: Metaq's ways

@@ -115,6 +115,11 @@ class FetchSession:
         """The bound partition's broker holds gets (and this consumer uses that)."""
         return self.address is not None and self._route.holds(self.address)
 
+    @property
+    def tells_boundaries(self) -> bool:
+        """The bound partition's broker answers ``offset`` with a message's start."""
+        return self.address is not None and self._route.tells_boundaries(self.address)
+
     def connect(self) -> BrokerConnection:
         """The connection to the bound partition's broker (opened, and the broker's
         capabilities learned, on first use)."""
@@ -172,6 +177,13 @@ class FetchSession:
             return False
         ra.keep(ready, pf.offset, self.address)
         return False
+
+    def read(self, offset: int, size: int) -> memoryview:
+        """Up to ``size`` bytes of the bound partition at ``offset``, outside its
+        read-ahead (valid until the next request on this session)."""
+        pf = self.pf
+        assert pf is not None
+        return self.connect().get(pf.topic, self._group, pf.index, offset, size)
 
     def offset(self, offset: int) -> int:
         """The broker's nearest valid offset to ``offset`` in the bound partition

@@ -42,6 +42,7 @@ from metaq.protocol._commands import (
     parse_put_result,
 )
 from metaq.protocol._constants import (
+    BOUNDARY_CAPABILITY,
     CHECKSUM_MASK,
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_PAYLOAD,
@@ -112,7 +113,8 @@ __all__ = [
     "INT32_MAX", "CHECKSUM_MASK", "OPAQUE_MASK", "HEADER_SIZE", "MAX_PAYLOAD",
     "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "MSG_ID_EPOCH_MS", "FLAG_HAS_ATTRIBUTE",
     "MAX_LINE", "DEFAULT_MAX_PAYLOAD", "DEFAULT_MAX_BODY", "QUIT", "HOLD_CAPABILITY",
-    "TIME_INDEX_CAPABILITY", "is_unwritten_partition", "unwritten_partition_text",
+    "TIME_INDEX_CAPABILITY", "BOUNDARY_CAPABILITY", "is_unwritten_partition",
+    "unwritten_partition_text",
     # message bytes
     "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "build_payload", "split_payload",
     "encode_message", "iter_messages", "scan_messages", "scan_problem", "msg_id_parts",

@@ -31,6 +31,7 @@ __all__ = [
     "QUIT",
     "HOLD_CAPABILITY",
     "TIME_INDEX_CAPABILITY",
+    "BOUNDARY_CAPABILITY",
     "unwritten_partition_text",
     "is_unwritten_partition",
 ]
@@ -72,6 +73,10 @@ HOLD_CAPABILITY = "+hold"
 #: Token in a broker's ``version`` answer saying it answers ``offset ... time=<ms>``
 #: from its segments' time index (metaq-py's extension; README, "Protocol").
 TIME_INDEX_CAPABILITY = "+timeindex"
+#: Token in a broker's ``version`` answer saying its ``offset`` answer for a position
+#: inside the log is the start of the message holding it (a Java Metaq 1.4 broker
+#: answers the start of the segment holding it: no message boundary).
+BOUNDARY_CAPABILITY = "+boundary"
 
 
 #: The 404 text a Java Metaq 1.4 broker answers ``offset`` (and ``get``) with for a

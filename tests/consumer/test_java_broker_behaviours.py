@@ -9,7 +9,11 @@ broker's ``java_*`` options (a real broker over TCP, registered in a real ZooKee
    with Metaq's backoff, and resets (reported) only when the 301 outlasts the longest
    backoff (issue 25; the real Java broker's race is tests/interop/test_java_broker_301.py);
 3. a message bigger than the broker's transfer cap can never be read: reported once,
-   backed off, read as soon as the cap is raised.
+   backed off, read as soon as the cap is raised;
+4. ``offset`` of a position inside the log answers the start of its segment, not of a
+   message, and a get past the flushed end answers 404 (``updateConsumerOffsets=false``):
+   a position check walks from the segment start to the message holding the position,
+   and a position above the (lagging) end is asked about again before offset_reset.
 """
 
 from __future__ import annotations
@@ -170,7 +174,8 @@ class FlushLagBroker:
     with the max offset (``updateConsumerOffsets=true``).  Our broker's ``java_tell_max_
     offset`` serves whatever is written at any offset, so it never answers that 404."""
 
-    def __init__(self, zk_connect: str) -> None:
+    def __init__(self, zk_connect: str, *, update_offsets: bool = True) -> None:
+        self.update_offsets = update_offsets  # False: past the end is 404, as at it
         self.data = bytearray()
         self.flushed = 0
         self.answers: list[tuple[int, int]] = []  # (offset, code) of every get
@@ -211,7 +216,8 @@ class FlushLagBroker:
         with self.lock:
             if verb == "get":  # get topic group partition offset maxSize opaque
                 offset, size = int(args[3]), int(args[4])
-                code = 200 if offset < self.flushed else 404 if offset == self.flushed else 301
+                code = 200 if offset < self.flushed else 404 if (
+                    offset == self.flushed or not self.update_offsets) else 301
                 self.answers.append((offset, code))
                 if code == 200:
                     chunk = bytes(self.data[offset:offset + size])
@@ -266,6 +272,60 @@ def test_a_404_at_the_max_offset_a_301_named_is_waited_out(zk_connect):
             m = c.metrics()
             assert (m["broker_rewinds"], m["redelivered_skipped"], m["offset_resets"]) == (1, 2, 0)
     assert errors == []
+
+
+def test_a_committed_offset_past_a_lagging_end_waits_without_301(zk_connect, zk_client):
+    """Issue 25, the same race without ``updateConsumerOffsets``: a member took over at an
+    offset its predecessor committed after reading unflushed bytes; the broker answers
+    404 there and says its log ends before it.  That is a lag: the member asks again with
+    Metaq's backoff and delivers what comes next once, instead of offset_reset=earliest
+    delivering every old message again."""
+    errors: list = []
+    got = Got()
+    with FlushLagBroker(zk_connect, update_offsets=False) as b:
+        b.write([b"old-%d" % i for i in range(4)], flush=True)
+        b.write([b"unflushed"], flush=False)
+        ahead = len(b.data)  # where the predecessor stopped and committed
+        zk_client.ensure_path(LAYOUT.consumer_ids("g-lag404"))
+        reset_offsets(zk_client, LAYOUT, "g-lag404", TOPIC, to=ahead)
+        c = MessageConsumer("g-lag404", zk_connect, commit_period=0.2, max_fetch_delay=2.0,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            wait_until(lambda: b.count(ahead, 404) >= 3, 30,
+                       what="three gets at the committed offset answered 404")
+            assert got.snapshot() == [] and errors == []
+            b.write([b"new-0"], flush=True)  # the broker flushes, then more comes
+            wait_until(lambda: got.snapshot(), 30, what="the message after the position")
+            assert got.snapshot() == [b"new-0"]
+            assert c.metrics()["offset_resets"] == 0
+    assert errors == []
+
+
+def test_a_position_inside_a_message_goes_back_to_that_message_not_the_segment(zk_connect,
+                                                                           zk_client):
+    """A Java broker answers ``offset`` inside the log with its segment's start (it lists
+    no ``+boundary``): a committed position inside a message is walked to from there, and
+    only that message is read again (reported as a boundary reset), not the segment."""
+    errors: list = []
+    got = Got()
+    with FlushLagBroker(zk_connect) as b:
+        bodies = [b"m-%d" % i for i in range(10)]
+        b.write(bodies[:5], flush=True)
+        fifth = len(b.data)  # where m-5 starts
+        b.write(bodies[5:], flush=True)
+        zk_client.ensure_path(LAYOUT.consumer_ids("g-inside"))
+        reset_offsets(zk_client, LAYOUT, "g-inside", TOPIC, to=fifth + 7)  # inside m-5
+        c = MessageConsumer("g-inside", zk_connect, commit_period=0.2, max_fetch_delay=0.5,
+                            on_error=errors.append)
+        c.subscribe(TOPIC, got)
+        with c:
+            c.start()
+            wait_until(lambda: len(got.snapshot()) >= 5, 30, what="m-5 to m-9")
+            assert got.snapshot() == bodies[5:]
+    (err,) = [e for e in errors if isinstance(e, OffsetOutOfRangeError)]
+    assert err.action == "boundary" and err.offset == fifth + 7 and str(fifth) in str(err)
 
 
 def broker_gets(b: Broker) -> int:

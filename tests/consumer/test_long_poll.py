@@ -17,6 +17,7 @@ from metaq.broker import Broker, BrokerConfig
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._subscription import PartitionState
 from metaq.protocol import (
+    BOUNDARY_CAPABILITY,
     HOLD_CAPABILITY,
     ReplyParser,
     Result,
@@ -94,7 +95,8 @@ def broker(brokers):
 def test_version_lists_the_hold_capability(broker):
     c = Client(broker.port)
     c.send(encode_version(1))
-    assert HOLD_CAPABILITY in bytes(c.next().body).decode().split()
+    caps = bytes(c.next().body).decode().split()
+    assert HOLD_CAPABILITY in caps and BOUNDARY_CAPABILITY in caps
 
 
 def test_held_get_is_answered_by_a_put_to_its_partition_and_only_that(broker):
