@@ -45,7 +45,7 @@ from metaq.consumer._assignors import STRATEGIES, Strategy, get_strategy
 from metaq.consumer._concurrent import RECONSUME_LATER
 from metaq.consumer._config import ConsumerConfig
 from metaq.consumer._consumer import MessageConsumer
-from metaq.consumer._lifecycle import State
+from metaq.consumer._lifecycle import State, Transition
 from metaq.consumer._message import Message
 from metaq.consumer._processor import Rewind
 
@@ -56,6 +56,7 @@ __all__ = [
     "Rewind",
     "RECONSUME_LATER",
     "State",
+    "Transition",
     "Strategy",
     "STRATEGIES",
     "get_strategy",

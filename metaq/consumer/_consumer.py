@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from metaq.consumer._config import MIB, ConsumerConfig
 from metaq.consumer._coordinator import Coordinator
 from metaq.consumer._fetcher import FetchManager
 from metaq.consumer._lease import Lease
-from metaq.consumer._lifecycle import State
+from metaq.consumer._lifecycle import State, Transition
 from metaq.consumer._message import Message
 from metaq.consumer._offsets import LocalFileOffsetStore
 from metaq.consumer._recover import RecoverStore
@@ -225,6 +225,26 @@ class MessageConsumer:
     @property
     def generation(self) -> int:
         return self._coordinator.generation
+
+    @property
+    def state_id(self) -> int:
+        """The id of this member's last state transition: one more after each (0 before
+        any).  Pass it as ``after`` to :meth:`wait_for_state` to wait for what follows."""
+        return self._coordinator.state_id
+
+    def wait_for_state(self, want: State | Collection[State] | Callable[[Transition], bool],
+                       timeout: float | None, *, after: int | None = None
+                       ) -> Transition | None:
+        """The first transition into ``want`` (a state, some states, or a predicate on a
+        :class:`Transition`): the current one if it matches (without ``after``), else the
+        first to come, or with ``after`` the first whose id is above ``after`` (a state
+        passed through and left meanwhile counts).  None when ``timeout`` passes."""
+        return self._coordinator.wait_for(want, timeout, after=after)
+
+    def transitions(self, after_id: int = -1) -> list[Transition]:
+        """The member's recent state transitions with an id above ``after_id``, oldest
+        first (the last 256 are kept): each with its generation and reason."""
+        return self._coordinator.life.transitions(after_id)
 
     def assignment(self) -> dict[str, list[str]]:
         """Partitions this consumer owns now, per topic."""

@@ -137,12 +137,14 @@ def test_claim_waits_for_a_partition_still_held_and_takes_it_when_released(
         c.start()
         wait_until(lambda: c.assignment().get(TOPIC) == ["0-0"], timeout=20,
                    what="the free partition claimed")
-        assert c.state is State.CLAIMING
+        assert c.wait_for_state(State.CLAIMING, 10) is not None
+        assert c.state is State.CLAIMING  # and stays there while 0-1 is held
         assert c.waiting() == {(TOPIC, "0-1"): "g1_old"}
         zk_client.delete(L.owner("g1", TOPIC, "0-1"))
         wait_until(lambda: c.assignment().get(TOPIC) == ["0-0", "0-1"], timeout=10,
                    what="the released partition claimed")
-        assert c.state is State.STABLE
+        settled = c.wait_for_state(State.STABLE, 10)
+        assert settled is not None and settled.previous is State.CLAIMING
 
 
 def test_broker_partitions_appearing_and_vanishing_rebalance(zk_connect, zk_client):
