@@ -58,53 +58,55 @@ from pathlib import Path
 #
 # name: (script, full-size arguments, --quick arguments, expected seconds of one full-size
 #        run, of one quick run).  The full sizes are chosen so that every benchmark, both trees,
-#        two rounds (36 runs) take about 20-25 minutes on the 2-core machine; the expected
-#        seconds (estimated from the benchmarks' recorded rates in RESULTS.md plus the fixed
-#        start-up costs measured in quick runs) also set each run's timeout.
+#        two rounds (36 runs) take about 22-23 minutes on the 2-core machine: the expected seconds
+#        are estimated from the rates the quick runs and RESULTS.md show plus the fixed start-up
+#        costs measured in quick runs (ZooKeeper, brokers, Spark); a run gets 5 times its
+#        expected seconds (at least 3 minutes) before it is stopped as timed out.
 PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # MessageConsumer draining a loaded broker (1M x 100 B, 200k x 1 KiB), per-message and batch
     # listener, as % of the in-run raw client's rate and CPU efficiency; the in-memory
-    # process_batch CPU per message.  Same arguments as issue 14.
-    "consumer": ("bench_consumer.py", ["--runs", "3"],
-                 ["--runs", "1", "--scale", "0.02"], 60, 15),
+    # process_batch CPU per message.  Issue 14's arguments with 5 runs instead of 3 (cheap).
+    "consumer": ("bench_consumer.py", ["--runs", "5"],
+                 ["--runs", "1", "--scale", "0.02"], 30, 4),
     # Producer send_async / send_batch / send (100 B, 1 KiB, default flush) against its raw
     # pipelined / runs / one-at-a-time client: rate ratio and the bench process's CPU per
-    # message.  Issue 14's arguments with half the message counts.
-    "producer": ("bench_producer.py", ["--runs", "3", "--policies", "default",
-                                       "--count-100", "100000", "--count-1k", "30000"],
+    # message.  Same arguments as issue 14.
+    "producer": ("bench_producer.py", ["--runs", "3", "--policies", "default"],
                  ["--runs", "1", "--policies", "default", "--count-100", "5000",
-                  "--count-1k", "2000", "--sync-count", "300", "--batch", "100"], 40, 12),
-    # send -> listener latency (8 partitions, 500 and 20,000 msg/s, held gets), the in-run
-    # loopback floor, and the synchronous send round trip.  --quick cases: 4 s and 2 s per
-    # rate (issue 14 ran 10 s and 5 s, three runs: 3 minutes a run).
-    "latency": ("bench_latency.py", ["--runs", "2", "--quick", "--cases", "steady,send"],
-                ["--runs", "1", "--quick", "--cases", "steady,send"], 75, 40),
+                  "--count-1k", "2000", "--sync-count", "300", "--batch", "100"], 25, 5),
+    # send -> listener latency (8 partitions, 500 msg/s for 10 s and 20,000 msg/s for 5 s,
+    # held gets), the in-run loopback floor, and the synchronous send round trip.  Issue 14's
+    # arguments with 2 runs instead of 3 (each run is ~35 s of sending).
+    "latency": ("bench_latency.py", ["--runs", "2", "--cases", "steady,send"],
+                ["--runs", "1", "--quick", "--cases", "steady,send"], 75, 25),
     # Settle time of a graceful join and leave, 8 consumers x 64 partitions, default and
-    # sticky strategies (the ZooKeeper floor printed beside).  Same arguments as issue 14.
-    "rebalance": ("bench_rebalance.py", ["--runs", "5"], ["--runs", "1"], 45, 12),
-    # Spark count and group-by over the metaq source against an in-memory Python source of the
-    # same batches (the ceiling): ceiling time / metaq time, wall and CPU.  1M messages.
-    "spark": ("bench_spark.py", ["--runs", "3", "--messages", "1000000"],
-              ["--runs", "1", "--messages", "20000"], 75, 35),
+    # sticky strategies.  Same arguments as issue 14.
+    "rebalance": ("bench_rebalance.py", ["--runs", "5"], ["--runs", "1"], 25, 5),
+    # Spark count and group-by of 2M messages over the metaq source against an in-memory
+    # Python source of the same batches (the ceiling): ceiling time / metaq time, wall and CPU.
+    # Same arguments as issue 14.
+    "spark": ("bench_spark.py", ["--runs", "3"], ["--runs", "1", "--messages", "20000"], 65, 45),
     # Concurrent consumption (16 workers) against orderly (the baseline) with a 1 ms listener,
-    # 1 and 4 partitions: the rate ratio.
+    # 1 and 4 partitions: the rate ratio (sleep-bound; 2,000 messages are enough).
     "concurrent": ("bench_concurrent.py", ["--runs", "3", "--messages", "2000"],
-                   ["--runs", "1", "--messages", "200"], 35, 15),
+                   ["--runs", "1", "--messages", "200"], 20, 3),
     # Group settle time with members in 8 processes: join, leave, and kill -9 (minus the
     # 4 s session timeout), 32 members x 256 partitions, default and cooperative strategies;
-    # join and leave also as a ratio to the bare ZooKeeper floor.
+    # join and leave also as a ratio to the bare ZooKeeper floor.  (Sticky at 8x64 is in
+    # "rebalance"; RESULTS.md's issue-15 baseline took ~17 s a run at 32x256, 52 s at 64x1024.)
     "group_scale": ("bench_group_scale.py", ["--sizes", "32x256", "--strategies",
                                              "default,cooperative", "--runs", "2",
                                              "--rolling", ""],
                     ["--sizes", "4x16", "--strategies", "default", "--runs", "1",
-                     "--rolling", "", "--procs", "2"], 75, 20),
+                     "--rolling", "", "--procs", "2", "--quiet", "0.3"], 70, 8),
     # offset_for_time over 1M messages: the broker's time index and the client's search
-    # against a full scan of the partition (the baseline: scan / median seek).
+    # against a full scan of the partition (the baseline: scan / median indexed seek).
     "seek_time": ("bench_seek_time.py", ["--messages", "1000000"],
-                  ["--messages", "20000", "--seeks", "5", "--scans", "1"], 20, 8),
-    # Local transactions of 1, 10 and 100 messages against send_batch of 100 (the baseline).
-    "transactions": ("bench_transactions.py", ["--runs", "3", "--messages", "20000"],
-                     ["--runs", "1", "--messages", "1000"], 20, 8),
+                  ["--messages", "20000", "--seeks", "5", "--scans", "1"], 10, 2),
+    # Local transactions of 1, 10 and 100 messages against send_batch of 100 (the baseline),
+    # 20,000 messages of 100 B.
+    "transactions": ("bench_transactions.py", ["--runs", "5", "--messages", "20000"],
+                     ["--runs", "1", "--messages", "1000"], 15, 2),
 }
 
 #: What each benchmark's figures mean (printed under the table).
@@ -268,10 +270,12 @@ class Tree:
     label: str                # what the report says it is
     worktree: bool            # made by us (removed at the end)
     speedups: str = "?"
+    built: str = ""           # how its C extension got there
 
 
 def describe_rev(repo: Path, sha: str) -> str:
-    return f"`{sha[:9]}` ({git(repo, 'log', '-1', '--format=%s', sha)[:80]})"
+    subject = git(repo, "log", "-1", "--format=%s", sha)
+    return f"`{sha[:9]}` ({subject if len(subject) <= 70 else subject[:69] + '…'})"
 
 
 def resolve(repo: Path, rev: str) -> str:
@@ -312,6 +316,7 @@ def ensure_speedups(tree: Tree, donors: list[Path], log: Callable[[str], None]) 
     name = "_speedups" + sysconfig.get_config_var("EXT_SUFFIX")
     so = tree.path / rel / name
     if so.is_file() and so.stat().st_mtime >= src.stat().st_mtime:
+        tree.built = "its own build"
         return
     for donor in donors:
         dsrc, dso = donor / rel / "_speedups.c", donor / rel / name
@@ -320,7 +325,8 @@ def ensure_speedups(tree: Tree, donors: list[Path], log: Callable[[str], None]) 
                 and filecmp.cmp(dsrc, src, shallow=False)):
             shutil.copy2(dso, so)
             os.utime(so)  # newer than the checked-out source
-            log(f"{tree.side}: copied {name} from {donor} (same _speedups.c)")
+            tree.built = f"copied from {donor} (same _speedups.c)"
+            log(f"{tree.side}: {name} {tree.built}")
             return
     log(f"{tree.side}: building the C extension in {tree.path}")
     done = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"],
@@ -328,6 +334,7 @@ def ensure_speedups(tree: Tree, donors: list[Path], log: Callable[[str], None]) 
     if done.returncode != 0 or not so.is_file():
         sys.exit(f"compare: building the C extension in {tree.path} failed "
                  f"(exit {done.returncode}):\n{done.stderr[-2000:]}")
+    tree.built = "built here"
 
 
 _CHECK = """
@@ -514,11 +521,12 @@ def report(trees: dict[str, Tree], runs: list[Run], commands: list[str], loads: 
            rounds: int, took: float, logs: Path, interrupted: bool) -> str:
     lines = ["## Before and after, same machine, same session (bench/compare.py)", ""]
     lines.append(f"- before: {trees['before'].label}; after: {trees['after'].label}")
-    lines.append(f"- C speedups: before {trees['before'].speedups}; "
-                 f"after {trees['after'].speedups}")
+    lines.append("- C speedups: " + "; ".join(
+        f"{t.side} {t.speedups} ({t.built or 'no C source'})" for t in trees.values()))
     order = ", ".join(f"round {i + 1} " + ("before then after" if i % 2 == 0
                                            else "after then before") for i in range(rounds))
-    lines.append(f"- {rounds} rounds, interleaved per benchmark ({order}); each cell "
+    lines.append(f"- {rounds} round{'s' if rounds > 1 else ''}, interleaved per benchmark "
+                 f"({order}); each cell "
                  + " / ".join(f"r{i + 1}" for i in range(rounds))
                  + ", each figure the median over the benchmark's own runs")
     run_loads = [r.load for r in runs]
@@ -538,7 +546,8 @@ def report(trees: dict[str, Tree], runs: list[Run], commands: list[str], loads: 
         for figure in figures:
             lines.append(f"| {figure} | {cell([r for r in mine if r.side == 'before'], figure)}"
                          f" | {cell([r for r in mine if r.side == 'after'], figure)} |")
-    lines += ["", "Key: " + "; ".join(KEY[b] for b in benches) + "."]
+    if benches:
+        lines += ["", "Key: " + "; ".join(KEY[b] for b in benches) + "."]
     bad = [r for r in runs if r.status or r.note]
     if bad:
         lines += ["", "Runs that failed or left processes:", ""]
@@ -550,11 +559,17 @@ def report(trees: dict[str, Tree], runs: list[Run], commands: list[str], loads: 
             lines.append(f"- {r.bench} {r.side} round {r.round}: {r.status or 'ok'}"
                          f"{'; ' + r.note if r.note else ''}; stderr {r.stderr}"
                          + (f": `{tail}`" if tail else ""))
-    lines += ["", f"Commands (each from its tree; every run's output in `{logs}`):", "", "```"]
+    lines += ["", f"Commands, each run from its tree (<tree> = before `{trees['before'].path}`"
+              + (", a worktree removed at the end" if trees["before"].worktree else "")
+              + f"; after `{trees['after'].path}`"
+              + (", a worktree removed at the end" if trees["after"].worktree else "")
+              + f"); every run's stdout and stderr are in `{logs}`:", "", "```"]
     lines += commands
-    lines += ["```", ""]
-    lines.append("Run times (s): " + ", ".join(
-        f"{b} {'/'.join(f'{r.seconds:.0f}' for r in runs if r.bench == b)}" for b in benches))
+    lines += ["```"]
+    if runs:
+        lines += ["", "Run times (s): " + ", ".join(
+            f"{b} {'/'.join(f'{r.seconds:.0f}' for r in runs if r.bench == b)}"
+            for b in benches)]
     return "\n".join(lines) + "\n"
 
 
@@ -594,6 +609,10 @@ def main() -> None:
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_term)
+    # also when started with SIGINT ignored (in the background): Ctrl-C / kill -INT stop us,
+    # and the benchmarks start with SIGINT at its default (a handler is reset on exec, an
+    # ignored signal is not), so that stop_run's SIGINT reaches them
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     tmp = Path(tempfile.mkdtemp(prefix="metaq-compare-"))
     trees: dict[str, Tree] = {}
@@ -616,8 +635,8 @@ def main() -> None:
             commands.append(f"cd <tree> && PYTHONPATH=<tree> {sys.executable} "
                             f"bench/{PRESETS[bench][0]} {shlex.join(argv)}")
         expected = sum(PRESETS[b][4 if args.quick else 3] for b in only)
-        log(f"{len(only)} benchmarks x 2 trees x {args.rounds} rounds, expected "
-            f"~{expected * 2 * args.rounds / 60:.0f} min; logs in {logs}")
+        log(f"{len(only)} benchmarks x 2 trees x {args.rounds} rounds, expected about "
+            f"{expected * 2 * args.rounds / 60:.1f} min on a quiet machine; logs in {logs}")
         for rnd in range(1, args.rounds + 1):
             sides = ("before", "after") if rnd % 2 else ("after", "before")
             for bench in only:
