@@ -60,32 +60,33 @@ from pathlib import Path
 #        run, of one quick run).  The full sizes are chosen so that every benchmark, both trees,
 #        two rounds (36 runs) take about 22-23 minutes on the 2-core machine: the expected seconds
 #        are estimated from the rates the quick runs and RESULTS.md show plus the fixed start-up
-#        costs measured in quick runs (ZooKeeper, brokers, Spark); a run gets 5 times its
-#        expected seconds (at least 3 minutes) before it is stopped as timed out.
+#        costs measured in quick runs (ZooKeeper, brokers, Spark); the quick ones were measured
+#        (load average 4-8: the whole --quick comparison took about 5 minutes).  A run gets 5
+#        times its expected seconds (at least 3 minutes) before it is stopped as timed out.
 PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # MessageConsumer draining a loaded broker (1M x 100 B, 200k x 1 KiB), per-message and batch
     # listener, as % of the in-run raw client's rate and CPU efficiency; the in-memory
     # process_batch CPU per message.  Issue 14's arguments with 5 runs instead of 3 (cheap).
     "consumer": ("bench_consumer.py", ["--runs", "5"],
-                 ["--runs", "1", "--scale", "0.02"], 30, 4),
+                 ["--runs", "1", "--scale", "0.02"], 30, 3),
     # Producer send_async / send_batch / send (100 B, 1 KiB, default flush) against its raw
     # pipelined / runs / one-at-a-time client: rate ratio and the bench process's CPU per
     # message.  Same arguments as issue 14.
     "producer": ("bench_producer.py", ["--runs", "3", "--policies", "default"],
                  ["--runs", "1", "--policies", "default", "--count-100", "5000",
-                  "--count-1k", "2000", "--sync-count", "300", "--batch", "100"], 25, 5),
+                  "--count-1k", "2000", "--sync-count", "300", "--batch", "100"], 25, 3),
     # send -> listener latency (8 partitions, 500 msg/s for 10 s and 20,000 msg/s for 5 s,
     # held gets), the in-run loopback floor, and the synchronous send round trip.  Issue 14's
     # arguments with 2 runs instead of 3 (each run is ~35 s of sending).
     "latency": ("bench_latency.py", ["--runs", "2", "--cases", "steady,send"],
-                ["--runs", "1", "--quick", "--cases", "steady,send"], 75, 25),
+                ["--runs", "1", "--quick", "--cases", "steady,send"], 75, 22),
     # Settle time of a graceful join and leave, 8 consumers x 64 partitions, default and
     # sticky strategies.  Same arguments as issue 14.
     "rebalance": ("bench_rebalance.py", ["--runs", "5"], ["--runs", "1"], 25, 5),
     # Spark count and group-by of 2M messages over the metaq source against an in-memory
     # Python source of the same batches (the ceiling): ceiling time / metaq time, wall and CPU.
     # Same arguments as issue 14.
-    "spark": ("bench_spark.py", ["--runs", "3"], ["--runs", "1", "--messages", "20000"], 65, 45),
+    "spark": ("bench_spark.py", ["--runs", "3"], ["--runs", "1", "--messages", "20000"], 65, 35),
     # Concurrent consumption (16 workers) against orderly (the baseline) with a 1 ms listener,
     # 1 and 4 partitions: the rate ratio (sleep-bound; 2,000 messages are enough).
     "concurrent": ("bench_concurrent.py", ["--runs", "3", "--messages", "2000"],
@@ -98,11 +99,11 @@ PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
                                              "default,cooperative", "--runs", "2",
                                              "--rolling", ""],
                     ["--sizes", "4x16", "--strategies", "default", "--runs", "1",
-                     "--rolling", "", "--procs", "2", "--quiet", "0.3"], 70, 8),
+                     "--rolling", "", "--procs", "2", "--quiet", "0.3"], 70, 7),
     # offset_for_time over 1M messages: the broker's time index and the client's search
     # against a full scan of the partition (the baseline: scan / median indexed seek).
     "seek_time": ("bench_seek_time.py", ["--messages", "1000000"],
-                  ["--messages", "20000", "--seeks", "5", "--scans", "1"], 10, 2),
+                  ["--messages", "20000", "--seeks", "5", "--scans", "1"], 10, 1),
     # Local transactions of 1, 10 and 100 messages against send_batch of 100 (the baseline),
     # 20,000 messages of 100 B.
     "transactions": ("bench_transactions.py", ["--runs", "5", "--messages", "20000"],
@@ -636,7 +637,7 @@ def main() -> None:
                             f"bench/{PRESETS[bench][0]} {shlex.join(argv)}")
         expected = sum(PRESETS[b][4 if args.quick else 3] for b in only)
         log(f"{len(only)} benchmarks x 2 trees x {args.rounds} rounds, expected about "
-            f"{expected * 2 * args.rounds / 60:.1f} min on a quiet machine; logs in {logs}")
+            f"{expected * 2 * args.rounds / 60:.1f} min; logs in {logs}")
         for rnd in range(1, args.rounds + 1):
             sides = ("before", "after") if rnd % 2 else ("after", "before")
             for bench in only:
