@@ -714,18 +714,47 @@ def test_new_java_member_after_kill9_always_receives(zk_connect, zk_client, brok
                    "--commit-period", "0.5"], "python-member", tmp_path)
     java_members: list[JavaProc] = []
 
-    def join(n: int) -> tuple[JavaProc, str]:
-        """Round ``n``'s new Java member: it claims its half, then delivers from each of
-        its partitions messages sent after it started."""
+    def join(n: int) -> tuple[JavaProc, str, list[str], int]:
+        """Round ``n``'s new Java member: it claims its half, starting from offsets that are
+        message boundaries within the log (an offset inside a message or past the end
+        makes the Java client wait for good without a word), then delivers from each of
+        its partitions messages sent after it started.  Also returns its partitions and
+        how many messages had been sent when its claims were seen."""
         since = producer.count()
         member, member_id = java_member(n)
         java_members.append(member)
         mine = check(lambda: len(c := sorted(p for p, o in owners().items()
                                              if o == member_id)) == half and c,
                      30.0, f"round {n}: {member_id} to claim {half} partitions", member)
+        claimed = producer.count()
+        assert_boundaries(mine, member)
         check(lambda: flowing(member, mine, since), FLOWING,
               f"round {n}: {member_id} to deliver from {mine}", member)
-        return member, member_id
+        return member, member_id, mine, claimed
+
+    def assert_boundaries(partitions: list[str], member: JavaProc) -> None:
+        offsets_dir = layout.offsets_dir(MIXED_GROUP, MIXED_TOPIC)
+        conn = broker.connection()
+        try:
+            for p in partitions:
+                try:
+                    stored = decode_offset(zk_client.get(f"{offsets_dir}/{p}")[0]).offset
+                except NoNodeError:
+                    continue  # never committed: Metaq starts at 0
+                index = int(p.split("-")[1])
+                valid = conn.offset(MIXED_TOPIC, MIXED_GROUP, index, stored)
+                assert valid == stored, (
+                    f"{p}: committed offset {stored} is not a message boundary in the log "
+                    f"(the broker's nearest is {valid}){diagnosis(member)}")
+        finally:
+            conn.close()
+
+    def python_took(partitions: list[str], since: int) -> list[str]:
+        """What the Python member delivered from ``partitions`` of the messages sent
+        after the ``since``-th."""
+        return [line for line in py.output() if line.count(" ") >= 3
+                and line.split(" ")[0] in partitions
+                and _body_index(line.split(" ", 3)[3]) >= since]
 
     def kill(n: int, member: JavaProc, member_id: str) -> None:
         member.kill()  # SIGKILL: its nodes stay until its session expires
@@ -735,10 +764,14 @@ def test_new_java_member_after_kill9_always_receives(zk_connect, zk_client, brok
               "Python member to take every partition over", None)
 
     try:
-        member, member_id = join(0)
+        member, member_id, mine, claimed = join(0)
         for n in range(1, MIXED_ROUNDS + 1):
+            # the Python member let go of the Java member's partitions for good
+            assert not python_took(mine, claimed), (
+                f"round {n}: the Python member delivered from {member_id}'s {mine}: "
+                f"{python_took(mine, claimed)[:5]}{diagnosis(member)}")
             kill(n, member, member_id)
-            member, member_id = join(n)
+            member, member_id, mine, claimed = join(n)
         sent = producer.stop()
 
         def delivered() -> set[str]:
@@ -750,6 +783,12 @@ def test_new_java_member_after_kill9_always_receives(zk_connect, zk_client, brok
               "every message sent to be delivered by some member", member)
         member.proceed()  # a clean shutdown: commits, releases its partitions, unregisters
         assert member.finish() == 0, member.describe()
+        conn = broker.connection()
+        try:
+            stats = conn.stats()
+        finally:
+            conn.close()
+        assert "STAT bad_requests 0\r\n" in stats, stats   # every Java request understood
     finally:
         producer.stop()
         if py.proc.poll() is None:
