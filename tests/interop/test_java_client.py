@@ -599,7 +599,7 @@ MIXED_GROUP = "mixed"
 MIXED_TOPIC = "mixed"
 MIXED_PARTS = 8
 MIXED_RATE = 200.0     # messages a second, round robin over the partitions
-MIXED_ROUNDS = 5
+MIXED_ROUNDS = 8
 MIXED_SESSION = 4      # seconds: both members' ZooKeeper session timeout
 FLOWING = 15.0         # a new Java member delivers from each of its partitions within this
 
