@@ -15,7 +15,14 @@ those lines, never on sleeps.
   a branch prepared, the broker killed with SIGKILL and restarted, then ``recover()`` and commit;
 - the exact wire lines the Java client sends for transactions, recorded by a scripted
   stand-in broker (``java_stub_broker.py``): the contract our broker's ``transaction``
-  command has to meet.
+  command has to meet;
+- a mixed group (issue 25): Java members killed with SIGKILL and replaced round after
+  round beside a ``metaq consume`` member, while a producer sends 200 msg/s; each new Java
+  member must deliver from its partitions at once, and nothing is lost.
+
+A Java member's stdout must be read all the time: its listener prints each message, and
+once the pipe is full every fetch thread blocks inside the listener, so the member stops
+consuming without a word (``JavaProc`` reads it on a thread).
 """
 
 from __future__ import annotations
