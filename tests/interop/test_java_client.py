@@ -15,7 +15,14 @@ those lines, never on sleeps.
   a branch prepared, the broker killed with SIGKILL and restarted, then ``recover()`` and commit;
 - the exact wire lines the Java client sends for transactions, recorded by a scripted
   stand-in broker (``java_stub_broker.py``): the contract our broker's ``transaction``
-  command has to meet.
+  command has to meet;
+- a mixed group (issue 25): Java members killed with SIGKILL and replaced round after
+  round beside a ``metaq consume`` member, while a producer sends 200 msg/s; each new Java
+  member must deliver from its partitions at once, and nothing is lost.
+
+A Java member's stdout must be read all the time: its listener prints each message, and
+once the pipe is full every fetch thread blocks inside the listener, so the member stops
+consuming without a word (``JavaProc`` reads it on a thread).
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +42,7 @@ from pathlib import Path
 import pytest
 from helpers.procs import BrokerProc, read_partition
 from java_stub_broker import StubBroker
+from kazoo.exceptions import NoNodeError
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import wait_until
@@ -587,3 +598,210 @@ def test_java_transaction_wire_lines(zk_connect, java_client, java) -> None:
         f"transaction null <sid3> RECOVER {UQ} <opaque>",
         f"transaction {g3} <sid3> COMMIT_TWO_PHASE {UQ} <opaque>",
     ], "\n".join(lines)
+
+
+# -- a mixed group: a Java member killed with SIGKILL, a new one joining -------------------
+
+MIXED_GROUP = "mixed"
+MIXED_TOPIC = "mixed"
+MIXED_PARTS = 8
+MIXED_RATE = 200.0     # messages a second, round robin over the partitions
+MIXED_ROUNDS = 8
+MIXED_SESSION = 4      # seconds: both members' ZooKeeper session timeout
+FLOWING = 15.0         # a new Java member delivers from each of its partitions within this
+
+
+class RateProducer:
+    """Sends ``m-<i>`` to :data:`MIXED_TOPIC` at :data:`MIXED_RATE` on a thread until
+    stopped; ``sent`` holds every acknowledged body."""
+
+    def __init__(self, zk_connect: str) -> None:
+        self.sent: list[str] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._producer = Producer(zk_connect)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rate-producer")
+        self._thread.start()
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        i = 0
+        try:
+            while not self._stop.wait(max(0.0, start + i / MIXED_RATE - time.monotonic())):
+                self._producer.send(MIXED_TOPIC, f"m-{i}".encode())
+                self.sent.append(f"m-{i}")
+                i += 1
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.error = e
+
+    def count(self) -> int:
+        return len(self.sent)
+
+    def stop(self) -> list[str]:
+        """Stop sending (again: no-op); what was sent."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(10)
+            self._producer.close()
+        assert self.error is None, f"the producer failed: {self.error!r}"
+        return list(self.sent)
+
+
+def _body_index(body: str) -> int:
+    return int(body.rsplit("-", 1)[1])
+
+
+def test_new_java_member_after_kill9_always_receives(zk_connect, zk_client, brokers, java,
+                                                       tmp_path) -> None:
+    """Issue 25's mixed group: one Java member, one Python member (``metaq consume`` in a
+    subprocess), a producer at 200 msg/s.  Each round the Java member is killed with
+    SIGKILL; once its session has expired and the Python member holds every partition, a
+    new Java member joins.  It must claim its half and deliver from each of its partitions
+    messages sent after it joined, within :data:`FLOWING` seconds, in every round; at the
+    end every message sent was delivered by some member (duplicates are allowed: a killed
+    member's uncommitted progress is delivered again)."""
+    broker = brokers(0, {MIXED_TOPIC: MIXED_PARTS})
+    layout = Layout("/meta")
+    owners_dir = layout.owners_dir(MIXED_GROUP, MIXED_TOPIC)
+    py_id, half = f"{MIXED_GROUP}_py", MIXED_PARTS // 2
+
+    def owners() -> dict[str, str]:
+        out = {}
+        for p in zk_client.get_children(owners_dir) if zk_client.exists(owners_dir) else []:
+            try:
+                out[p] = zk_client.get(f"{owners_dir}/{p}")[0].decode()
+            except NoNodeError:
+                pass
+        return out
+
+    def members() -> list[str]:
+        path = layout.consumer_ids(MIXED_GROUP)
+        return zk_client.get_children(path) if zk_client.exists(path) else []
+
+    def diagnosis(member: JavaProc | None) -> str:
+        offsets_dir = layout.offsets_dir(MIXED_GROUP, MIXED_TOPIC)
+        offsets = {p: zk_client.get(f"{offsets_dir}/{p}")[0].decode()
+                   for p in sorted(zk_client.get_children(offsets_dir))}
+        conn = broker.connection()
+        try:
+            ends = conn.stats("offsets")
+        finally:
+            conn.close()
+        return (f"\nmembers {members()}\nowners {owners()}\noffsets {offsets}\n"
+                f"broker {ends}\n{member.describe() if member else ''}\n"
+                f"--- broker log:\n{broker.log_tail(30)}")
+
+    def java_member(n: int) -> tuple[JavaProc, str]:
+        # ids sorting before and after the Python member's in turn: the new member's half
+        # is the first four partitions one round, the last four the next
+        cid = f"{'0' if n % 2 == 0 else 'z'}java{n}"
+        return java.start("JavaMember", MIXED_GROUP, MIXED_TOPIC, cid,
+                          str(MIXED_SESSION * 1000)), f"{MIXED_GROUP}_{cid}"
+
+    def got(member: JavaProc) -> list[tuple[str, str]]:
+        return [(line.split(" ")[1], line.split(" ", 3)[3]) for line in events(member, "GOT")]
+
+    def flowing(member: JavaProc, mine: list[str], since: int) -> bool:
+        """``member`` delivered, from each partition in ``mine``, a message sent after
+        the ``since``-th (so after it joined)."""
+        fresh = {p for p, body in got(member) if _body_index(body) >= since}
+        return set(mine) <= fresh
+
+    def check(predicate: Callable[[], object], timeout: float, what: str,
+              member: JavaProc | None) -> object:
+        try:
+            return wait_until(predicate, timeout, 0.05, what=what)
+        except AssertionError as e:
+            raise AssertionError(f"{e}{diagnosis(member)}") from None
+
+    producer = RateProducer(zk_connect)
+    py = JavaProc([sys.executable, "-m", "metaq", "consume", "--zk", zk_connect,
+                   "--group", MIXED_GROUP, "--topic", MIXED_TOPIC, "--print",
+                   "--consumer-id", "py", "--session-timeout", str(MIXED_SESSION),
+                   "--commit-period", "0.5"], "python-member", tmp_path)
+    java_members: list[JavaProc] = []
+
+    def join(n: int) -> tuple[JavaProc, str, list[str], int]:
+        """Round ``n``'s new Java member: it claims its half, starting from offsets that are
+        message boundaries within the log (an offset inside a message or past the end
+        makes the Java client wait for good without a word), then delivers from each of
+        its partitions messages sent after it started.  Also returns its partitions and
+        how many messages had been sent when its claims were seen."""
+        since = producer.count()
+        member, member_id = java_member(n)
+        java_members.append(member)
+        mine = check(lambda: len(c := sorted(p for p, o in owners().items()
+                                             if o == member_id)) == half and c,
+                     30.0, f"round {n}: {member_id} to claim {half} partitions", member)
+        claimed = producer.count()
+        assert_boundaries(mine, member)
+        check(lambda: flowing(member, mine, since), FLOWING,
+              f"round {n}: {member_id} to deliver from {mine}", member)
+        return member, member_id, mine, claimed
+
+    def assert_boundaries(partitions: list[str], member: JavaProc) -> None:
+        offsets_dir = layout.offsets_dir(MIXED_GROUP, MIXED_TOPIC)
+        conn = broker.connection()
+        try:
+            for p in partitions:
+                try:
+                    stored = decode_offset(zk_client.get(f"{offsets_dir}/{p}")[0]).offset
+                except NoNodeError:
+                    continue  # never committed: Metaq starts at 0
+                index = int(p.split("-")[1])
+                valid = conn.offset(MIXED_TOPIC, MIXED_GROUP, index, stored)
+                assert valid == stored, (
+                    f"{p}: committed offset {stored} is not a message boundary in the log "
+                    f"(the broker's nearest is {valid}){diagnosis(member)}")
+        finally:
+            conn.close()
+
+    def python_took(partitions: list[str], since: int) -> list[str]:
+        """What the Python member delivered from ``partitions`` of the messages sent
+        after the ``since``-th."""
+        return [line for line in py.output() if line.count(" ") >= 3
+                and line.split(" ")[0] in partitions
+                and _body_index(line.split(" ", 3)[3]) >= since]
+
+    def kill(n: int, member: JavaProc, member_id: str) -> None:
+        member.kill()  # SIGKILL: its nodes stay until its session expires
+        everything = {f"0-{i}": py_id for i in range(MIXED_PARTS)}
+        check(lambda: member_id not in members() and owners() == everything,
+              MIXED_SESSION + 20.0, f"round {n}: {member_id}'s session to expire and the "
+              "Python member to take every partition over", None)
+
+    try:
+        member, member_id, mine, claimed = join(0)
+        for n in range(1, MIXED_ROUNDS + 1):
+            # the Python member let go of the Java member's partitions for good
+            assert not python_took(mine, claimed), (
+                f"round {n}: the Python member delivered from {member_id}'s {mine}: "
+                f"{python_took(mine, claimed)[:5]}{diagnosis(member)}")
+            kill(n, member, member_id)
+            member, member_id, mine, claimed = join(n)
+        sent = producer.stop()
+
+        def delivered() -> set[str]:
+            bodies = {body for m in java_members for _, body in got(m)}
+            bodies.update(line.split(" ", 3)[3] for line in py.output()
+                          if line.count(" ") >= 3)
+            return bodies
+        check(lambda: set(sent) <= delivered(), 30.0,
+              "every message sent to be delivered by some member", member)
+        member.proceed()  # a clean shutdown: commits, releases its partitions, unregisters
+        assert member.finish() == 0, member.describe()
+        conn = broker.connection()
+        try:
+            stats = conn.stats()
+        finally:
+            conn.close()
+        assert "STAT bad_requests 0\r\n" in stats, stats   # every Java request understood
+    finally:
+        producer.stop()
+        if py.proc.poll() is None:
+            py.proc.send_signal(signal.SIGTERM)
+            try:
+                py.finish(15.0)
+            except AssertionError:
+                pass
+        py.kill()
