@@ -81,7 +81,7 @@ class BrokerServer:
         self.version_text = VERSION + "".join(
             f" {cap}" for cap, offered in ((HOLD_CAPABILITY, config.max_hold > 0),
                                           (TIME_INDEX_CAPABILITY, config.time_index),
-                                          (BOUNDARY_CAPABILITY, True))
+                                          (BOUNDARY_CAPABILITY, not config.java_tell_max_offset))
             if offered)
         self._continue_ids()
         #: open transactions and their journal (recovered here, before serving)

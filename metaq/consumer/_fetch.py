@@ -356,12 +356,12 @@ class PartitionFetcher:
         Asks the broker (``offset``); None when it is (the caller goes on), else the
         delay after handling what it is not (offset_reset).
 
-        A broker's log end may lag what it served (a Java broker's is what it has
-        flushed), so a position above it is asked about again with Metaq's backoff,
-        and only one still above it after the longest backoff is out of range.  A
-        broker without ``+boundary`` (Java) answers ``offset`` inside the log with a
-        segment's start: such a position is taken as it is (as Java's own client
-        does), never moved back to the segment's start."""
+        A broker without ``+boundary`` (Java) is not exact: its log end may lag what
+        it served (it is what it flushed), so a position above it is asked about
+        again with Metaq's backoff, and only one still above it after the longest
+        backoff is out of range; and it answers ``offset`` inside the log with a
+        segment's start, from which the message holding the position is found by
+        walking message headers (never the whole segment delivered again)."""
         try:
             valid = s.offset(pf.offset)
             if valid == pf.offset:
@@ -375,14 +375,14 @@ class PartitionFetcher:
         except BrokerUnavailableError as e:
             return self._connection_failed(pf, s, e)
         if pf.offset > end:
-            if pf.delay < self._max_delay:
+            if not s.exact_offsets and pf.delay < self._max_delay:
                 log.info("%s/%s: the broker says its log ends at %d, below %d: asking "
                          "again", pf.topic, pf.partition, end, pf.offset)
                 return self._backoff(s)
             return self._out_of_range(pf, s, start=None, end=end)
         if valid > pf.offset:  # below the log start
             return self._out_of_range(pf, s, start=valid, end=end)
-        if not s.tells_boundaries:  # ``valid`` is a segment's start: walk from there
+        if not s.exact_offsets:  # ``valid`` is a segment's start: walk from there
             try:
                 found = self._find_boundary(pf, s, valid)
             except BrokerError as e:

@@ -10,8 +10,9 @@ here and nowhere else.
 What a broker offers is learned once per new runner connection from its
 ``version`` answer: ``+hold`` (it holds gets, so a partition at its log end is
 parked with the long poller instead of backed off) and ``+boundary`` (its
-``offset`` answer inside the log is a message's start; a Java Metaq broker
-answers a segment's start, which says nothing about messages).  Runners write
+``offset`` answers are exact: a message's start inside the log, and the end it
+serves; a Java Metaq broker answers a segment's start, which says nothing about
+messages, and a max offset that may lag what it serves).  Runners write
 that table from their own threads; a dict item assignment is atomic, and a
 stale answer only costs one backoff, so it takes no lock.
 """
@@ -55,8 +56,9 @@ class BrokerRoute:
         """Park partitions of ``address`` at their log end with the long poller."""
         return self._long_poll and HOLD_CAPABILITY in self._offers.get(address, ())
 
-    def tells_boundaries(self, address: BrokerAddress) -> bool:
-        """``address`` answers ``offset`` inside the log with a message's start."""
+    def exact_offsets(self, address: BrokerAddress) -> bool:
+        """``address`` answers ``offset`` exactly: a message's start inside the log,
+        and the end it serves."""
         return BOUNDARY_CAPABILITY in self._offers.get(address, ())
 
 

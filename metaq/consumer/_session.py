@@ -116,9 +116,9 @@ class FetchSession:
         return self.address is not None and self._route.holds(self.address)
 
     @property
-    def tells_boundaries(self) -> bool:
-        """The bound partition's broker answers ``offset`` with a message's start."""
-        return self.address is not None and self._route.tells_boundaries(self.address)
+    def exact_offsets(self) -> bool:
+        """The bound partition's broker answers ``offset`` exactly (``+boundary``)."""
+        return self.address is not None and self._route.exact_offsets(self.address)
 
     def connect(self) -> BrokerConnection:
         """The connection to the bound partition's broker (opened, and the broker's

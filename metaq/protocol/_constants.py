@@ -73,9 +73,11 @@ HOLD_CAPABILITY = "+hold"
 #: Token in a broker's ``version`` answer saying it answers ``offset ... time=<ms>``
 #: from its segments' time index (metaq-py's extension; README, "Protocol").
 TIME_INDEX_CAPABILITY = "+timeindex"
-#: Token in a broker's ``version`` answer saying its ``offset`` answer for a position
-#: inside the log is the start of the message holding it (a Java Metaq 1.4 broker
-#: answers the start of the segment holding it: no message boundary).
+#: Token in a broker's ``version`` answer saying its ``offset`` answers are exact: for a
+#: position inside the log, the start of the message holding it, and for the end, the
+#: end it serves gets up to.  A Java Metaq 1.4 broker answers the start of the segment
+#: holding a position (no message boundary), and its max offset is what it flushed,
+#: which may lag what it serves.
 BOUNDARY_CAPABILITY = "+boundary"
 
 
