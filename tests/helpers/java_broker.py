@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -36,9 +35,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.procs import stop_process
 from metaq.testing import free_port, wait_until
 
-__all__ = ["JavaServer", "JavaBroker", "java_server", "missing", "READY_LINE", "TELL_MAX_OFFSET"]
+__all__ = ["JavaServer", "JavaBroker", "java_server", "missing", "shared_tool_dir",
+           "READY_LINE", "TELL_MAX_OFFSET"]
 
 REPO = Path(__file__).resolve().parents[2]
 DEBIAN_JAVA = Path("/usr/share/java")
@@ -81,15 +82,20 @@ def _main_checkout(repo: Path) -> Path:
         return repo
 
 
-def server_dir() -> Path:
-    """``$METAQ_JAVA_SERVER``, else ``../shared/tools/metaq-java-server`` beside the
-    repository (or beside the main checkout of this worktree)."""
-    env = os.environ.get("METAQ_JAVA_SERVER", "").strip()
-    if env:
-        return Path(env)
-    candidates = [repo.parent / "shared" / "tools" / "metaq-java-server"
+def shared_tool_dir(env: str, name: str) -> Path:
+    """``$<env>``, else ``../shared/tools/<name>`` beside the repository (or beside the
+    main checkout of this worktree): where the Java Metaq tools are."""
+    given = os.environ.get(env, "").strip()
+    if given:
+        return Path(given)
+    candidates = [repo.parent / "shared" / "tools" / name
                   for repo in dict.fromkeys((REPO, _main_checkout(REPO)))]
     return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+def server_dir() -> Path:
+    """``$METAQ_JAVA_SERVER``, else ``../shared/tools/metaq-java-server``."""
+    return shared_tool_dir("METAQ_JAVA_SERVER", "metaq-java-server")
 
 
 @dataclass(frozen=True)
@@ -204,15 +210,7 @@ class JavaBroker:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (its shutdown hook unregisters it), SIGKILL after ``timeout``."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait(30)
+        return stop_process(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a crash."""

@@ -38,9 +38,21 @@ from metaq.protocol import RawMessage, iter_messages
 from metaq.testing import free_port, wait_until
 from zk_layout import Layout, decode_broker_uri, decode_topic_broker
 
-__all__ = ["BrokerProc", "read_partition", "start_broker", "stop_all"]
+__all__ = ["BrokerProc", "read_partition", "start_broker", "stop_all", "stop_process"]
 
 _STARTUP_TIMEOUT = 30.0
+
+
+def stop_process(proc: subprocess.Popen | None, timeout: float = 15.0) -> int | None:
+    """SIGTERM, then SIGKILL after ``timeout``: the exit status (None: never started)."""
+    if proc is None or proc.poll() is not None:
+        return None if proc is None else proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(30)
 
 
 class BrokerProc:
@@ -118,15 +130,7 @@ class BrokerProc:
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM (the broker unregisters and fsyncs), SIGKILL after ``timeout``."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None if proc is None else proc.returncode
-        proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait(30)
+        return stop_process(self.proc, timeout)
 
     def pause(self) -> None:
         """SIGSTOP: the process stays connected but answers nothing."""

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers.java_broker import shared_tool_dir
 from helpers.procs import BrokerProc, read_partition
 from java_stub_broker import StubBroker
 from kazoo.exceptions import NoNodeError
@@ -79,28 +80,9 @@ RUN_TIMEOUT = 25.0        # one Java program, JVM start included
 
 # -- the Java toolchain --------------------------------------------------------------------
 
-def _main_checkout(repo: Path) -> Path:
-    """The main checkout of ``repo`` (itself, unless ``repo`` is a ``git worktree``)."""
-    try:
-        text = (repo / ".git").read_text().strip()
-        if not text.startswith("gitdir:"):
-            return repo
-        gitdir = Path(text[len("gitdir:"):].strip())
-        common = (gitdir / (gitdir / "commondir").read_text().strip()).resolve()
-        return common.parent
-    except OSError:   # .git is a directory (a plain clone), or not there at all
-        return repo
-
-
 def _client_dir() -> Path:
-    """``$METAQ_JAVA_CLIENT``, else ``../shared/tools/metaq-java`` beside the repository
-    (beside the main checkout when this is a git worktree)."""
-    env = os.environ.get("METAQ_JAVA_CLIENT", "").strip()
-    if env:
-        return Path(env)
-    candidates = [repo.parent / "shared" / "tools" / "metaq-java"
-                  for repo in dict.fromkeys((REPO, _main_checkout(REPO)))]
-    return next((c for c in candidates if c.is_dir()), candidates[0])
+    """``$METAQ_JAVA_CLIENT``, else ``../shared/tools/metaq-java``."""
+    return shared_tool_dir("METAQ_JAVA_CLIENT", "metaq-java")
 
 
 @dataclass(frozen=True)
