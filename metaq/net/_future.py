@@ -47,10 +47,11 @@ class LightFuture(Future):
     # another may wait keep theirs in slots too: a first store of an attribute in the
     # instance ``__dict__`` can, on CPython 3.11, move the object's attribute values
     # into a new dict, and a garbage collection inside that move (a ``gc.callbacks``
-    # hook or a finalizer that lets another thread run) let a second thread's first
-    # store build another dict on the same values: one of the two dicts was dropped
-    # with its stores (``_waited`` or ``_state`` lost, a waiter never woken).  A slot
-    # store is one pointer write.
+    # hook or a finalizer that lets another thread run) can let a second thread's
+    # first store build another dict on the same values: one of the two dicts is
+    # dropped with its stores (``_waited`` or the ack fields lost: a waiter never
+    # woken, a result that cannot be read) and the values are freed under the other
+    # (a crash).  A slot store is one pointer write.
     __slots__ = ("_state", "_result", "_exception", "_condition", "_waiters",
                  "_done_callbacks", "_waited")
 
