@@ -103,6 +103,10 @@ class MultiPending(Protocol):
 class PutFuture(LightFuture):
     """The default request: resolves to a :class:`PutAck` or raises BrokerError."""
 
+    # Slots (see LightFuture): the putting thread stores ``_pipe_*`` while the
+    # reader may already complete it and another thread wait on it.
+    __slots__ = ("_broker", "_pipe_sent", "_pipe_size")
+
     def __init__(self, broker: str = "") -> None:
         super().__init__()
         self._broker = broker

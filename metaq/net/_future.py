@@ -39,12 +39,21 @@ class LightFuture(Future):
     ``_waited`` flag *before* it looks at the state under the condition; the
     completing side writes the state *before* it tests the flag.  So either
     the waiter sees the final state, or the completer sees the flag and
-    notifies under the condition.  (The fast path never touches
-    ``__dict__``, which would make CPython build a dict per object.)
+    notifies under the condition.  (The fields are slots: nothing ever goes
+    through the instance ``__dict__``; see the note on ``__slots__``.)
     """
 
-    #: Raised (on the instance) once the condition exists.
-    _waited = False
+    # Every field is a slot, and subclasses that are completed by one thread while
+    # another may wait keep theirs in slots too: a first store of an attribute in the
+    # instance ``__dict__`` can, on CPython 3.11, move the object's attribute values
+    # into a new dict, and a garbage collection inside that move (a ``gc.callbacks``
+    # hook or a finalizer that lets another thread run) can let a second thread's
+    # first store build another dict on the same values: one of the two dicts is
+    # dropped with its stores (``_waited`` or the ack fields lost: a waiter never
+    # woken, a result that cannot be read) and the values are freed under the other
+    # (a crash).  A slot store is one pointer write.
+    __slots__ = ("_state", "_result", "_exception", "_condition", "_waiters",
+                 "_done_callbacks", "_waited")
 
     def __init__(self) -> None:
         if not LAZY_OK:  # pragma: no cover - a Python whose Future changed
@@ -55,12 +64,13 @@ class LightFuture(Future):
         self._state = RUNNING
         self._result = None
         self._exception = None
+        #: True once the condition exists (a thread may wait): completing notifies.
+        self._waited = False
 
     def __getattr__(self, name: str) -> Any:
-        # Only reached for attributes missing from the instance: the lazy ones.  Built
-        # with ordinary attribute stores under one lock (a rare path): touching
-        # ``self.__dict__`` from a waiting thread while the completing thread stores
-        # attributes crashed CPython 3.11's garbage collector once in CI.
+        # Only reached for attributes missing from the instance: the lazy ones (unset
+        # slots).  Built under one lock (a rare path) so that two waiters share one
+        # condition.
         if name in ("_condition", "_waiters", "_done_callbacks"):
             with _LAZY_LOCK:
                 try:

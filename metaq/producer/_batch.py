@@ -152,6 +152,8 @@ class BatchFuture(LightFuture):
     :class:`~metaq.BatchSendError` when some messages were not stored (after
     their retries)."""
 
+    __slots__ = ("topic", "size", "_results", "_errors", "_left", "_lock")  # see LightFuture
+
     def __init__(self, topic: str, n: int) -> None:
         super().__init__()
         self.topic = topic
@@ -204,6 +206,8 @@ class BatchFuture(LightFuture):
 
 class _BatchItem(Send):
     """One message of a batch sent on its own (a retry): its outcome goes to the batch."""
+
+    __slots__ = ("batch", "index")  # see Send
 
     def __init__(self, path: SendPath, topic: str, payload: bytes, flag: int, checksum: int,
                  deadline: float, batch: BatchFuture, index: int, part: Partition) -> None:

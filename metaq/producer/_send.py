@@ -45,12 +45,32 @@ class Send(LightFuture):
     """One message on its way: the future the user holds, and the request the
     broker connection completes."""
 
+    # Slots, like LightFuture's: the sending thread, the retry thread, the reader
+    # and a waiter store attributes of one Send concurrently, and first stores in an
+    # instance dict can lose each other on CPython 3.11 (see LightFuture).  So no
+    # class defaults either: every field a reader may look at is set in __init__.
+    __slots__ = ("path", "topic", "payload", "flag", "checksum", "deadline", "attempts",
+                 "part", "tried", "flush", "_ack_id", "_ack_index", "_ack_offset",
+                 "_pipe_sent", "_pipe_size")
+
+    #: Set per attempt.
+    attempts: int
+    part: Partition | None
+    tried: set[Partition] | None
+    flush: bool  # write from the sending thread (a blocking send waits anyway)
+    #: The broker's answer as decimal bytes, when completed in bulk (see ``on_acks``);
+    #: set before the state becomes FINISHED, read only after it.
+    _ack_id: bytes
+    _ack_index: bytes
+    _ack_offset: bytes
+
     def __init__(self, path: Retrier, topic: str, payload: bytes, flag: int, checksum: int,
                  deadline: float) -> None:
         if LAZY_OK:  # LightFuture.__init__, inlined: this runs once per message
             self._state = RUNNING
             self._result = None
             self._exception = None
+            self._waited = False
         else:  # pragma: no cover
             LightFuture.__init__(self)
         self.path = path
@@ -59,14 +79,10 @@ class Send(LightFuture):
         self.flag = flag
         self.checksum = checksum
         self.deadline = deadline
-
-    #: Set per attempt (class defaults save stores on the hot path).
-    attempts = 0
-    part: Partition | None = None
-    tried: set[Partition] | None = None
-    flush = False  # write from the sending thread (a blocking send waits anyway)
-    #: The broker's answer as decimal bytes, when completed in bulk (see ``on_acks``).
-    _ack_id = _ack_index = _ack_offset = b""
+        self.attempts = 0
+        self.part = None
+        self.tried = None
+        self.flush = False
 
     def result(self, timeout: float | None = None) -> SendResult:
         """The :class:`SendResult` (see ``concurrent.futures.Future.result``).
