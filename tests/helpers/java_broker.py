@@ -38,14 +38,16 @@ import pytest
 from helpers.procs import stop_process
 from metaq.testing import free_port, wait_until
 
-__all__ = ["JavaServer", "JavaBroker", "java_server", "missing", "shared_tool_dir",
+__all__ = ["JavaServer", "JavaBroker", "java_server", "missing", "missing_debian_jars",
+           "shared_tool_dir", "DEBIAN_COMMON_JARS", "DEBIAN_JAVA",
            "READY_LINE", "TELL_MAX_OFFSET"]
 
 REPO = Path(__file__).resolve().parents[2]
 DEBIAN_JAVA = Path("/usr/share/java")
 SERVER_JARS = ("gecko.jar", "zkclient.jar", "aviator.jar", "commons.jar", "server.jar")
-# jar in /usr/share/java -> the Debian package that installs it (the server's README)
-DEBIAN_JARS = {
+# jar in /usr/share/java -> the Debian package that installs it: what the Java client and
+# the Java broker both need (tools/metaq-java*/README.md)
+DEBIAN_COMMON_JARS = {
     "commons-lang.jar": "libcommons-lang-java",
     "commons-logging.jar": "libcommons-logging-java",
     "log4j-1.2.jar": "liblog4j1.2-java",
@@ -56,6 +58,10 @@ DEBIAN_JARS = {
     "hessian.jar": "libhessian-java",
     "zookeeper.jar": "libzookeeper-java",
     "zookeeper-jute.jar": "libzookeeper-java",
+}
+# ... and what the broker needs besides (the server's README)
+DEBIAN_JARS = {
+    **DEBIAN_COMMON_JARS,
     "commons-io.jar": "libcommons-io-java",
     "commons-cli.jar": "libcommons-cli-java",
     "ini4j.jar": "libini4j-java",
@@ -117,12 +123,21 @@ def missing() -> list[str]:
     if absent:
         out.append(f"the Metaq server jars {', '.join(absent)} in {folder} (set "
                    f"METAQ_JAVA_SERVER to the folder holding them; see its README.md)")
-    absent = [j for j in DEBIAN_JARS if not (DEBIAN_JAVA / j).is_file()]
+    absent = missing_debian_jars(DEBIAN_JARS)
     if absent:
-        packages = sorted({DEBIAN_JARS[j] for j in absent})
-        out.append(f"{', '.join(str(DEBIAN_JAVA / j) for j in absent)} "
-                   f"(apt-get install -y {' '.join(packages)})")
+        out.append(absent)
     return out
+
+
+def missing_debian_jars(jars: Mapping[str, str]) -> str | None:
+    """Which of ``jars`` (jar -> Debian package) are not in /usr/share/java, and the
+    ``apt-get`` line that installs them; None when all are there."""
+    absent = [j for j in jars if not (DEBIAN_JAVA / j).is_file()]
+    if not absent:
+        return None
+    packages = sorted({jars[j] for j in absent})
+    return (f"{', '.join(str(DEBIAN_JAVA / j) for j in absent)} "
+            f"(apt-get install -y {' '.join(packages)})")
 
 
 def java_server() -> JavaServer:

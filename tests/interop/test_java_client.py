@@ -40,7 +40,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers.java_broker import shared_tool_dir
+from helpers.java_broker import (
+    DEBIAN_COMMON_JARS,
+    DEBIAN_JAVA,
+    missing_debian_jars,
+    shared_tool_dir,
+)
 from helpers.procs import BrokerProc, read_partition
 from java_stub_broker import StubBroker
 from kazoo.exceptions import NoNodeError
@@ -55,22 +60,12 @@ pytestmark = [pytest.mark.usefixtures("java_client"), pytest.mark.broker, pytest
 HERE = Path(__file__).resolve().parent
 JAVA_SRC = HERE / "java"
 REPO = HERE.parents[1]
-DEBIAN_JAVA = Path("/usr/share/java")
 CLIENT_JARS = ("meta.jar", "gecko.jar", "zkclient.jar")
 # jar in /usr/share/java -> the Debian package that installs it (tools/metaq-java/README.md)
 DEBIAN_JARS = {
-    "commons-lang.jar": "libcommons-lang-java",
-    "commons-logging.jar": "libcommons-logging-java",
-    "log4j-1.2.jar": "liblog4j1.2-java",
-    "jackson-core-asl.jar": "libjackson-json-java",
-    "jackson-mapper-asl.jar": "libjackson-json-java",
-    "slf4j-api.jar": "libslf4j-java",
-    "slf4j-log4j12.jar": "libslf4j-java",
-    "hessian.jar": "libhessian-java",
+    **DEBIAN_COMMON_JARS,
     "spring3-beans.jar": "libspring-beans-java",
     "spring3-core.jar": "libspring-beans-java",  # libspring-core-java, its dependency
-    "zookeeper.jar": "libzookeeper-java",
-    "zookeeper-jute.jar": "libzookeeper-java",
 }
 TOPIC = "t"
 PARTS = 2
@@ -112,11 +107,9 @@ def java_client(tmp_path_factory: pytest.TempPathFactory) -> JavaClient:
         missing.append(f"the Metaq Java client jars {', '.join(absent)} in {client} "
                        "(set METAQ_JAVA_CLIENT to the folder holding meta.jar, gecko.jar, "
                        "zkclient.jar)")
-    absent = [j for j in DEBIAN_JARS if not (DEBIAN_JAVA / j).is_file()]
-    if absent:
-        packages = sorted({DEBIAN_JARS[j] for j in absent})
-        missing.append(f"{', '.join(str(DEBIAN_JAVA / j) for j in absent)} "
-                       f"(apt-get install -y {' '.join(packages)})")
+    debian = missing_debian_jars(DEBIAN_JARS)
+    if debian:
+        missing.append(debian)
     if missing:
         pytest.skip("Java interop tests need " + "; ".join(missing))
     jars = [client / j for j in CLIENT_JARS] + [DEBIAN_JAVA / j for j in DEBIAN_JARS]
