@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from zk_layout._errors import InvalidNameError, NodeDataError
+from zk_layout._java_uri import slave_id_of_uri_tail
 from zk_layout._names import (
     INT32_MAX,
     broker_child_name,
@@ -72,7 +73,8 @@ _HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?")
 _URI = re.compile(
     r"meta://(?:\[(?P<v6>[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?)\]|(?P<host>[^\[\]:/?#@\s]+)"
     r"|(?P<bare6>[0-9A-Fa-f.]*:[0-9A-Fa-f:.]*(?:%[A-Za-z0-9_.-]+)?))"
-    r":(?P<port>[1-9][0-9]{0,4})(?:\?slaveId=(?P<slave>0|[1-9][0-9]{0,9}))?"
+    r":(?P<port>[1-9][0-9]{0,4})(?P<rest>[/?#].*)?",
+    re.DOTALL,
 )
 _UINT = re.compile(r"0|[1-9][0-9]*")
 _LONG = re.compile(r"-?[0-9]{1,19}")
@@ -157,9 +159,24 @@ def encode_broker_uri(uri: BrokerUri) -> bytes:
 
 
 def decode_broker_uri(data: bytes | str | None, path: str = "") -> BrokerUri:
-    """Parse ``meta://host:port`` with an optional ``?slaveId=N`` suffix; an IPv6 host
-    in brackets or not (``meta://[::1]:8123``, ``meta://0:0:0:0:0:0:0:1:8123``: the
-    port is after the last colon)."""
+    """Parse a broker URI as a Metaq 1.4 client parses it.
+
+    ``meta://host:port``; an IPv6 host in brackets or not (``meta://[::1]:8123``,
+    ``meta://0:0:0:0:0:0:0:1:8123``: the port is after the last colon).  After the
+    port, what Java's ``Broker(int, String)`` constructor takes (``new java.net.URI``,
+    then ``Broker.slaveIdByUri`` over ``URIUtils.parseParameters``): any path (``/``),
+    a query of ``&``-separated parameters in any order, a fragment.  Only ``slaveId``
+    means anything: the last one wins; absent, empty (``slaveId=``), blank or
+    negative it is a master (Java's ``slaveId`` -1, ``Broker.isSlave`` false)::
+
+        meta://h:8123?slaveId=3          -> BrokerUri("h", 8123, 3)
+        meta://h:8123/?x=1&slaveId=3     -> BrokerUri("h", 8123, 3)
+        meta://h:8123?slaveId=           -> BrokerUri("h", 8123)
+
+    Raises :class:`NodeDataError` where Java throws: a character ``java.net.URI``
+    refuses, a malformed ``%`` escape, a parameter with more than one ``=`` value
+    (``URIUtils``' "bad parameter"), a ``slaveId`` ``Integer.parseInt`` refuses.
+    """
     text = node_text(data, path)
     m = _URI.fullmatch(text)
     if m is None:
@@ -167,9 +184,10 @@ def decode_broker_uri(data: bytes | str | None, path: str = "") -> BrokerUri:
     host = m.group("v6") or m.group("host") or m.group("bare6")
     if m.group("v6") is not None and ":" not in host:
         raise NodeDataError(path, data, "only IPv6 addresses go in brackets")
-    slave = m.group("slave")
+    rest = m.group("rest")
+    slave = None if rest is None else slave_id_of_uri_tail(rest, m.start("rest"), path, data)
     try:
-        return BrokerUri(host, int(m.group("port")), None if slave is None else int(slave))
+        return BrokerUri(host, int(m.group("port")), slave)
     except InvalidNameError as e:
         raise NodeDataError(path, data, str(e)) from None
 

@@ -24,16 +24,18 @@ from zk_layout._codecs import (
     decode_broker_uri,
     decode_owner,
     decode_topic_list,
+    node_text,
 )
 from zk_layout._errors import NodeDataError
-from zk_layout._names import parse_broker_child, sort_consumer_ids
+from zk_layout._names import check_broker_id, parse_broker_child, sort_consumer_ids
 from zk_layout._nodes import partitions_for_topic
 from zk_layout._paths import Layout
 from zk_layout._static import StaticMember, decode_static_member
 
 __all__ = ["Topology", "read_topology", "read_members", "member_ids", "member_topics",
            "read_partitions", "read_owners", "read_static_members", "static_member_ids",
-           "static_records", "broker_address", "partition_broker_id"]
+           "static_records", "broker_address", "partition_broker_id",
+           "read_master_partitions"]
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +135,39 @@ def read_partitions(client: KazooClient, layout: Layout, topic: str,
     datas = _data_many(client, [f"{sub_dir}/{n}" for n in names], watch)
     children = {n: d for n, d in zip(names, datas, strict=True) if d is not None}
     return [str(p) for p in partitions_for_topic(children, dir_path=sub_dir, on_damaged=_skip)]
+
+
+def read_master_partitions(client: KazooClient, layout: Layout, topics: Iterable[str],
+                           broker_id: int, watch: Watch | None = None) -> dict[str, list[str]]:
+    """topic -> partition names of one master, as a slave broker reads what to copy.
+
+    Java's ``MetaZookeeper.getPartitionStringsForSubTopicsFromMaster`` (over
+    ``getPartitionsForSubTopicsFromMaster``), which the slave's
+    ``SlaveConsumerZooKeeper`` uses instead of every broker's partitions: for each
+    topic, only ``topics-sub/<topic>/<broker_id>-m``; its ``numParts`` = n gives
+    ``<id>-0 .. <id>-(n-1)`` in Metaq's string order.  A topic whose node is absent or
+    blank, or has ``numParts`` 0, is left out.  Damaged data raises
+    :class:`NodeDataError`, as Java throws (``IllegalStateException``) rather than
+    skip.  With ``watch``, armed on each ``<id>-m`` node (its change, deletion or
+    creation).  For example, with ``{"numParts":3,"broker":"0-m"}`` at
+    ``/meta/brokers/topics-sub/t1/0-m``, ``{"numParts":12,"broker":"0-s1"}`` at
+    ``.../t1/0-s1`` and nothing for ``t2``::
+
+        read_master_partitions(client, Layout(), ["t1", "t2"], 0)
+        -> {"t1": ["0-0", "0-1", "0-2"]}
+    """
+    check_broker_id(broker_id)
+    out: dict[str, list[str]] = {}
+    for topic in dict.fromkeys(topics):  # Java's Collection: each topic once
+        node = layout.topic_sub(topic, broker_id)
+        data = _data(client, node, watch)
+        if data is None or not node_text(data, node, allow_empty=True).strip():
+            continue  # Java: StringUtils.isBlank -> skipped
+        parts = partitions_for_topic({f"{broker_id}-m": data},
+                                     dir_path=layout.topic_sub_dir(topic))
+        if parts:
+            out[topic] = [str(p) for p in parts]
+    return out
 
 
 def broker_address(client: KazooClient, layout: Layout, broker_id: int,

@@ -150,10 +150,11 @@ def test_broker_uri_helpers() -> None:
     b"meta://1:2:3:4:5:6:7:8", b"meta://0:0:0:0:0:0:0:1", b"meta://zz::1:8123",
     b"meta://1.2.3.4:5:8123", b"meta://::1:8123:", b"meta://::1::8123",
     b"meta://[zz::1]:8123", b"meta://[::1:8123", b"meta://[10.0.0.1]:8123",
-    b"meta://h:1?slaveId=x", b"meta://h:1?slaveId=-1", b"meta://h:1?foo=1",
-    b"meta://h:1?slaveId=", b"meta://h:1?slaveId=99999999999", b" meta://h:1",
+    # (Java's query forms, "?slaveId=-1", "?foo=1", "?slaveId=", a path "/", are read as
+    # Java reads them: tests/zk_layout/test_zk_layout_slave_forms.py)
+    b"meta://h:1?slaveId=x", b"meta://h:1?slaveId=99999999999", b" meta://h:1",
     b"meta://h:1\n", b"meta://h h:1", b"meta://h/x:1", b"meta://user@h:1", b"meta://-h:1",
-    b"meta://h:1/", b"META://h:1",
+    b"META://h:1",
 ])
 def test_broker_uri_garbage(data: bytes) -> None:
     _garbage(decode_broker_uri, data)
@@ -577,6 +578,7 @@ fuzz_data = st.one_of(
     st.from_regex(r"-{0,2}[0-9]{0,22}(-[0-9+ ]{0,22})?", fullmatch=True).map(str.encode),
     st.from_regex(r"meta://\[?[0-9a-z:.]{0,12}\]?(:[0-9]{0,6})?(\?slaveId=[0-9x-]{0,12})?",
                   fullmatch=True).map(str.encode),
+    st.from_regex(r"meta://h:1/?(\?[a-zA-Z0-9=&%+ #/?-]{0,24})?", fullmatch=True).map(str.encode),
     st.none(),
 )
 
