@@ -12,6 +12,7 @@
   :class:`Snapshot`; ``python -m zk_layout`` is its inspector CLI.
 * :func:`read_topology`, :func:`read_partitions`, :func:`broker_address`, ...: what a
   subscriber reads from a live tree (with watches), for consumers, Spark and tools.
+  :func:`read_master_partitions` is a slave broker's read of one master's partitions.
 
 Does not import ``metaq``.
 """

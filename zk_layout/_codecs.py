@@ -111,7 +111,9 @@ class BrokerUri:
     ``host`` is a host name, an IPv4 address or an IPv6 address (without
     brackets; ``str()`` adds them).  ``slave_id`` is set when the URI carries
     ``?slaveId=N``, which Metaq clients append to a slave's URI when reading
-    ``brokers/ids/<id>/slave<N>``; brokers never write it.
+    ``brokers/ids/<id>/slave<N>``; brokers never write it.  Other query forms Java
+    reads (a path, more parameters, ``slaveId=``) decode to this and are written back
+    in this one form (:func:`decode_broker_uri`).
     """
 
     host: str
