@@ -96,6 +96,12 @@ class PartitionFetcher:
         assert s.pf is not None
         return self.backoff(s.pf, s.ra)
 
+    def _may_lag(self, pf: PartitionState) -> bool:
+        """A broker's answer that ``pf`` is past its end may still be a lag (a Java
+        broker's max offset is what it flushed): true until ``pf`` has waited the
+        longest backoff for it."""
+        return pf.delay < self._max_delay
+
     def _at_end(self, s: FetchSession) -> float:
         """Nothing new at the partition's offset: park it when its broker holds gets,
         else Metaq's growing backoff."""
@@ -258,7 +264,7 @@ class PartitionFetcher:
     def _on_broker_error(self, pf: PartitionState, e: BrokerError, s: FetchSession) -> float:
         if e.code == 404:
             if pf.rewound is not None:
-                if pf.delay < self._max_delay:
+                if self._may_lag(pf):
                     # sent back to the broker's max offset, and nothing there yet: a Java
                     # broker's max offset (what it flushed) lags what it served and it
                     # answers 404 there until it flushes: wait, re-read (the msgId check)
@@ -302,7 +308,7 @@ class PartitionFetcher:
                 pf.rewind(moved)
                 s.ra.drop()
                 return 0.0
-            if pf.delay < self._max_delay:
+            if self._may_lag(pf):
                 # no msgId to check a re-read against (a committed offset without one, a
                 # seek): maybe a lag too; ask again from here with Metaq's backoff, and
                 # only when it still says so after the longest backoff is it above the end
@@ -375,7 +381,7 @@ class PartitionFetcher:
         except BrokerUnavailableError as e:
             return self._connection_failed(pf, s, e)
         if pf.offset > end:
-            if not s.exact_offsets and pf.delay < self._max_delay:
+            if not s.exact_offsets and self._may_lag(pf):
                 log.info("%s/%s: the broker says its log ends at %d, below %d: asking "
                          "again", pf.topic, pf.partition, end, pf.offset)
                 return self._backoff(s)

@@ -104,17 +104,7 @@ class FetchManager:
 
     def remove(self, pf: PartitionState, timeout: float | None = None) -> bool:
         """Stop fetching ``pf``; wait until no runner holds it. True when idle."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._cond:
-            pf.deactivate()
-            self._cond.notify_all()
-            while pf.busy:
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(left)
-            self._readahead.pop(pf, None)
-        return True
+        return self.remove_many([pf], timeout)
 
     def remove_many(self, pfs: list[PartitionState], timeout: float | None = None) -> bool:
         """Stop fetching all of ``pfs`` at once, then wait until no runner holds any (one

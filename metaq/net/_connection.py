@@ -43,11 +43,17 @@ from metaq.protocol import (
     is_unwritten_partition,
 )
 
-__all__ = ["BrokerConnection", "parse_meta_uri"]
+__all__ = ["BrokerConnection", "parse_meta_uri", "unavailable"]
 
 _MAX_HEADER = 1024
 _HELD_MAX = 256 * 1024
 _HEADROOM = 64 * 1024
+
+
+def unavailable(address: BrokerAddress, doing: str, e: OSError) -> BrokerUnavailableError:
+    """The one conversion of a socket error (the caller raises it ``from e``)."""
+    what = "timed out" if isinstance(e, TimeoutError) else str(e) or type(e).__name__
+    return BrokerUnavailableError(f"{doing} broker {address} failed: {what}", address=address)
 
 
 def parse_meta_uri(uri: str) -> BrokerAddress:
@@ -68,8 +74,7 @@ class BrokerConnection:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 1024 * 1024)
         except OSError as e:
-            raise BrokerUnavailableError(f"cannot connect to broker {self.address}: {e}",
-                                         address=self.address) from e
+            raise unavailable(self.address, "connecting to", e) from e
         self._buf = bytearray(64 * 1024)
         self._start = 0  # unread bytes are _buf[_start:_end]
         self._end = 0
@@ -253,9 +258,7 @@ class BrokerConnection:
     def _failed(self, doing: str, e: OSError) -> BrokerUnavailableError:
         """Close and say why: the one conversion of socket errors (module docstring)."""
         self.close()
-        what = "timed out" if isinstance(e, TimeoutError) else str(e) or type(e).__name__
-        return BrokerUnavailableError(f"{doing} broker {self._where()} failed: {what}",
-                                      address=self.address)
+        return unavailable(self.address, doing, e)
 
     def _malformed(self, what: str) -> MalformedReplyError:
         """Close (the stream can no longer be trusted) and say what was wrong."""

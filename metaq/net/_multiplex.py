@@ -29,6 +29,7 @@ from metaq._errors import (
     MetaqError,
 )
 from metaq._types import BrokerAddress
+from metaq.net._connection import unavailable
 from metaq.protocol import OPAQUE_MASK, ReplyParser, Result, Value, encode_get
 
 __all__ = ["MultiplexedConnection"]
@@ -54,8 +55,7 @@ class MultiplexedConnection(Generic[T]):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
         except OSError as e:
-            raise BrokerUnavailableError(f"cannot connect to broker {address}: {e}",
-                                         address=address) from e
+            raise unavailable(address, "connecting to", e) from e
         self._sock = sock
         self._parser = ReplyParser()
         self._out = bytearray()
@@ -141,5 +141,4 @@ class MultiplexedConnection(Generic[T]):
 
     def _failed(self, doing: str, e: OSError) -> BrokerUnavailableError:
         self.close()
-        return BrokerUnavailableError(f"{doing} broker {self.address} failed: {e}",
-                                      address=self.address)
+        return unavailable(self.address, doing, e)
