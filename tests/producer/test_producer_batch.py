@@ -173,11 +173,20 @@ def test_broker_killed_mid_batch_nothing_lost_nothing_invented(
         t = threading.Thread(target=writer, name="test-batch-writer")
         t.start()
         wait_until(lambda: len(batches) > 10, 20, what="batches in flight")
+        wait_until(lambda: producer._connections.by_broker.get(1) is not None, 20,
+                   what="a connection to broker 1")
+        conn = producer._connections.by_broker[1]
+        with conn._lock:
+            before = set(conn._pending)
         b1.pause()  # SIGSTOP: what is in flight to broker 1 now stays unanswered
-        # (replies it wrote before it stopped may still be read: those are acknowledged)
-        wait_until(lambda: (c := producer._connections.by_broker.get(1)) is not None
-                   and c.in_flight > 0, 20,
-                   what="batches in flight to broker 1")
+        # (replies it wrote before it stopped may still be read: those are acknowledged,
+        # so wait for a request sent after the stop, which it cannot have answered)
+
+        def sent_after_the_stop() -> bool:
+            with conn._lock:
+                return bool(set(conn._pending) - before)
+
+        wait_until(sent_after_the_stop, 20, what="batches in flight to the stopped broker 1")
         b1.kill()  # SIGKILL (of the stopped process): the connection resets
         stop.set()
         t.join(60)
