@@ -55,6 +55,17 @@ from zk_layout._names import (
 )
 from zk_layout._nodes import decode_node, partitions_for_topic
 from zk_layout._paths import DEFAULT_ROOT, Layout, NodeKind, NodeRef
+from zk_layout._replication import (
+    REPLICATION_MODES,
+    EpochStart,
+    ReplicationState,
+    decode_epoch_start,
+    decode_replication_state,
+    encode_epoch_start,
+    encode_replication_state,
+    read_epoch_starts,
+    read_replication,
+)
 from zk_layout._snapshot import (
     BrokerInfo,
     Damage,
@@ -94,6 +105,15 @@ from zk_layout._topology import (
 )
 
 __all__ = [
+    "REPLICATION_MODES",
+    "EpochStart",
+    "ReplicationState",
+    "decode_epoch_start",
+    "decode_replication_state",
+    "encode_epoch_start",
+    "encode_replication_state",
+    "read_epoch_starts",
+    "read_replication",
     "Topology",
     "read_topology",
     "read_members",

@@ -9,6 +9,9 @@
     <root>/brokers/topics/<topic>/<id>-m|-s<N>|<id>      numParts text (deprecated)
     <root>/brokers/topics-pub/<topic>/<id>-m|-s<N>       {"numParts":N,"broker":"<id>-m"}
     <root>/brokers/topics-sub/<topic>/<id>-m|-s<N>       same JSON
+    <root>/brokers/replication/<id>                      epoch, master, in-sync slaves
+                                                         (metaq-py only, persistent)
+    <root>/brokers/replication/<id>/epoch-<E>            log ends when epoch E began
     <root>/consumers/<group>/ids/<consumerId>            topics, comma-joined
     <root>/consumers/<group>/owners/<topic>/<b>-<p>      owner's consumer id
     <root>/consumers/<group>/offsets/<topic>/<b>-<p>     <msgId>-<offset>
@@ -23,6 +26,7 @@ node it is.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from zk_layout._errors import InvalidNameError
@@ -71,6 +75,9 @@ class NodeKind(enum.Enum):
     TOPICS_SUB = "topics_sub"
     TOPIC_SUB_DIR = "topic_sub_dir"
     TOPIC_SUB = "topic_sub"
+    REPLICATION_ROOT = "replication_root"
+    REPLICATION = "replication"
+    REPLICATION_EPOCH = "replication_epoch"
     CONSUMERS = "consumers"
     GROUP = "group"
     CONSUMER_IDS = "consumer_ids"
@@ -157,6 +164,19 @@ class Layout:
 
     def broker_slave(self, broker_id: int, slave_no: int) -> str:
         return self.broker_id(broker_id) + f"/slave{check_slave_no(slave_no)}"
+
+    def replication_root(self) -> str:
+        return self._p("brokers", "replication")
+
+    def replication(self, broker_id: int) -> str:
+        """The replication state of a broker id (``_replication``)."""
+        return self._p("brokers", "replication", str(check_broker_id(broker_id)))
+
+    def replication_epoch(self, broker_id: int, epoch: int) -> str:
+        """The log ends of broker id's master when ``epoch`` began."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidNameError("epoch", epoch, "must be an int >= 0")
+        return self.replication(broker_id) + f"/epoch-{epoch}"
 
     def broker_config_checksum(self, broker_id: int) -> str:
         return self.broker_id(broker_id) + "/" + MASTER_CONFIG_CHECKSUM
@@ -328,6 +348,8 @@ def _classify_brokers(path: str, seg: list[str]) -> NodeRef | None:
         slave = parse_broker_role(seg[2])
         kind = NodeKind.BROKER_MASTER if slave is None else NodeKind.BROKER_SLAVE
         return NodeRef(kind=kind, path=path, broker_id=broker_id, slave_no=slave)
+    if seg[0] == "replication":
+        return _classify_replication(path, seg)
     kinds = _TOPIC_DIRS.get(seg[0])
     if kinds is None or n > 3:
         return None
@@ -341,3 +363,18 @@ def _classify_brokers(path: str, seg: list[str]) -> NodeRef | None:
         return NodeRef(kind=NodeKind.TOPIC_LEGACY, path=path, topic=topic,
                        broker_id=parse_broker_id(seg[2]))
     return _topic_broker_ref(kinds[2], path, topic, parse_broker_child(seg[2]))
+
+
+def _classify_replication(path: str, seg: list[str]) -> NodeRef | None:
+    n = len(seg)
+    if n == 1:
+        return NodeRef(kind=NodeKind.REPLICATION_ROOT, path=path)
+    broker_id = parse_broker_id(seg[1])
+    if n == 2:
+        return NodeRef(kind=NodeKind.REPLICATION, path=path, broker_id=broker_id)
+    if n == 3 and seg[2].startswith("epoch-") and _EPOCH.fullmatch(seg[2][6:]):
+        return NodeRef(kind=NodeKind.REPLICATION_EPOCH, path=path, broker_id=broker_id)
+    return None
+
+
+_EPOCH = re.compile(r"0|[1-9][0-9]*")
