@@ -29,6 +29,7 @@ from typing import Any
 from metaq._errors import ConfigError, MetaqError, ProtocolError, StorageError
 from metaq.broker._config import BrokerConfig
 from metaq.broker._registry import BrokerRegistry
+from metaq.broker._role import Role
 from metaq.broker._server import VERSION, BrokerServer
 from metaq.broker._storage import Storage
 from metaq.protocol import MsgIdGenerator, check_topic
@@ -68,6 +69,7 @@ class Broker:
         self._storage: Storage | None = None
         self._server: BrokerServer | None = None
         self._registry: BrokerRegistry | None = None
+        self._role: Role | None = None
         self._topics: dict[str, int] = {}   # copy-on-write snapshot for the ZK thread
         self._running = False
         self._last_topic_registration = None
@@ -159,12 +161,24 @@ class Broker:
                                                  status=self._status_lines)
             self.port = await server.start()
             if cfg.zk_connect is not None:
-                reg = BrokerRegistry(
+                role = self._role = Role(
+                    cfg, storage, add_topic=server.add_topic, stats=server.stats,
+                    write_in_sync=lambda want: self._registry.write_in_sync(want))
+                role.loop = loop
+                server.role = role
+                reg = self._registry = BrokerRegistry(
                     zk_connect=cfg.zk_connect, zk_root=cfg.zk_root, broker_id=cfg.broker_id,
                     host=_advertised_host(cfg), port=self.port, topics=lambda: self._topics,
-                    session_timeout=cfg.zk_session_timeout, security=cfg.zk_security)
-                await loop.run_in_executor(None, reg.start, cfg.zk_connect_timeout)
-                self._registry = reg
+                    session_timeout=cfg.zk_session_timeout, security=cfg.zk_security,
+                    role=role, started_as_slave=cfg.slave_of is not None,
+                    mode=cfg.replication, auto_promote=cfg.auto_promote)
+                try:
+                    await loop.run_in_executor(None, reg.start, cfg.zk_connect_timeout)
+                except BaseException:
+                    self._registry = None
+                    raise
+                tasks.append(loop.create_task(self._replication_loop(),
+                                              name="metaq-broker-replication"))
             tasks.append(loop.create_task(self._flush_loop(), name="metaq-broker-flush"))
             tasks.append(loop.create_task(self._retention_loop(), name="metaq-broker-retention"))
             if cfg.idle_timeout > 0 or cfg.request_timeout > 0:
@@ -183,10 +197,23 @@ class Broker:
             if self._registry is not None:
                 await loop.run_in_executor(None, self._registry.stop)
                 self._registry = None
+            if self._role is not None:
+                await self._role.close()
             if self._server is not None:
                 await self._server.close()
             storage.close()
             log.info("broker %d stopped", cfg.broker_id)
+
+    async def _replication_loop(self) -> None:
+        """A master's check of its slaves' lag (``_replicas.ReplicaSet.check``)."""
+        while True:
+            await asyncio.sleep(min(0.25, self.config.replication_max_lag / 4))
+            replicas = self._role.replicas
+            if replicas is not None:
+                try:
+                    replicas.check()
+                except Exception:
+                    log.exception("checking the slaves failed")
 
     async def _flush_loop(self) -> None:
         interval = self.config.unflush_interval
@@ -239,6 +266,8 @@ class Broker:
                  f"zk_registrations {reg.registrations}"]
         if err is not None:
             lines.append(f"zk_error {str(err).splitlines()[0]}")
+        if self._role is not None:
+            lines += self._role.status_lines()
         return lines
 
     def _topic_added(self, topic: str, partitions: int) -> None:
@@ -295,6 +324,40 @@ class Broker:
     @property
     def topics(self) -> dict[str, int]:
         return dict(self._topics)
+
+    @property
+    def role(self) -> str | None:
+        """``master``, ``slave`` or ``fenced`` (None without ZooKeeper: a lone master)."""
+        return None if self._role is None else self._role.name.value
+
+    @property
+    def epoch(self) -> int | None:
+        """The replication epoch this broker serves in (None without ZooKeeper)."""
+        return None if self._role is None else self._role.epoch
+
+    def replication_status(self) -> dict:
+        """Role, epoch, and per slave (master) or per partition (slave) progress."""
+        def do() -> dict:
+            role = self._role
+            if role is None:
+                return {"role": None}
+            out: dict = {"role": role.name.value, "epoch": role.epoch,
+                         "replica": role.replica, "why": role.why,
+                         "truncated": list(role.truncated)}
+            if role.replicas is not None:
+                out["in_sync"] = sorted(role.replicas.in_sync)
+                out["slaves"] = role.replicas.status()
+            if role.follower is not None:
+                out["master"] = role.follower.master
+                out["copies"] = role.follower.status()
+            return out
+        return self._call(do)
+
+    def promote(self, replica: int, *, force: bool = False) -> None:
+        """Name ``replica`` of this broker id master of the next epoch."""
+        if self._registry is None:
+            raise MetaqError("promotion needs ZooKeeper (zk_connect)")
+        self._registry.promote(replica, force=force)
 
     @property
     def registry(self) -> BrokerRegistry | None:

@@ -157,6 +157,27 @@ class BrokerConfig:
     #: message is bigger (Java caps at ``min(maxTransferSize, maxSize)``): such a
     #: message can then never be read from this broker.
     java_transfer_cap: bool = False
+    #: Replication (README, "Replication"): start as a slave of this broker id (it must
+    #: equal ``broker_id``; the CLI's ``--slave-of`` sets both).  None: start as master.
+    slave_of: int | None = None
+    #: This broker's replica number ``N`` (ZooKeeper's ``slave<N>``) whenever it is a
+    #: slave; default 1 for a broker started as a slave, 0 for one started as master
+    #: (which becomes a slave if another replica was promoted while it was away).
+    #: Replicas of one broker id need distinct numbers.
+    slave_id: int | None = None
+    #: ``async``: a put is acknowledged once it is in this broker's log; ``sync``: once
+    #: every in-sync slave has it too (durably when the slave uses group commit).
+    replication: str = "async"
+    #: A slave that has not caught up with a partition's end for this long leaves the
+    #: in-sync set (seconds); it rejoins once it has caught up with every partition.
+    replication_max_lag: float = 5.0
+    #: A slave this many bytes behind on a partition leaves the in-sync set at once.
+    replication_max_lag_bytes: int = 256 * MiB
+    #: With sync replication and no slave in sync: ``continue`` (acknowledge from this
+    #: broker's log alone, reported in stats, metrics and ZooKeeper) or ``refuse`` puts.
+    no_in_sync: str = "continue"
+    #: A slave in the in-sync set takes over when its master's ZooKeeper session ends.
+    auto_promote: bool = False
 
     def __post_init__(self) -> None:
         _int("broker_id", self.broker_id, 0, 1023)
@@ -222,12 +243,38 @@ class BrokerConfig:
                 or self.idle_timeout < 0:
             raise ConfigError(f"idle_timeout must be a number >= 0, got {self.idle_timeout!r}")
         _num("max_hold", self.max_hold, 0)
+        if self.slave_of is not None:
+            _int("slave_of", self.slave_of, 0, 1023)
+            if self.slave_of != self.broker_id:
+                raise ConfigError(f"slave_of ({self.slave_of}) must equal broker_id "
+                                  f"({self.broker_id}): a slave has its master's broker id")
+            if self.zk_connect is None:
+                raise ConfigError("slave_of needs zk_connect: a slave finds its master "
+                                  "in ZooKeeper")
+        if self.slave_id is not None:
+            _int("slave_id", self.slave_id, 0, 2**31 - 1)
+        if self.replication not in ("sync", "async"):
+            raise ConfigError(f"replication must be 'sync' or 'async', "
+                              f"got {self.replication!r}")
+        _num("replication_max_lag", self.replication_max_lag, 0, strict=True)
+        _int("replication_max_lag_bytes", self.replication_max_lag_bytes, 1)
+        if self.no_in_sync not in ("continue", "refuse"):
+            raise ConfigError(f"no_in_sync must be 'continue' or 'refuse', "
+                              f"got {self.no_in_sync!r}")
+        _bool("auto_promote", self.auto_promote)
         _int("max_held_gets", self.max_held_gets, 0)
 
     @property
     def group_commit(self) -> bool:
         """True when every put is fsynced before it is acknowledged."""
         return self.unflush_threshold == 0
+
+    @property
+    def replica(self) -> int:
+        """This broker's replica number (``slave_id`` or its default)."""
+        if self.slave_id is not None:
+            return self.slave_id
+        return 1 if self.slave_of is not None else 0
 
     def replace(self, **changes: Any) -> BrokerConfig:
         """A copy with some fields changed (validated again)."""

@@ -28,6 +28,7 @@ from metaq.broker._connection import Connection
 from metaq.broker._hold import HeldGets
 from metaq.broker._puts import opaque_of, put_group, store, store_requests, target_of
 from metaq.broker._replies import FileReply, Gate, answer, result
+from metaq.broker._role import Role
 from metaq.broker._storage import PartitionLog, Storage
 from metaq.broker._topics import PutTarget, Topics
 from metaq.broker._transactions import Transactions
@@ -45,6 +46,7 @@ from metaq.protocol import (
     TransactionRequest,
     VersionRequest,
     encode_value_header,
+    replica_of_group,
     unwritten_partition_text,
 )
 
@@ -96,6 +98,8 @@ class BrokerServer:
                              num_partitions=config.num_partitions, on_added=on_topic_added)
         #: the parsers' put-loop mapping: b"<topic> <partition>" -> target (see ``_topics``)
         self.fast_keys = self.topics.keys
+        #: this broker's replication role (``_role``), set by the broker with ZooKeeper
+        self.role: Role | None = None
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
 
@@ -256,6 +260,12 @@ class BrokerServer:
         one send, behind their fsync with group commit."""
         n = len(puts)
         self.stats["cmd_put"] += n
+        role = self.role
+        if role is not None:
+            why = role.put_refusal()
+            if why is not None:
+                self._refuse_puts(conn, puts, why)
+                return
         ids = self.ids.next_ids(n)
         if tuples_only:
             replies, failed, written = store(puts, list(map(target_of, puts)), ids,
@@ -265,14 +275,26 @@ class BrokerServer:
                                                       self.config.max_message_size)
         self.stats["put_failed"] += failed
         data = b"".join(replies)
-        if written and self.config.unflush_threshold == 0:
-            futs = [plog.request_flush() for plog in written]
+        synced = None if role is None or not written else role.wait(written)
+        if synced is not None or (written and self.config.unflush_threshold == 0):
+            futs = [plog.request_flush() for plog in written] \
+                if self.config.unflush_threshold == 0 else []
+            if synced is not None:
+                futs.append(synced)
             fut = futs[0] if len(futs) == 1 else asyncio.gather(*futs)
             opaques = (list(map(int, map(opaque_of, puts))) if tuples_only else
                        [int(p[4]) if type(p) is tuple else p.opaque for p in puts])
             conn.send_gated(Gate(fut, data, opaques))
         else:
             conn.send(data)
+
+    def _refuse_puts(self, conn: Connection, puts: list, why: str) -> None:
+        """Answer a run of puts 503 (not the master, or it may not accept puts now):
+        nothing written; the producer tries again, at the master."""
+        self.stats["put_failed"] += len(puts)
+        self.stats["put_refused_role"] += len(puts)
+        conn.send(b"".join(
+            result(503, why, int(p[4]) if type(p) is tuple else p.opaque) for p in puts))
 
     def _put_group(self, target: PutTarget, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:
@@ -296,6 +318,10 @@ class BrokerServer:
         if plog.closed:
             conn.send(result(403, f"partition {topic}-{partition} is closed", opaque))
             return
+        if self.role is not None:
+            replica = replica_of_group(_group)
+            if replica is not None:
+                self.role.fetched(replica, plog, offset)
         if offset < plog.min_offset:
             conn.send(result(301, str(plog.min_offset), opaque))
             return

@@ -57,8 +57,11 @@ from metaq.protocol._constants import (
     MSG_ID_EPOCH_MS,
     OPAQUE_MASK,
     QUIT,
+    REPLICA_GROUP,
     TIME_INDEX_CAPABILITY,
     is_unwritten_partition,
+    replica_group,
+    replica_of_group,
     unwritten_partition_text,
 )
 from metaq.protocol._fast import (
@@ -113,6 +116,7 @@ __all__ = [
     "INT32_MAX", "CHECKSUM_MASK", "OPAQUE_MASK", "HEADER_SIZE", "MAX_PAYLOAD",
     "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "MSG_ID_EPOCH_MS", "FLAG_HAS_ATTRIBUTE",
     "MAX_LINE", "DEFAULT_MAX_PAYLOAD", "DEFAULT_MAX_BODY", "QUIT", "HOLD_CAPABILITY",
+    "REPLICA_GROUP", "replica_group", "replica_of_group",
     "TIME_INDEX_CAPABILITY", "BOUNDARY_CAPABILITY", "is_unwritten_partition",
     "unwritten_partition_text",
     # message bytes

@@ -79,6 +79,27 @@ TIME_INDEX_CAPABILITY = "+timeindex"
 #: holding a position (no message boundary), and its max offset is what it flushed,
 #: which may lag what it serves.
 BOUNDARY_CAPABILITY = "+boundary"
+#: The consumer group a slave broker fetches its master's partitions with (Java's
+#: ``slaveGroup`` default).  A metaq-py slave adds its replica number,
+#: ``meta-slave-group-<N>``, so that its master knows how far each slave has copied
+#: (the offset of a slave's get is what it holds); a Java master takes it as any group.
+REPLICA_GROUP = "meta-slave-group"
+_REPLICA_PREFIX = REPLICA_GROUP + "-"
+
+
+def replica_group(replica: int) -> str:
+    """The group replica ``replica`` fetches with: ``meta-slave-group-<N>``."""
+    return f"{_REPLICA_PREFIX}{replica}"
+
+
+def replica_of_group(group: str) -> int | None:
+    """The replica number in a slave's group name, or None for any other group."""
+    if not group.startswith(_REPLICA_PREFIX):
+        return None
+    tail = group[len(_REPLICA_PREFIX):]
+    if not tail.isdigit() or not tail.isascii() or len(tail) > 10:
+        return None
+    return int(tail)
 
 
 #: The 404 text a Java Metaq 1.4 broker answers ``offset`` (and ``get``) with for a

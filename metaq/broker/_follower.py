@@ -1,0 +1,388 @@
+"""A slave's copy of its master: every partition fetched with ``get`` and
+appended at the same offsets, byte for byte.
+
+The follower runs in the slave broker's event loop.  It holds one TCP
+connection to the master (:class:`_MasterLink`, replies matched by opaque) and
+one copy task per partition: ask from the local log's end (``get`` with the
+group ``meta-slave-group-<N>``, held at the end when the master offers
+``+hold``, polled every ``poll_delay`` otherwise, as from a Java master), append
+the whole messages of the reply with ``PartitionLog.append_copy`` (which checks
+every header and checksum), with group commit fsync before asking again (the
+next get's offset is what tells the master the slave holds it), repeat.
+
+What it reports instead of copying (``Follower.status``, ``stats``, a log line
+naming topic, partition and offset):
+
+- a reply that does not continue the log (a damaged message, a gap) and a master
+  whose log ends below this slave's end (cut, or not the log this one copied):
+  the partition stops copying, ``diverged`` (never silently different);
+- a master log that starts above the slave's end (retention removed what the
+  slave never copied): the slave's copy restarts there (``reset``), logged;
+- a write that fails (a full disk): copying pauses, ``stopped``, and is tried
+  again every ``retry_delay``.
+
+New topics and partitions of the master reach :meth:`Follower.set_partitions`
+from the broker's ZooKeeper thread; the master's address (and its changes)
+reach :meth:`Follower.follow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from metaq._errors import (
+    BrokerUnavailableError,
+    ConnectionClosedError,
+    ReplicaDivergedError,
+    StorageError,
+)
+from metaq._types import BrokerAddress
+from metaq.protocol import (
+    HEADER_SIZE,
+    HOLD_CAPABILITY,
+    OPAQUE_MASK,
+    ProtocolError,
+    ReplyParser,
+    Value,
+    encode_get,
+    encode_offset,
+    encode_version,
+    replica_group,
+)
+
+if TYPE_CHECKING:
+    from metaq.broker._storage import PartitionLog, Storage
+
+__all__ = ["Follower", "PartitionCopy"]
+
+log = logging.getLogger(__name__)
+
+
+class _MasterLink(asyncio.Protocol):
+    """One connection to the master; each request's future gets its reply."""
+
+    def __init__(self, address: BrokerAddress) -> None:
+        self.address = address
+        self.parser = ReplyParser()
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, asyncio.Future] = {}
+        self.opaques = itertools.count(1)
+        self.closed = asyncio.get_running_loop().create_future()
+        self.capabilities: frozenset[str] = frozenset()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            replies = self.parser.feed(data)
+        except ProtocolError as e:
+            self._fail(BrokerUnavailableError(f"master {self.address[0]}:{self.address[1]} "
+                                              f"sent a reply that does not parse: {e}",
+                                              address=self.address))
+            return
+        for reply in replies:
+            fut = self.pending.pop(reply.opaque, None)
+            if fut is not None and not fut.done():
+                fut.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(ConnectionClosedError(
+            f"master {self.address[0]}:{self.address[1]} closed the connection"
+            + (f": {exc}" if exc else ""), address=self.address))
+
+    def _fail(self, err: Exception) -> None:
+        pending, self.pending = self.pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(err)
+                fut.exception()
+        if not self.closed.done():
+            self.closed.set_result(err)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def request(self, encode: Callable[[int], bytes]) -> asyncio.Future:
+        if self.closed.done():
+            raise self.closed.result()
+        opaque = next(self.opaques) & OPAQUE_MASK
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[opaque] = fut
+        self.transport.write(encode(opaque))
+        return fut
+
+    def close(self) -> None:
+        self._fail(ConnectionClosedError("follower stopped", address=self.address))
+
+
+class PartitionCopy:
+    """One partition's copy: its state and counters (``Follower.status``)."""
+
+    __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
+                 "caught_up_at", "task", "max_size")
+
+    def __init__(self, plog: PartitionLog, max_size: int) -> None:
+        self.plog = plog
+        self.state = "starting"       # copying, caught-up, diverged, stopped
+        self.problem: str | None = None
+        self.copied_bytes = 0
+        self.copied_messages = 0
+        self.caught_up_at: float | None = None
+        self.task: asyncio.Task | None = None
+        self.max_size = max_size
+
+    def lag_seconds(self, now: float) -> float | None:
+        """Seconds since this copy last reached the master's end (None: never)."""
+        if self.state == "caught-up":
+            return 0.0
+        return None if self.caught_up_at is None else now - self.caught_up_at
+
+
+class Follower:
+    """Copies the master's partitions into ``storage`` (see the module docstring).
+
+    ``add_topic(topic, partitions)`` opens (and registers) a topic locally: the
+    broker's own ``add_topic`` path, so a copied topic is served and published
+    like any other.
+    """
+
+    def __init__(self, storage: Storage, *, replica: int, add_topic: Callable[[str, int], None],
+                 max_size: int, group_commit: bool, stats: collections.Counter,
+                 hold_ms: int = 500, poll_delay: float = 0.1, retry_delay: float = 1.0,
+                 connect_timeout: float = 5.0) -> None:
+        self.storage = storage
+        self.replica = replica
+        self.group = replica_group(replica)
+        self.add_topic = add_topic
+        self.max_size = max_size
+        self.group_commit = group_commit
+        self.stats = stats
+        self.hold_ms = hold_ms
+        self.poll_delay = poll_delay
+        self.retry_delay = retry_delay
+        self.connect_timeout = connect_timeout
+        self.master: BrokerAddress | None = None
+        self.copies: dict[tuple[str, int], PartitionCopy] = {}
+        self._link: _MasterLink | None = None
+        self._linked = asyncio.Event()
+        self._connector: asyncio.Task | None = None
+        self._stopped = False
+
+    # -- from the ZooKeeper side -----------------------------------------------------------
+    def follow(self, master: BrokerAddress | None) -> None:
+        """Copy from ``master`` (None: there is none now; wait)."""
+        if master == self.master:
+            return
+        log.info("replica %d: master is %s", self.replica,
+                 "gone" if master is None else f"{master[0]}:{master[1]}")
+        self.master = master
+        self._drop_link()
+        for copy in self.copies.values():  # a new master may continue a diverged copy
+            if copy.state == "diverged":
+                copy.state, copy.problem = "starting", None
+                self._start(copy)
+        if master is not None and not self._stopped:
+            self._connector = asyncio.get_running_loop().create_task(
+                self._connect(master), name=f"metaq-follower-{self.replica}-connect")
+
+    def set_partitions(self, topics: dict[str, int]) -> None:
+        """The master's topics and partition counts: copy every one."""
+        if self._stopped:
+            return
+        for topic, n in sorted(topics.items()):
+            have = self.storage.topics.get(topic, 0)
+            if have < n:
+                self.add_topic(topic, n)
+            for p in range(n):
+                if (topic, p) not in self.copies:
+                    plog = self.storage.get(topic, p)
+                    copy = self.copies[(topic, p)] = PartitionCopy(plog, self.max_size)
+                    self._start(copy)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def stop(self) -> dict[str, tuple[int, ...]]:
+        """Stop copying (waits for the copy tasks); the log ends, topic -> per partition."""
+        self._stopped = True
+        self._drop_link()
+        tasks = [c.task for c in self.copies.values() if c.task is not None]
+        for t in tasks:
+            t.cancel()
+        if self._connector is not None:
+            self._connector.cancel()
+            tasks.append(self._connector)
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return self.ends()
+
+    def ends(self) -> dict[str, tuple[int, ...]]:
+        return {topic: tuple(self.storage.get(topic, p).end for p in range(n))
+                for topic, n in sorted(self.storage.topics.items())}
+
+    def _start(self, copy: PartitionCopy) -> None:
+        plog = copy.plog
+        copy.task = asyncio.get_running_loop().create_task(
+            self._copy(copy), name=f"metaq-follower-{plog.topic}-{plog.partition}")
+
+    def _drop_link(self) -> None:
+        if self._connector is not None:
+            self._connector.cancel()
+            self._connector = None
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+        self._linked.clear()
+
+    async def _connect(self, master: BrokerAddress) -> None:
+        loop = asyncio.get_running_loop()
+        while self.master == master and not self._stopped:
+            try:
+                _t, link = await asyncio.wait_for(loop.create_connection(
+                    lambda: _MasterLink(master), master[0], master[1]), self.connect_timeout)
+                reply = await asyncio.wait_for(link.request(encode_version),
+                                               self.connect_timeout)
+                link.capabilities = frozenset(reply.body.decode("utf-8", "replace").split())
+            except (TimeoutError, OSError, BrokerUnavailableError) as e:
+                self.stats["replication_connect_failed"] += 1
+                log.warning("replica %d: cannot reach master %s:%d (%s); retrying",
+                            self.replica, master[0], master[1], e)
+                await asyncio.sleep(self.retry_delay)
+                continue
+            self._link = link
+            self._linked.set()
+            log.info("replica %d: copying from %s:%d", self.replica, master[0], master[1])
+            err = await link.closed
+            if self._link is link:
+                self._link = None
+                self._linked.clear()
+                log.warning("replica %d: connection to master lost (%s); reconnecting",
+                            self.replica, err)
+            await asyncio.sleep(min(self.retry_delay, 0.2))
+
+    # -- one partition ---------------------------------------------------------------------
+    async def _copy(self, copy: PartitionCopy) -> None:
+        plog = copy.plog
+        topic, p = plog.topic, plog.partition
+        checked: _MasterLink | None = None
+        while not self._stopped:
+            await self._linked.wait()
+            link = self._link
+            if link is None:
+                continue
+            offset = plog.end
+            try:
+                if checked is not link:  # once per connection: does the master's log reach us?
+                    ans = await link.request(lambda o, t=topic, p=p, off=offset: encode_offset(
+                        t, self.group, p, off, o))
+                    if type(ans) is Value and not self._check_master_end(copy, ans.body, offset):
+                        return
+                    checked = link
+                hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
+                reply = await link.request(lambda o, t=topic, p=p, off=offset, h=hold: encode_get(
+                    t, self.group, p, off, copy.max_size, o, h))
+            except BrokerUnavailableError:
+                continue  # the connector reconnects; _linked is cleared meanwhile
+            if type(reply) is Value:
+                if not await self._append(copy, reply.body, offset):
+                    if copy.state == "diverged":
+                        return
+                    await asyncio.sleep(self.retry_delay)
+                continue
+            code, body = reply.code, reply.body.decode("utf-8", "replace")
+            if code == 404 and "not found" not in body:  # nothing new
+                copy.state = "caught-up"
+                copy.caught_up_at = time.monotonic()
+                if not hold:
+                    await asyncio.sleep(self.poll_delay)
+            elif code == 301:
+                if not self._moved(copy, body, offset):
+                    return
+            else:  # unknown to the master yet, closed partition, ...
+                copy.problem = f"master answered {code}: {body}"
+                await asyncio.sleep(self.retry_delay)
+
+    async def _append(self, copy: PartitionCopy, data: bytes, offset: int) -> bool:
+        plog = copy.plog
+        try:
+            n, count = plog.append_copy(data, offset)
+        except ReplicaDivergedError as e:
+            self._diverged(copy, str(e))
+            return False
+        except StorageError as e:
+            copy.state, copy.problem = "stopped", str(e)
+            self.stats["replication_write_failed"] += 1
+            log.error("replica %d: copying %s-%d stopped at offset %d: %s; retrying in %gs",
+                      self.replica, plog.topic, plog.partition, offset, e, self.retry_delay)
+            return False
+        if n == 0:  # one message bigger than the reply: ask for all of it
+            if len(data) >= HEADER_SIZE:
+                need = HEADER_SIZE + int.from_bytes(data[:4], "big", signed=True)
+                copy.max_size = max(copy.max_size, need)
+            return True
+        copy.max_size = self.max_size
+        copy.state, copy.problem = "copying", None
+        copy.copied_bytes += n
+        copy.copied_messages += count
+        self.stats["replication_copied_bytes"] += n
+        self.stats["replication_copied_messages"] += count
+        if self.group_commit:
+            try:
+                await plog.request_flush()
+            except StorageError as e:
+                copy.state, copy.problem = "stopped", str(e)
+                return False
+        return True
+
+    def _check_master_end(self, copy: PartitionCopy, body: bytes, offset: int) -> bool:
+        try:
+            master_end = int(body)
+        except ValueError:
+            return True
+        if master_end < offset:
+            plog = copy.plog
+            self._diverged(copy, f"{plog.topic}-{plog.partition}: the master's log ends at "
+                                 f"{master_end}, below this slave's end {offset} (the master's "
+                                 f"log was cut, or it is not the log this slave copied)")
+            return False
+        return True
+
+    def _moved(self, copy: PartitionCopy, body: str, offset: int) -> bool:
+        plog = copy.plog
+        try:
+            to = int(body)
+        except ValueError:
+            self._diverged(copy, f"{plog.topic}-{plog.partition}: master answered 301 with "
+                                 f"{body!r} at offset {offset}")
+            return False
+        if to > offset:  # the master no longer has what we would copy next (retention)
+            log.warning("replica %d: %s-%d: the master's log now starts at %d, above this "
+                        "slave's end %d; the copy restarts there", self.replica, plog.topic,
+                        plog.partition, to, offset)
+            self.stats["replication_resets"] += 1
+            plog.reset(to)
+            return True
+        self._diverged(copy, f"{plog.topic}-{plog.partition}: the master's log ends at {to}, "
+                             f"below this slave's end {offset}")
+        return False
+
+    def _diverged(self, copy: PartitionCopy, why: str) -> None:
+        copy.state, copy.problem = "diverged", why
+        self.stats["replication_diverged"] += 1
+        log.error("replica %d: not copying %s-%d any more: %s", self.replica,
+                  copy.plog.topic, copy.plog.partition, why)
+
+    # -- reporting -------------------------------------------------------------------------
+    def status(self) -> list[dict]:
+        now = time.monotonic()
+        out = []
+        for (topic, p), c in sorted(self.copies.items()):
+            lag = c.lag_seconds(now)
+            out.append({"topic": topic, "partition": p, "state": c.state,
+                        "end": c.plog.end, "copied_bytes": c.copied_bytes,
+                        "lag_seconds": None if lag is None else round(lag, 3),
+                        "problem": c.problem})
+        return out

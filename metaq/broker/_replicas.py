@@ -1,0 +1,276 @@
+"""A master's slaves: how far each has copied each partition, which are in sync,
+and the puts waiting for them (synchronous replication).
+
+A slave copies by fetching (``_follower``) with the group
+``meta-slave-group-<N>``; the offset of each of its gets says how much of the
+partition it holds (everything below it; durably when the slave uses group
+commit, because it asks again only after its fsync).  :meth:`ReplicaSet.fetched`
+records that, from the server's ``get`` path.
+
+**In sync.**  A slave is in sync while, on every partition, it has reached the
+log's end within the last ``replication_max_lag`` seconds and is never more than
+``replication_max_lag_bytes`` behind.  A slave out of sync that has caught up on
+every partition rejoins.  The set is written to ZooKeeper (the replication
+state node, ``zk_layout.ReplicationState``) through ``write_in_sync``, one write
+at a time, because it decides who may be promoted:
+
+- a slave *joins* in memory first (from then on every acknowledgement waits for
+  it), then in ZooKeeper: when ZooKeeper lists it, it holds every acknowledged
+  message;
+- a slave *leaves* in ZooKeeper first, and only once that write succeeded do the
+  puts waiting for it stop waiting: a slave that may be promoted is never one that
+  missed an acknowledged message.
+
+**Waiting.**  With ``replication = "sync"`` a put is acknowledged once every
+in-sync slave has fetched past it (:meth:`ReplicaSet.wait`).  With no slave in
+sync, ``no_in_sync`` decides: ``continue`` acknowledges from the master's log
+alone (counted in ``stats`` as ``replication_alone``), ``refuse`` refuses puts
+(:attr:`ReplicaSet.refusal`).  Everything here runs in the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from metaq._errors import MetaqError
+
+if TYPE_CHECKING:
+    from metaq.broker._storage import PartitionLog, Storage
+
+__all__ = ["ReplicaSet", "NotReplicatedError"]
+
+log = logging.getLogger(__name__)
+
+
+class NotReplicatedError(MetaqError):
+    """A put written on the master whose replication could not be confirmed (the
+    master was fenced, or stopped): it is not acknowledged."""
+
+
+class _Replica:
+    __slots__ = ("number", "positions", "caught_up_at", "joined", "last_fetch")
+
+    def __init__(self, number: int, now: float) -> None:
+        self.number = number
+        self.positions: dict[PartitionLog, int] = {}
+        self.caught_up_at: dict[PartitionLog, float] = {}
+        self.joined = now
+        self.last_fetch = now
+
+    def lag(self, plog: PartitionLog, now: float) -> tuple[int, float]:
+        """``(bytes, seconds)`` this replica is behind on ``plog``."""
+        pos = self.positions.get(plog)
+        end = plog.end
+        if pos is None:
+            if end <= plog.min_offset:
+                return 0, 0.0
+            return end - plog.min_offset, now - self.joined
+        if pos >= end:
+            return 0, 0.0
+        return end - pos, now - self.caught_up_at.get(plog, self.joined)
+
+
+class ReplicaSet:
+    """The slaves of one master (see the module docstring)."""
+
+    def __init__(self, storage: Storage, *, mode: str, max_lag: float, max_lag_bytes: int,
+                 no_in_sync: str, stats: collections.Counter,
+                 write_in_sync: Callable[[tuple[int, ...]], Future] | None = None,
+                 in_sync: tuple[int, ...] = ()) -> None:
+        self.storage = storage
+        self.mode = mode
+        self.max_lag = max_lag
+        self.max_lag_bytes = max_lag_bytes
+        self.no_in_sync = no_in_sync
+        self.stats = stats
+        self.write_in_sync = write_in_sync
+        now = time.monotonic()
+        self.replicas: dict[int, _Replica] = {}
+        #: who every acknowledgement waits for (sync mode)
+        self.in_sync: set[int] = set()
+        #: the in-sync set ZooKeeper holds (who may be promoted)
+        self.written: tuple[int, ...] = tuple(sorted(in_sync))
+        for r in in_sync:  # listed at our start: they must prove it again to count
+            self.replicas[r] = _Replica(r, now)
+        self._writing: Future | None = None
+        self._leaving: set[int] = set()   # leave memory once ZooKeeper no longer lists them
+        self._waiters: dict[PartitionLog, collections.deque] = {}
+        self.failed: BaseException | None = None
+
+    # -- what slaves report ----------------------------------------------------------------
+    def fetched(self, replica: int, plog: PartitionLog, offset: int) -> None:
+        """Replica ``replica`` asked for ``plog`` from ``offset``: it holds what is below."""
+        now = time.monotonic()
+        rep = self.replicas.get(replica)
+        if rep is None:
+            rep = self.replicas[replica] = _Replica(replica, now)
+            log.info("replica %d of this broker is copying", replica)
+        rep.last_fetch = now
+        old = rep.positions.get(plog)
+        rep.positions[plog] = offset
+        if offset >= plog.end:
+            rep.caught_up_at[plog] = now
+            if replica not in self.in_sync and self._caught_up(rep):
+                self._join(rep)
+        if replica in self.in_sync and (old is None or offset > old):
+            self._release(plog)
+
+    def _caught_up(self, rep: _Replica) -> bool:
+        for plog in self.storage.logs():
+            pos = rep.positions.get(plog)
+            if pos is None:
+                if plog.end > plog.min_offset:
+                    return False
+            elif pos < plog.end:
+                return False
+        return True
+
+    def _join(self, rep: _Replica) -> None:
+        self.in_sync.add(rep.number)
+        self.stats["replication_joins"] += 1
+        log.info("replica %d caught up on every partition: in sync", rep.number)
+        self._sync_written()
+
+    # -- sync replication ------------------------------------------------------------------
+    @property
+    def refusal(self) -> str | None:
+        """Why puts are refused now (sync, nobody in sync, ``no_in_sync = refuse``)."""
+        if self.failed is not None:
+            return f"replication stopped: {self.failed}"
+        if self.mode == "sync" and not self.in_sync and self.no_in_sync == "refuse":
+            return "no slave is in sync (no_in_sync = refuse)"
+        return None
+
+    def wait(self, plogs: list[PartitionLog]) -> asyncio.Future | None:
+        """A future done when every in-sync slave holds each log up to its current
+        end; None when nothing needs waiting for (async mode, or nobody in sync)."""
+        if self.mode != "sync":
+            return None
+        if not self.in_sync:
+            self.stats["replication_alone"] += 1
+            return None
+        loop = asyncio.get_running_loop()
+        futs = []
+        for plog in plogs:
+            fut = loop.create_future()
+            end = plog.end
+            q = self._waiters.get(plog)
+            if q is None:
+                q = self._waiters[plog] = collections.deque()
+            q.append((end, fut))
+            futs.append(fut)
+            self._release(plog)
+        self.stats["replication_waits"] += 1
+        return futs[0] if len(futs) == 1 else asyncio.gather(*futs)
+
+    def _release(self, plog: PartitionLog) -> None:
+        q = self._waiters.get(plog)
+        if not q:
+            return
+        low = min((self.replicas[r].positions.get(plog, -1) for r in self.in_sync),
+                  default=None)
+        while q and (low is None or q[0][0] <= low):
+            _end, fut = q.popleft()
+            if not fut.done():
+                fut.set_result(None)
+
+    def _release_all(self) -> None:
+        for plog in list(self._waiters):
+            self._release(plog)
+
+    def fail(self, err: BaseException) -> None:
+        """Stop (fenced or closing): every waiting put fails, none is acknowledged."""
+        self.failed = err
+        for q in self._waiters.values():
+            while q:
+                _end, fut = q.popleft()
+                if not fut.done():
+                    fut.set_exception(NotReplicatedError(str(err)))
+                    fut.exception()
+        self._waiters.clear()
+
+    # -- the periodic check ----------------------------------------------------------------
+    def check(self, now: float | None = None) -> None:
+        """Move slaves that fell behind out of the in-sync set (ZooKeeper first)."""
+        now = time.monotonic() if now is None else now
+        behind = []
+        for r in sorted(self.in_sync):
+            rep = self.replicas[r]
+            worst = self._worst(rep, now)
+            if worst is not None:
+                behind.append(r)
+                log.warning("replica %d leaves the in-sync set: %s", r, worst)
+        if behind:
+            self._sync_written(without=set(behind))
+
+    def _worst(self, rep: _Replica, now: float) -> str | None:
+        for plog in self.storage.logs():
+            nbytes, secs = rep.lag(plog, now)
+            if nbytes >= self.max_lag_bytes:
+                return f"{nbytes} bytes behind on {plog.topic}-{plog.partition}"
+            if nbytes and secs > self.max_lag:
+                return (f"not caught up with {plog.topic}-{plog.partition} for {secs:.1f} s "
+                        f"({nbytes} bytes behind)")
+        return None
+
+    def _sync_written(self, without: set[int] | None = None) -> None:
+        """Bring ZooKeeper's in-sync set to the memory one (minus ``without``, which
+        leave memory only once ZooKeeper no longer lists them)."""
+        if without:
+            self._leaving |= without
+        if self._writing is not None:
+            return
+        want = tuple(sorted(self.in_sync - self._leaving))
+        if want == self.written:
+            self._apply_leaving()
+            return
+        if self.write_in_sync is None:
+            self.written = want
+            self._apply_leaving()
+            return
+        fut = self._writing = self.write_in_sync(want)
+        loop = asyncio.get_running_loop()
+        fut.add_done_callback(lambda f: loop.call_soon_threadsafe(self._written, f, want))
+
+    def _written(self, fut: Future, want: tuple[int, ...]) -> None:
+        self._writing = None
+        err = fut.exception()
+        if err is not None:
+            log.error("writing the in-sync set %s to ZooKeeper failed: %s", list(want), err)
+            return  # the next check or fetch tries again; nobody leaves meanwhile
+        self.written = want
+        self._apply_leaving()
+        if tuple(sorted(self.in_sync - self._leaving)) != self.written:
+            self._sync_written()
+
+    def _apply_leaving(self) -> None:
+        gone = self._leaving - set(self.written)
+        if gone:
+            self.in_sync -= gone
+            self.stats["replication_leaves"] += len(gone)
+            self._leaving -= gone
+            self._release_all()
+
+    # -- reporting -------------------------------------------------------------------------
+    def status(self, now: float | None = None) -> list[dict]:
+        """Per replica: in sync or not, bytes and seconds behind (worst partition)."""
+        now = time.monotonic() if now is None else now
+        out = []
+        for r in sorted(self.replicas):
+            rep = self.replicas[r]
+            worst_bytes, worst_secs = 0, 0.0
+            for plog in self.storage.logs():
+                b, s = rep.lag(plog, now)
+                worst_bytes = max(worst_bytes, b)
+                worst_secs = max(worst_secs, s)
+            out.append({"replica": r, "in_sync": r in self.in_sync,
+                        "listed": r in self.written, "lag_bytes": worst_bytes,
+                        "lag_seconds": round(worst_secs, 3),
+                        "last_fetch_seconds": round(now - rep.last_fetch, 3)})
+        return out
