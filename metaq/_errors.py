@@ -20,7 +20,9 @@ builtin type.
     │   └── ChecksumError                   CRC32 of the payload does not match
     │       └── DamagedMessageError         a consumer met damaged bytes in a log
     ├── StorageError                        the broker's log cannot be used
-    │   └── CorruptLogError                 bad bytes found where none may be
+    │   ├── CorruptLogError                 bad bytes found where none may be
+    │   └── ReplicaDivergedError            bytes copied from a master do not fit the
+    │                                       copy (``topic``, ``partition``, ``offset``)
     ├── BrokerError                         a broker answered a non-200 result
     │   └── (``code`` attribute: 301/400/401/403/404/500/503/504)
     ├── BrokerUnavailableError              a broker cannot be reached, or its connection
@@ -69,6 +71,7 @@ __all__ = [
     "ChecksumError",
     "StorageError",
     "CorruptLogError",
+    "ReplicaDivergedError",
     "BrokerError",
     "BrokerUnavailableError",
     "ConnectionClosedError",
@@ -135,6 +138,22 @@ class StorageError(MetaqError):
 
 class CorruptLogError(StorageError):
     """Bad bytes were found in a part of the log where none may be."""
+
+
+class ReplicaDivergedError(StorageError):
+    """Bytes a master served cannot be copied into its slave's log as they are: they
+    were served from another offset than where the copy ends, or a message among
+    them is bad (impossible length, checksum mismatch, an all-zero header).
+
+    ``topic`` and ``partition`` name the log, ``offset`` the offset concerned (where
+    the bad message starts, or where the bytes were served from).
+    """
+
+    def __init__(self, message: str, *, topic: str, partition: int, offset: int) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
 
 
 class BrokerError(MetaqError):

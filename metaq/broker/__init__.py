@@ -27,7 +27,8 @@ One concept per module:
 ``_topics``       where a put goes: targets by ``<topic> <partition>``, partition
                   -1's round robin, topic creation
 ``_hold``         held gets (the ``hold=<ms>`` long-polling extension)
-``_storage``      partition logs: appends, group commit, reads, retention
+``_storage``      partition logs: appends, group commit, reads, retention, a
+                  slave's copies (``append_copy``, ``truncate``, ``reset``)
 ``_segment``      one segment file: writes, recovery, damaged ranges, boundaries
 ``_registry``     the broker's registration in ZooKeeper
 ================  ==============================================================

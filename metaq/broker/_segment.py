@@ -24,7 +24,7 @@ from metaq._errors import StorageError
 from metaq.broker._timeindex import TimeIndex, last_message_time, time_of
 from metaq.protocol import HEADER, HEADER_SIZE, INT32_MAX, scan, scan_messages
 
-__all__ = ["Segment", "segment_name", "parse_segment_name", "INDEX_STEP"]
+__all__ = ["Segment", "segment_name", "parse_segment_name", "INDEX_STEP", "check_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -205,13 +205,30 @@ class Segment:
         all-zero header also ends the valid messages (a hole, :func:`_hole`); extends
         the sparse ``index`` over the valid ones (:func:`_index_starts`)."""
         view = memoryview(chunk)
-        valid, n, problem = scan_messages(view, max_payload=INT32_MAX)
-        hole = _hole(chunk, view, valid)
-        if hole is not None:
-            valid, n = hole
-            problem = "an all-zero message header"
+        valid, n, problem = check_messages(chunk, view, INT32_MAX)
         _index_starts(view, valid, at, index, tindex)
         return valid, n, problem
+
+    def count_messages(self, offset: int) -> int:
+        """How many valid messages lie from ``offset`` (absolute, a message boundary) to
+        the end of the segment, stepping over damaged ranges (known ones, and any met:
+        resumed where valid messages run again); blocking, reads them."""
+        count = 0
+        pos = offset - self.start
+        while pos < self.size:
+            stop, n, _problem = self._scan_from(pos, [self.start])
+            count += n
+            if stop >= self.size:
+                break
+            known = self.damage_at(self.start + stop)
+            if known is not None and known[1] > self.start + stop:
+                pos = known[1] - self.start
+                continue
+            nxt = self._chain_start(stop + 1)
+            if nxt is None:
+                break
+            pos = nxt
+        return count
 
     def _anchor(self, pos: int) -> int | None:
         """The first position >= ``pos`` where a valid message with a payload starts
@@ -422,6 +439,22 @@ def _zero_header(buf: bytes | memoryview, at: int) -> bool:
 
 
 _ZEROS = bytes(HEADER_SIZE)
+
+
+def check_messages(data: bytes | memoryview, view: memoryview | None = None,
+                   max_payload: int = INT32_MAX) -> tuple[int, int, str | None]:
+    """:func:`~metaq.protocol.scan_messages` of ``data`` (C when built: no Python
+    loop per message), where an all-zero header also ends the valid messages (a
+    hole, :func:`_zero_header`): ``(valid bytes, messages, problem or None)``;
+    problem None when the rest is empty or one message cut short."""
+    if view is None:
+        view = memoryview(data)
+    valid, n, problem = scan_messages(view, max_payload=max_payload)
+    hole = _hole(data, view, valid)
+    if hole is not None:
+        valid, n = hole
+        problem = "an all-zero message header"
+    return valid, n, problem
 
 
 def _hole(chunk: bytes, view: memoryview, valid: int) -> tuple[int, int] | None:

@@ -9,6 +9,12 @@ messages, every ``unflush_interval`` (driven by the broker), or for group
 commit (threshold 0) once per batch of puts, coalescing every put that arrived
 while the previous fsync ran.  Retention deletes whole old segments.
 
+A slave keeps a byte-for-byte copy of its master's logs (issue 26):
+:meth:`PartitionLog.append_copy` appends the master's bytes at the same offsets
+(checked first, all or nothing), :meth:`PartitionLog.truncate` cuts a log back to
+a message boundary (an old master rejoining as a slave drops what the new master
+never had) and :meth:`PartitionLog.reset` starts an empty log at any offset.
+
 Everything except the fsync jobs runs on one thread (the broker's event loop,
 or the caller's thread when used without a loop).
 """
@@ -27,9 +33,16 @@ from pathlib import Path
 from typing import NamedTuple
 
 from metaq._durable import fsync_dir
-from metaq._errors import StorageError
+from metaq._errors import ReplicaDivergedError, StorageError
 from metaq.broker import _timeindex as timeindex
-from metaq.broker._segment import Segment, check_contiguous, parse_segment_name, segment_name
+from metaq.broker._segment import (
+    Segment,
+    check_contiguous,
+    check_messages,
+    parse_segment_name,
+    segment_name,
+)
+from metaq.protocol import MAX_PAYLOAD, scan
 
 __all__ = ["Storage", "PartitionLog", "LogSlice"]
 
@@ -77,6 +90,7 @@ class PartitionLog:
         self._sealed: list[int] = []   # write fds of rolled segments, to fsync and close
         self._dir_dirty = False
         self._inflight: Future | None = None         # running fsync job
+        self._inflight_target = 0                     # the end it makes durable
         self._waiters: asyncio.Future | None = None  # resolved when the running job ends
         self._next: asyncio.Future | None = None     # for puts written while it runs
         self._want_flush = False
@@ -177,6 +191,68 @@ class PartitionLog:
                 self.on_readable(self)
         return start
 
+    def append_copy(self, data: bytes, at: int) -> tuple[int, int]:
+        """Append the whole messages at the start of ``data``, bytes a master served
+        from its offset ``at`` (a ``get`` reply), at the same offsets: a slave's copy.
+        Returns ``(bytes appended, messages appended)``.
+
+        A trailing partial message (a ``get`` reply may end in one) is not appended
+        and is no error: the next copy starts with it; ``(0, 0)`` when ``data`` does
+        not hold one whole message (ask the master for more bytes).
+
+        All or nothing: every message is checked before anything is written (a
+        length the protocol allows, ``CRC32(payload) & 0x7FFFFFFF`` equal to the
+        header's checksum, no all-zero header), in one C scan when the speedups are
+        built; a bad one raises :class:`~metaq.ReplicaDivergedError` naming the
+        topic, partition, its offset (``.offset``) and what is wrong, and nothing of
+        the call is written, the good messages before it neither (the log still ends
+        at ``at``; the caller can copy ``data[:err.offset - at]`` if it wants them).
+        ``at`` other than :attr:`end` raises it too (``.offset`` is ``at``).
+
+        Written like :meth:`append` (its rolls, ``unflush_threshold``, flushes and
+        :attr:`on_readable`): where a segment would pass ``max_segment_size`` the
+        bytes are split at a message boundary, so segments roll where this log's own
+        size says (maybe not where the master's did); offsets are the master's.  A
+        write that fails raises StorageError with the pieces before it kept (the log
+        then ends at :attr:`end`, always at a message boundary).
+        """
+        if self.closed:
+            raise StorageError(f"partition {self.topic}-{self.partition} is closed")
+        if at != self.end:
+            raise ReplicaDivergedError(
+                f"copy of {self.topic}-{self.partition}: bytes served from offset {at}, but "
+                f"this log ends at offset {self.end}: nothing written",
+                topic=self.topic, partition=self.partition, offset=at)
+        if type(data) is not bytes:
+            data = bytes(data)
+        valid, count, problem = check_messages(data, None, MAX_PAYLOAD)
+        if problem is not None:
+            bad = at + valid
+            raise ReplicaDivergedError(
+                f"copy of {self.topic}-{self.partition}: bad message at offset {bad}: "
+                f"{problem}; nothing of the {len(data)} bytes served from offset {at} "
+                f"written", topic=self.topic, partition=self.partition, offset=bad)
+        if not count:
+            return 0, 0
+        room = self.storage.max_segment_size - self.segments[-1].size
+        if valid <= room:
+            self.append(data if valid == len(data) else data[:valid], count)
+            return valid, count
+        # split where segments fill up: the message starts (an int32 array, from C)
+        starts = memoryview(scan(data[:valid], False, MAX_PAYLOAD, True)[0]).cast("i")
+        done = k = 0  # bytes and messages written
+        max_size = self.storage.max_segment_size
+        while done < valid:
+            room = max_size - self.segments[-1].size
+            # the last start with the messages before it fitting in room; at least one
+            j = bisect.bisect_right(starts, done + room, k + 1, count + 1) - 1
+            if j == k:
+                j = k + 1  # one message bigger than the room: append rolls first
+            end = starts[j]
+            self.append(data[done:end], j - k)
+            done, k = end, j
+        return valid, count
+
     def _roll(self) -> Segment:
         old = self.segments[-1]
         new = Segment(self.dir / segment_name(old.end), old.end, writable=True)
@@ -218,6 +294,7 @@ class PartitionLog:
     def _start(self, waiters: asyncio.Future) -> None:
         cf, target = self._submit_flush()
         self._inflight = cf
+        self._inflight_target = target
         self._waiters = waiters
         loop = asyncio.get_running_loop()
         cf.add_done_callback(
@@ -408,6 +485,209 @@ class PartitionLog:
             log.info("retention deleted %s (offsets %d..%d)", seg.path, seg.start, seg.end)
         self._reap_retired()
         return deleted
+
+    # -- cutting back (a slave's log) -------------------------------------------------------
+    def truncate(self, offset: int) -> tuple[int, int]:
+        """Cut the log back to ``offset``: a message boundary in ``[min_offset, end]``
+        (else StorageError naming it); ``(bytes removed, messages removed)``.  What an
+        old master drops when it rejoins as a slave: what the new master never had.
+
+        Later segments are deleted whole, the one holding ``offset`` is cut there and
+        becomes the writable one; the boundary and time indexes and the damaged ranges
+        lose what lay past ``offset``; files and directory are fsynced before it returns
+        (so :attr:`durable_end` is the new end; ``offset == end`` cuts nothing and
+        fsyncs what is pending).  Blocking, on the event loop thread:
+        it waits for an fsync in flight (and completes it, answering its group
+        commits) rather than refusing, reads the cut part to count its messages, and
+        finding the boundary may scan a sealed segment.
+
+        Readers holding pinned slices (a ``sendfile`` in progress, a time lookup) keep
+        reading the bytes they pinned: a deleted segment stays open until unpinned, and
+        a pinned segment is cut by writing what is kept to a new file renamed over it
+        (the old file, unlinked, stays open for them) instead of in place.
+        """
+        end = self.end
+        if offset == end:  # nothing to cut; durable all the same
+            self._settle_flushes()
+            self.flush()
+            return 0, 0
+        where = f"{self.topic}-{self.partition}"
+        if not self.min_offset <= offset < end:
+            raise StorageError(f"cannot truncate {where} to offset {offset}: outside the log "
+                               f"[{self.min_offset}, {end}]")
+        i = bisect.bisect_right(self._starts, offset) - 1
+        if offset == self.segments[i].start and i > 0:
+            i -= 1  # cut at a segment start: the one before ends there, whole
+        seg = self.segments[i]
+        if offset < seg.end:
+            known = seg.damage_at(offset)
+            ok = (known[0] == offset) if known is not None else (
+                seg.boundary_at_or_before(offset) == offset)
+            if not ok:
+                raise StorageError(f"cannot truncate {where} to offset {offset}: not a message "
+                                   f"boundary (a message or damaged range runs across it)")
+        self._settle_flushes()
+        messages = seg.count_messages(offset) if offset < seg.end else 0
+        for later in self.segments[i + 1:]:
+            messages += later.count_messages(later.start)
+        try:
+            if self._sealed:  # rolled since the last fsync: kept ones must be durable
+                _fsync_job(self._sealed, None, None)
+        except OSError as e:
+            raise StorageError(f"fsync of {self.dir} failed: {e}") from e
+        finally:
+            self._sealed = []
+        try:
+            for later in self.segments[i + 1:]:
+                self._delete_segment(later)
+            del self.segments[i + 1:]
+            del self._starts[i + 1:]
+            self.segments[i] = self._cut(seg, offset)
+            os.fsync(self.segments[i].wfd)
+            fsync_dir(self.dir)
+        except OSError as e:
+            raise StorageError(f"cannot truncate {where} to offset {offset}: {e}") from e
+        finally:
+            self._reap_retired()
+        self._now_durable()
+        log.warning("truncated %s from offset %d to %d: %d bytes, %d messages removed",
+                    self.dir, end, offset, end - offset, messages)
+        return end - offset, messages
+
+    def reset(self, start: int) -> None:
+        """Drop every segment and start an empty log whose first segment starts at
+        ``start`` (``<start>.meta``, kept across restarts): a new slave whose master's
+        log begins above 0 after retention, or one whose log lies wholly below the
+        master's start.  Fsynced before it returns; blocking like :meth:`truncate`
+        (pinned readers keep their deleted segments until unpinned)."""
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise StorageError(f"cannot reset {self.topic}-{self.partition} to offset "
+                               f"{start!r}: a start is an int >= 0")
+        self._settle_flushes()
+        sealed, self._sealed = self._sealed, []
+        for fd in sealed:  # the segments they write are deleted: nothing to fsync
+            os.close(fd)
+        old = (self.min_offset, self.end)
+        try:
+            for seg in self.segments:
+                self._delete_segment(seg)
+            self.segments = []
+            self._starts = []
+            seg = Segment(self.dir / segment_name(start), start, writable=True)
+            if seg.size:  # a stray leftover of the name: the log starts empty
+                os.ftruncate(seg.wfd, 0)
+                seg.size = 0
+                seg.tindex = timeindex.TimeIndex()
+            seg.indexed = True
+            self.segments = [seg]
+            self._starts = [start]
+            os.fsync(seg.wfd)
+            fsync_dir(self.dir)
+        except OSError as e:
+            raise StorageError(f"cannot reset {self.topic}-{self.partition} to offset "
+                               f"{start}: {e}") from e
+        finally:
+            self._reap_retired()
+        self.durable_end = start
+        self._now_durable()
+        log.warning("reset %s (offsets %d..%d) to an empty log starting at offset %d",
+                    self.dir, old[0], old[1], start)
+
+    def _settle_flushes(self) -> None:
+        """Wait for the fsync in flight (and any it starts for puts that waited) and
+        complete it here, so no job of the log as it was lands after a cut."""
+        while self._inflight is not None:
+            cf = self._inflight
+            try:
+                cf.result()
+            except OSError:
+                pass  # reported by _flush_done
+            self._flush_done(cf, self._inflight_target)
+
+    def _now_durable(self) -> None:
+        """Everything is on disk (after a cut): no flush is due."""
+        self.unflushed = 0
+        self._dir_dirty = False
+        self.last_flush = time.monotonic()
+        grew = self.end > self.durable_end
+        self.durable_end = self.end
+        if grew and self.on_readable is not None and self.storage.unflush_threshold == 0:
+            self.on_readable(self)
+
+    def _delete_segment(self, seg: Segment) -> None:
+        """Unlink ``seg`` and the files beside it; its file stays open (retired) until
+        no reader holds it."""
+        for path in (seg.path, timeindex.path_for(seg.path), seg.damage_file):
+            path.unlink(missing_ok=True)
+        if seg.wfd is not None:
+            os.close(seg.wfd)
+            seg.wfd = None
+        seg.retired = True
+        self._retired.append(seg)
+
+    def _cut(self, seg: Segment, offset: int) -> Segment:
+        """``seg`` cut at ``offset`` (<= its end) as the writable segment: a new
+        :class:`Segment` of the same file (the old object is retired); in place unless
+        a reader has it pinned (then the kept bytes are copied to a new file renamed
+        over it)."""
+        keep = offset - seg.start
+        if seg.pins > 0 and keep < seg.size:
+            tmp = seg.path.with_name(seg.path.name + ".truncating")
+            with open(tmp, "wb") as f:
+                pos = 0
+                while pos < keep:
+                    chunk = seg.pread(seg.start + pos, min(keep - pos, 8 << 20))
+                    if not chunk:
+                        raise OSError(f"{seg.path} ends at {pos} bytes, before {keep}")
+                    f.write(chunk)
+                    pos += len(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, seg.path)
+        elif keep < seg.size:
+            fd = os.open(seg.path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, keep)
+            finally:
+                os.close(fd)
+        if seg.wfd is not None:
+            os.close(seg.wfd)
+            seg.wfd = None
+        timeindex.path_for(seg.path).unlink(missing_ok=True)  # a writable one has none
+        seg.retired = True
+        self._retired.append(seg)
+        new = Segment(seg.path, seg.start, writable=True)
+        if new.size != keep:
+            raise OSError(f"{seg.path} holds {new.size} bytes after the cut, not {keep}")
+        damaged = [(a, b, why) for a, b, why in seg.damaged if a < offset]
+        if damaged != seg.damaged:
+            self._rewrite_damage(new, damaged)
+        new.damaged = damaged
+        if seg.tindex is None:  # not loaded: rebuild both indexes with a checked scan
+            new.recover()
+        else:
+            new.index = [b for b in seg.index if b < offset] or [seg.start]
+            new.indexed = seg.indexed
+            ti = timeindex.TimeIndex()
+            for o, t in zip(seg.tindex.offsets, seg.tindex.times, strict=False):
+                if o < offset:
+                    ti.add(o, t)
+            new.tindex = ti
+        return new
+
+    @staticmethod
+    def _rewrite_damage(seg: Segment, damaged: list[tuple[int, int, str]]) -> None:
+        """Replace ``seg``'s damage file with ``damaged`` (atomically, fsynced)."""
+        path = seg.damage_file
+        if not damaged:
+            path.unlink(missing_ok=True)
+            return
+        tmp = path.with_name(path.name + ".new")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(f"{a} {b} {why}\n" for a, b, why in damaged)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
 
     def _reap_retired(self) -> None:
         keep = []
