@@ -1,4 +1,5 @@
-"""``metaq broker start``: run a Metaq-compatible broker in the foreground.
+"""``metaq broker start``: run a Metaq-compatible broker in the foreground;
+``metaq broker promote``: make a slave the master of its broker id.
 
 Runs until SIGTERM or SIGINT, then unregisters from ZooKeeper, fsyncs the
 logs and exits 0.  Once serving it prints one line to stdout::
@@ -11,10 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+import zk_layout
 from metaq._cli._numbers import integer, number, size
 from metaq._cli._zkflags import add_zk_root_arg, add_zk_security_args, security_from_args
-from metaq._errors import ConfigError
-from metaq.broker import Broker, load_config, parse_topic_spec
+from metaq._errors import ConfigError, CoordinationError
+from metaq._zkclient import make_client
+from metaq.broker import Broker, load_config, parse_topic_spec, promote
 
 __all__ = ["register"]
 
@@ -82,8 +85,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                        help="answer as a Java Metaq 1.4 broker does in these ways, for "
                             "interoperability tests (comma-separated: "
                             f"{', '.join(_JAVA)})")
+    rep = start.add_argument_group("replication (README, \"Replication\")")
+    rep.add_argument("--slave-of", type=integer, metavar="BROKER_ID",
+                     help="start as a slave of this broker id (copies its master; sets --id)")
+    rep.add_argument("--slave-id", type=integer, metavar="N",
+                     help="this broker's replica number, slave<N> in ZooKeeper (default 1 "
+                          "for a slave, 0 for a master)")
+    rep.add_argument("--replication", choices=("async", "sync"),
+                     help="acknowledge puts once in this log (async, default) or once every "
+                          "in-sync slave has them (sync)")
+    rep.add_argument("--replication-max-lag", type=number, metavar="SECONDS",
+                     help="a slave not caught up for this long leaves the in-sync set "
+                          "(default 5)")
+    rep.add_argument("--no-in-sync", choices=("continue", "refuse"),
+                     help="with sync replication and no slave in sync: continue alone "
+                          "(default, reported) or refuse puts")
+    rep.add_argument("--auto-promote", action="store_true", default=None,
+                     help="as an in-sync slave, take over when the master's ZooKeeper "
+                          "session ends")
+    rep.add_argument("--zk-session-timeout", type=number, metavar="SECONDS",
+                     help="ZooKeeper session timeout (default 10); a failover waits for it")
     add_zk_security_args(start)
     start.set_defaults(func=_start)
+
+    promote = sub.add_parser(
+        "promote", help="make a slave the master of its broker id",
+        description="Name replica N (a slave, ZooKeeper's slave<N>) master of the broker id's "
+                    "next epoch.  The slave stops copying, records its log ends as the epoch's "
+                    "start and takes over once the old master let go (a live old master "
+                    "steps down at once, cuts its logs back and follows).  Refused for a "
+                    "slave that is not in sync unless --force.")
+    promote.add_argument("broker_id", type=integer, help="the broker id")
+    promote.add_argument("--replica", type=integer, required=True, metavar="N",
+                         help="the replica to promote")
+    promote.add_argument("--force", action="store_true",
+                         help="promote even a slave that is not in sync (it loses what it "
+                              "has not copied)")
+    promote.add_argument("--zk", dest="zk_connect", metavar="HOST:PORT[/CHROOT]", required=True,
+                         help="ZooKeeper connect string")
+    add_zk_root_arg(promote)
+    add_zk_security_args(promote)
+    promote.set_defaults(func=_promote)
 
 
 #: ``--java`` names -> BrokerConfig's java_* fields (README, "Running against an existing
@@ -102,6 +144,24 @@ def _java_behaviours(text: str) -> dict[str, bool]:
     return out
 
 
+def _promote(args: argparse.Namespace) -> int:
+    client = make_client(args.zk_connect, timeout=10.0, security=security_from_args(args))
+    try:
+        client.start(timeout=15.0)
+    except Exception as e:  # noqa: BLE001 - reported as the CLI's error
+        raise CoordinationError(f"cannot connect to ZooKeeper at {args.zk_connect}: {e}") \
+            from None
+    try:
+        state = promote(client, zk_layout.Layout(args.zk_root), args.broker_id, args.replica,
+                        force=args.force)
+    finally:
+        client.stop()
+        client.close()
+    print(f"broker {args.broker_id}: replica {state.master} named master of epoch "
+          f"{state.epoch}; it takes over once the old master let go", flush=True)
+    return 0
+
+
 def _start(args: argparse.Namespace) -> int:
     if args.group_commit and args.unflush_threshold not in (None, 0):
         raise ConfigError("--group-commit and --unflush-threshold N > 0 contradict each other")
@@ -109,9 +169,18 @@ def _start(args: argparse.Namespace) -> int:
     for spec in args.topics:
         name, n = parse_topic_spec(spec, args.num_partitions or 1)
         topics[name] = n
+    broker_id = args.broker_id
+    if args.slave_of is not None:
+        if broker_id is not None and broker_id != args.slave_of:
+            raise ConfigError(f"--slave-of {args.slave_of} and --id {broker_id} differ: a "
+                              f"slave has its master's broker id")
+        broker_id = args.slave_of
     config = load_config(
         args.config,
-        broker_id=args.broker_id, zk_connect=args.zk_connect, zk_root=args.zk_root,
+        slave_of=args.slave_of, slave_id=args.slave_id, replication=args.replication,
+        replication_max_lag=args.replication_max_lag, no_in_sync=args.no_in_sync,
+        auto_promote=args.auto_promote, zk_session_timeout=args.zk_session_timeout,
+        broker_id=broker_id, zk_connect=args.zk_connect, zk_root=args.zk_root,
         host=args.host, port=args.port, advertised_host=args.advertised_host,
         data_dir=args.data_dir, topics=topics or None, num_partitions=args.num_partitions,
         auto_create_topics=args.auto_create_topics,

@@ -30,12 +30,19 @@ One concept per module:
 ``_storage``      partition logs: appends, group commit, reads, retention, a
                   slave's copies (``append_copy``, ``truncate``, ``reset``)
 ``_segment``      one segment file: writes, recovery, damaged ranges, boundaries
-``_registry``     the broker's registration in ZooKeeper
+``_registry``     the broker's registration in ZooKeeper, and the decisions of
+                  who leads a replicated broker id (promotion, stepping down)
+``_role``         master, slave or fenced on the event loop side: the epoch,
+                  the lease, the marker file of a data directory
+``_replicas``     a master's slaves: copy positions, the in-sync set, the puts
+                  waiting for sync replication
+``_follower``     a slave's copy of its master, partition by partition
 ================  ==============================================================
 """
 
 from metaq.broker._broker import Broker
 from metaq.broker._config import BrokerConfig, load_config, parse_topic_spec
+from metaq.broker._registry import promote
 from metaq.broker._server import VERSION, BrokerServer
 from metaq.broker._storage import LogSlice, PartitionLog, Storage
 
@@ -49,4 +56,5 @@ __all__ = [
     "VERSION",
     "load_config",
     "parse_topic_spec",
+    "promote",
 ]

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from metaq._errors import (
     BrokerUnavailableError,
     ConnectionClosedError,
+    ProtocolError,
     ReplicaDivergedError,
     StorageError,
 )
@@ -47,7 +48,6 @@ from metaq.protocol import (
     HEADER_SIZE,
     HOLD_CAPABILITY,
     OPAQUE_MASK,
-    ProtocolError,
     ReplyParser,
     Value,
     encode_get,
@@ -285,7 +285,11 @@ class Follower:
                 reply = await link.request(lambda o, t=topic, p=p, off=offset, h=hold: encode_get(
                     t, self.group, p, off, copy.max_size, o, h))
             except BrokerUnavailableError:
-                continue  # the connector reconnects; _linked is cleared meanwhile
+                if self._link is link:  # the connector reconnects; wait for it
+                    self._link = None
+                    self._linked.clear()
+                await asyncio.sleep(0)
+                continue
             if type(reply) is Value:
                 if not await self._append(copy, reply.body, offset):
                     if copy.state == "diverged":

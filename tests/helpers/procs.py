@@ -182,12 +182,15 @@ class BrokerProc:
 
     def registered(self, client: KazooClient) -> bool:
         """True when ZooKeeper has this process's master node and every topic's
-        ``topics-pub`` node with the right partition count."""
+        ``topics-pub`` node with the right partition count; for a replica (a broker
+        given ``--slave-of``), its ``slave<N>`` node or the master node."""
         layout = self.layout
+        role = self._our_node(client)
+        if role is None:
+            return False
+        if role != "master":
+            return True
         try:
-            data, _ = client.get(layout.broker_master(self.broker_id))
-            if decode_broker_uri(data).port != self.port:
-                return False
             for topic, n in self.topics.items():
                 data, _ = client.get(layout.topic_pub(topic, self.broker_id))
                 if decode_topic_broker(data).num_parts != n:
@@ -196,17 +199,36 @@ class BrokerProc:
             return False
         return True
 
+    def _our_node(self, client: KazooClient) -> str | None:
+        """The child of ``ids/<id>`` holding this process's address (``master``,
+        ``slave<N>``), or None."""
+        base = self.layout.broker_id(self.broker_id)
+        try:
+            children = client.get_children(base)
+        except NoNodeError:
+            return None
+        for name in sorted(children):
+            if name != "master" and not name.startswith("slave"):
+                continue
+            try:
+                data, _ = client.get(f"{base}/{name}")
+                if decode_broker_uri(data).port == self.port:
+                    return name
+            except (NoNodeError, ValueError):
+                continue
+        return None
+
     def wait_registered(self, timeout: float = _STARTUP_TIMEOUT) -> None:
         with _kazoo(self.zk_connect) as client:
             wait_until(lambda: self._alive_or_fail() and self.registered(client), timeout, 0.02,
                        what=f"broker {self.broker_id} to register in ZooKeeper")
 
     def wait_unregistered(self, timeout: float = _STARTUP_TIMEOUT) -> None:
-        """Wait until its master node is gone (after kill: when its session expires)."""
-        path = self.layout.broker_master(self.broker_id)
+        """Wait until no node of its broker id holds its address (after kill: when its
+        session expires)."""
         with _kazoo(self.zk_connect) as client:
-            wait_until(lambda: client.exists(path) is None, timeout, 0.02,
-                       what=f"broker {self.broker_id}'s master node to go away")
+            wait_until(lambda: self._our_node(client) is None, timeout, 0.02,
+                       what=f"broker {self.broker_id}'s node (port {self.port}) to go away")
 
     def _alive_or_fail(self) -> bool:
         if not self.alive:
