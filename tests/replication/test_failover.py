@@ -7,13 +7,15 @@ same bytes."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 
 import pytest
+from helpers.procs import read_partition
 from kazoo.client import KazooClient
 
 import zk_layout
-from helpers.procs import read_partition
 from metaq import Producer
 from metaq.testing import wait_until
 
@@ -85,8 +87,6 @@ def test_sync_failover_loses_nothing_acknowledged(zk_connect, broker_factory, tm
         shutil.rmtree(tmp_path / "m")  # the machine and its disk are gone
         at_kill = len(acked)
         if how == "command":
-            import subprocess
-            import sys
             out = subprocess.run([sys.executable, "-m", "metaq", "broker", "promote", "0",
                                   "--replica", "1", "--zk", zk_connect],
                                  capture_output=True, text=True, timeout=60)
@@ -101,8 +101,6 @@ def test_sync_failover_loses_nothing_acknowledged(zk_connect, broker_factory, tm
     served = read_all(slave, topics)
     lost = [(p, o, b) for p, o, b in acked if served.get((p, o)) != b]
     assert not lost, f"{len(lost)} acknowledged messages lost, first {lost[:3]}"
-    bodies = sorted(served.values())
-    assert len(bodies) == len(set(bodies)) or True  # duplicates: idempotent producer's job
 
     # the old master returns (its disk replaced): it copies from the new master
     master.start(wait=False)
