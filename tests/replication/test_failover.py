@@ -108,3 +108,58 @@ def test_sync_failover_loses_nothing_acknowledged(zk_connect, broker_factory, tm
     wait_until(lambda: (st := replication_state(zk_connect)) is not None and 0 in st.in_sync,
                30, what="the old master to rejoin as an in-sync slave")
     assert read_all(master, topics) == read_all(slave, topics)
+
+
+def stat(proc, name: str) -> str:
+    with proc.connection() as conn:
+        for line in conn.stats().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "STAT" and parts[1] == name:
+                return " ".join(parts[2:])
+    raise AssertionError(f"no STAT {name}")
+
+
+def test_async_failover_loss_is_bounded_by_the_lag_and_reported(zk_connect, broker_factory,
+                                                                tmp_path):
+    """Async replication: what a kill loses is at most the lag the master reported
+    just before it (plus what it acknowledged after that report), and the old master,
+    back, reports every byte it cut."""
+    topics = {"a": 1}
+    args = ["--zk-session-timeout", "3"]
+    master = broker_factory(topics, zk_connect=zk_connect, process=True, group_commit=True,
+                            data_dir=tmp_path / "m", zk_session_timeout=3.0, extra_args=args)
+    slave = broker_factory({}, zk_connect=zk_connect, process=True,
+                           data_dir=tmp_path / "s", zk_session_timeout=3.0,
+                           extra_args=["--slave-of", "0", "--auto-promote", *args])
+    wait_until(lambda: 1 in replication_state(zk_connect).in_sync, 20, what="slave in sync")
+    acked: list = []
+    errors: list = []
+    stop = threading.Event()
+    t = steady_producer(zk_connect, "a", acked, errors, stop)
+    try:
+        wait_until(lambda: len(acked) > 500, 20, what="sends before the kill")
+        slave.pause()  # the slave falls behind (within its max lag: it stays in sync)
+        n = len(acked)
+        wait_until(lambda: len(acked) > n + 100, 20, what="sends the slave has not copied")
+        lag = int(stat(master, "replication_slave").split()[4])  # "1 in_sync x lag_bytes N"
+        reported_at = len(acked)
+        master.kill()
+        killed_at = len(acked)
+        slave.resume()
+        wait_until(lambda: replication_state(zk_connect).master == 1, 20, what="promotion")
+        wait_until(lambda: len(acked) > killed_at + 200, 30, what="sends after the failover")
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors, errors[:3]
+    served = read_all(slave, topics)
+    lost = [(p, o, b) for p, o, b in acked if served.get((p, o)) != b]
+    lost_bytes = sum(20 + len(b) for _p, _o, b in lost)
+    after_report = sum(20 + len(b) for _p, _o, b in acked[reported_at:killed_at])
+    assert 0 < lost_bytes <= lag + after_report, (lost_bytes, lag, after_report)
+    master.start(wait=False)  # its disk kept: it cuts back what the new master never had
+    master.wait_serving()
+    wait_until(lambda: 0 in replication_state(zk_connect).in_sync, 30,
+               what="the old master to rejoin")
+    assert int(stat(master, "replication_truncated_bytes")) >= lost_bytes
+    assert read_all(master, topics) == read_all(slave, topics)
