@@ -34,6 +34,7 @@ from metaq.broker._topics import PutTarget, Topics
 from metaq.broker._transactions import Transactions
 from metaq.protocol import (
     BOUNDARY_CAPABILITY,
+    CHECKSUM_MASK,
     HOLD_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     BadRequest,
@@ -43,8 +44,10 @@ from metaq.protocol import (
     PutRequest,
     QuitRequest,
     StatsRequest,
+    SyncRequest,
     TransactionRequest,
     VersionRequest,
+    crc32,
     encode_value_header,
     replica_of_group,
     unwritten_partition_text,
@@ -102,6 +105,9 @@ class BrokerServer:
         self.role: Role | None = None
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
+        #: answer ``sync`` (a master replicating a put, :meth:`_sync`): a slave's broker
+        #: sets it; otherwise a sync is answered 403
+        self.accepts_sync = False
 
     async def start(self) -> int:
         self._server = await asyncio.get_running_loop().create_server(
@@ -249,6 +255,8 @@ class BrokerServer:
                 conn.send(answer(self.stats_text(r.item).encode(), r.opaque))
             elif t is TransactionRequest:
                 self.tx.handle(conn, r)
+            elif t is SyncRequest:
+                self._sync(conn, r)
             elif t is QuitRequest:
                 conn.close_after_replies()
                 return
@@ -301,6 +309,36 @@ class BrokerServer:
         """One group of the put step (``_puts.put_group``); a method, looked up per
         read, so that a test can watch how a read's puts are grouped."""
         return put_group(target, puts, ids)
+
+    def _sync(self, conn: Connection, r: SyncRequest) -> None:
+        """``sync``: store the master's put with the msgId it carries at the partition's
+        end, answered as Java's Gregor slave does (``GregorCommandProcessor``: the put's
+        ``result 200 <msgId> <partition> <offset>``, 403 for a closed partition; the
+        topic created as a put would create it), through the put step (its checksum
+        check, 400 and nothing written when wrong; the reply behind the fsync with
+        group commit).  403 unless :attr:`accepts_sync`."""
+        self.stats["cmd_put"] += 1
+        if not self.accepts_sync:
+            self.stats["put_failed"] += 1
+            conn.send(result(403, f"broker {self.config.broker_id} is not a slave; sync is "
+                                  f"only accepted by a slave", r.opaque))
+            return
+        target = self.topics.target(r.topic, r.partition) if r.partition >= 0 else None
+        if target is None:
+            self.stats["put_failed"] += 1
+            conn.send(result(404 if r.partition >= 0 else 400,
+                             f"topic {r.topic} partition {r.partition} not found"
+                             if r.partition >= 0 else f"bad partition {r.partition}", r.opaque))
+            return
+        check = r.checksum if r.checksum != -1 else crc32(r.payload) & CHECKSUM_MASK
+        replies, failed, wrote = self._put_group(
+            target, [(target, r.length, r.flag, check, b"%d" % r.opaque, r.payload)],
+            [r.msg_id])
+        self.stats["put_failed"] += failed
+        if wrote and self.config.unflush_threshold == 0:
+            conn.send_gated(Gate(target.log.request_flush(), replies[0], [r.opaque]))
+        else:
+            conn.send(replies[0])
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1

@@ -214,10 +214,13 @@ class PartitionLog:
         bytes are split at a message boundary, so segments roll where this log's own
         size says (maybe not where the master's did); offsets are the master's.  A
         write that fails raises StorageError with the pieces before it kept (the log
-        then ends at :attr:`end`, always at a message boundary).
+        then ends at :attr:`end`, always at a message boundary).  With group commit
+        (``unflush_threshold`` 0) what is copied becomes readable once fsynced: the
+        caller asks for it (:meth:`request_flush`), as the put step does.
         """
         if self.closed:
-            raise StorageError(f"partition {self.topic}-{self.partition} is closed")
+            raise StorageError(f"partition {self.topic}-{self.partition} is closed: the copy "
+                               f"of the bytes served from offset {at} is refused")
         if at != self.end:
             raise ReplicaDivergedError(
                 f"copy of {self.topic}-{self.partition}: bytes served from offset {at}, but "

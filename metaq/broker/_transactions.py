@@ -18,6 +18,9 @@ States (Java's ``Transaction``)::
     START --put--> IN_USE --PREPARE (XA)--> PREPARED
       |              |                         |
       +--------------+--COMMIT / ROLLBACK------+--> FINISHED (forgotten)
+                                               |                ^
+                                               +--COMMIT--> COMMITTING (its decision
+                                                   being fsynced, then appended)
 
 PREPARE of a branch with no put answers XA_RDONLY and finishes it; COMMIT_TWO_PHASE
 needs PREPARED (else XAER_PROTO); COMMIT_ONE_PHASE commits START or IN_USE (and,
@@ -32,6 +35,16 @@ Durability follows the broker's flush rules: with group commit every answer wait
 for the journal's (and, for a commit, the partitions') fsync; otherwise only
 PREPARE and the commit of a prepared branch wait for the journal's fsync, the
 rest is written at once (kill -9 loses nothing: the page cache keeps it).
+
+The commit of a prepared branch, under any flush rule, first makes its decision
+durable (the journal's ``D`` record, fsynced off the event loop; the branch is
+COMMITTING meanwhile and refuses any other request) and only then appends its
+messages: were they appended first, the OS could write them to disk before the
+journal's record, and a power loss between the two would leave them in the log
+with the branch still prepared, which its transaction manager then commits
+again.  A ``D`` without the ``C`` that follows the appends is finished at
+recovery: the messages are looked for (by their bytes, msgId included) from the
+``D``'s lower bounds, and appended where missing, never twice.
 """
 
 from __future__ import annotations
@@ -74,6 +87,8 @@ __all__ = ["Transactions"]
 log = logging.getLogger(__name__)
 
 START, IN_USE, PREPARED, FINISHED = "START", "IN_USE", "PREPARED", "FINISHED"
+#: a prepared branch whose commit is decided, its decision being fsynced (then appended)
+COMMITTING = "COMMITTING"
 
 
 class TxError(Exception):
@@ -114,6 +129,7 @@ class Transactions:
         self.xa: dict[str, Tx] = {}
         self.local: dict[Any, dict[str, Tx]] = {}
         self._keys: dict[str, Any] = {}  # parsed transaction keys of recent puts
+        self._closed = False
 
     # -- start and stop --------------------------------------------------------------------
     def recover(self) -> None:
@@ -122,7 +138,7 @@ class Transactions:
         keep: list[Replayed] = []
         rolled = 0
         for tx in self.journal.replay():
-            if tx.committed is not None:
+            if tx.committed is not None or tx.decided is not None:
                 self._redo(tx)
             elif tx.rolled_back:
                 continue
@@ -156,18 +172,31 @@ class Transactions:
 
     def _redo(self, tx: Replayed) -> None:
         """A commit the journal has: append what the logs lack (a crash between the
-        journal's record and the appends), never twice."""
-        assert tx.committed is not None
+        journal's record and the appends), never twice.  With only its decision
+        (``D``, no ``C``), where the messages start is looked for from the decision's
+        lower bounds (:func:`_find_appended`)."""
+        exact = tx.committed is not None
+        places = tx.committed if exact else tx.decided
+        assert places is not None
         by_part: dict[tuple[str, int], list[bytes]] = collections.defaultdict(list)
         for topic, partition, message in tx.puts:
             by_part[(topic, partition)].append(message)
-        for topic, partition, start, length in tx.committed:
+        for topic, partition, start, length in places:
             plog = self.storage.get(topic, partition)
             data = b"".join(by_part.get((topic, partition), []))
-            if plog is None or len(data) != length:
+            if plog is None or len(data) != length or not data:
                 log.error("committed transaction %s: cannot finish its part in %s-%d",
                           tx.key, topic, partition)
                 continue
+            if not exact:
+                found = _find_appended(plog, start, data)
+                if found is None:  # nothing of it reached the log
+                    plog.append(data, _count(data))
+                    log.warning("transaction %s, committed (decided) before a crash: "
+                                "appended its %d bytes to %s-%d", tx.key, len(data), topic,
+                                partition)
+                    continue
+                start = found
             have = plog.end - start
             if have >= length:
                 continue
@@ -182,6 +211,7 @@ class Transactions:
                         "of %s-%d", tx.key, len(rest), topic, partition)
 
     def close(self) -> None:
+        self._closed = True
         for tx in list(self.xa.values()) + [t for m in self.local.values() for t in m.values()]:
             if tx.timer is not None:
                 tx.timer.cancel()
@@ -211,6 +241,9 @@ class Transactions:
                 self._commit(conn, r, r.type == "COMMIT_ONE_PHASE")
             elif r.type == "ROLLBACK":
                 tx = self._find(conn, key.text, key.is_xa)
+                if tx.state == COMMITTING:
+                    raise TxError("Cannot call rollback now: the branch is committing.",
+                                  XAER_PROTO)
                 self._finish(tx, committed=False)
                 self.stats["tx_rolled_back"] += 1
                 self._reply(conn, r.opaque, b"", sync=self.group_commit)
@@ -360,28 +393,72 @@ class Transactions:
             self._finish(tx, committed=False)
             raise TxError(f"COMMIT FAILED: partition {closed[0]} is closed; transaction "
                           f"rolled back", XA_RBOTHER)
-        was_prepared = tx.state == PREPARED
+        if tx.state == PREPARED:
+            self._commit_prepared(conn, r, tx)
+            return
         written = self._append(tx)
         self._finish(tx, committed=True)
         self.stats["tx_committed"] += 1
-        sync = self.group_commit or was_prepared
         futs = [plog.request_flush() for plog in written] if self.group_commit else []
-        self._reply(conn, r.opaque, b"", sync=sync, also=futs)
+        self._reply(conn, r.opaque, b"", sync=self.group_commit, also=futs)
+
+    def _commit_prepared(self, conn: Connection, r: TransactionRequest, tx: Tx) -> None:
+        """The commit of a prepared branch (module docstring): its decision (``D``)
+        fsynced off the event loop, the branch COMMITTING meanwhile; then the appends
+        and ``C`` (:meth:`_append`); answered (in its place among the connection's
+        replies) after the journal's fsync, and the partitions' with group commit."""
+        tx.state = COMMITTING
+        groups = _by_partition(tx)
+        self.journal.decide(tx.key, [(topic, partition, plog.end, len(data))
+                                     for plog, (topic, partition, data, _n) in groups.items()])
+        loop = asyncio.get_running_loop()
+        out: asyncio.Future = loop.create_future()
+        conn.send_gated(Gate(out, result(200, "", r.opaque), [r.opaque]))
+        decided = loop.run_in_executor(self.storage.executor, self.journal.sync)
+
+        def answer_with(data: bytes | None) -> None:
+            if not out.done():
+                out.set_result(data)
+
+        def synced(g: asyncio.Future) -> None:
+            err = g.exception()
+            answer_with(None if err is None else result(
+                500, f"message written but not synced: {err}", r.opaque))
+
+        def append(f: asyncio.Future) -> None:
+            err = f.exception()
+            if err is not None:  # the decision may be on disk all the same: carry it out
+                log.error("transaction %s: fsync of the journal %s failed: %s; its commit is "
+                          "carried out", tx.key, self.journal.path, err)
+            if self._closed:  # stopping: recovery finishes it from the decision
+                return
+            try:
+                written = self._append(tx)
+            except StorageError as e:
+                log.error("transaction %s: commit cut short (%s); the branch stays "
+                          "committing until a restart finishes it from the journal",
+                          tx.key, e)
+                self.stats["tx_errors"] += 1
+                answer_with(result(500, f"XAException:code={XAER_RMERR},msg={e}", r.opaque))
+                return
+            self._finish(tx, committed=True)
+            self.stats["tx_committed"] += 1
+            waits = [plog.request_flush() for plog in written] if self.group_commit else []
+            self.journal.write()
+            waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
+            asyncio.gather(*waits).add_done_callback(synced)
+
+        decided.add_done_callback(append)
 
     def _append(self, tx: Tx) -> list[PartitionLog]:
         """The commit itself: the journal's ``C`` record (where each partition's
         messages go), then one append per partition, in put order."""
-        groups: dict[PartitionLog, list[bytes]] = {}
-        names: dict[PartitionLog, tuple[str, int]] = {}
-        for plog, topic, partition, message in tx.puts:
-            groups.setdefault(plog, []).append(message)
-            names[plog] = (topic, partition)
-        blobs = {plog: b"".join(msgs) for plog, msgs in groups.items()}
-        places = [(*names[plog], plog.end, len(data)) for plog, data in blobs.items()]
-        self.journal.commit(tx.key, places)
-        for plog, data in blobs.items():
-            plog.append(data, len(groups[plog]))
-        return list(blobs)
+        groups = _by_partition(tx)
+        self.journal.commit(tx.key, [(topic, partition, plog.end, len(data))
+                                     for plog, (topic, partition, data, _n) in groups.items()])
+        for plog, (_topic, _partition, data, n) in groups.items():
+            plog.append(data, n)
+        return list(groups)
 
     def _finish(self, tx: Tx, *, committed: bool, journal: bool = True,
                 drop: bool = True) -> None:
@@ -435,6 +512,44 @@ class Transactions:
             waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
         fut = asyncio.gather(*waits) if len(waits) > 1 else waits[0]
         conn.send_gated(Gate(fut, data, opaques or [opaque]))
+
+
+def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
+    """``tx``'s messages per partition, in put order: ``log -> (topic, partition, their
+    bytes, how many)``."""
+    groups: dict[PartitionLog, tuple[str, int, list[bytes]]] = {}
+    for plog, topic, partition, message in tx.puts:
+        g = groups.get(plog)
+        if g is None:
+            g = groups[plog] = (topic, partition, [])
+        g[2].append(message)
+    return {plog: (t, p, b"".join(msgs), len(msgs)) for plog, (t, p, msgs) in groups.items()}
+
+
+def _find_appended(plog: PartitionLog, start: int, data: bytes) -> int | None:
+    """Where ``data`` (whole messages) starts in ``plog``, looked for at the message
+    boundaries from ``start`` (a boundary: the log's end when the commit was decided)
+    by the bytes of its first message (its msgId makes them unique); None when it is
+    not there.  The walk passes only what was appended between the decision and the
+    crash that cut the commit short (its ``C`` follows within two fsyncs)."""
+    first = data[:HEADER_SIZE + HEADER.unpack_from(data, 0)[0]]
+    pos = start
+    end = plog.end
+    while pos + len(first) <= end:
+        damage = plog.damage_at(pos)
+        if damage is not None:
+            pos = damage[1]
+            continue
+        head = plog.read_bytes(pos, len(first))
+        if head == first:
+            return pos
+        if len(head) < HEADER_SIZE:
+            return None
+        length = HEADER.unpack_from(head, 0)[0]
+        if length < 0:
+            return None
+        pos += HEADER_SIZE + length
+    return None
 
 
 def _count(data: bytes) -> int:

@@ -13,14 +13,21 @@ appended; each is ``length (u32) | crc32 of the body (u32) | body`` with the bod
           partition (i32) | start offset (i64) | length (i64)``: where its messages
           go.  Written before they are appended, so recovery can finish a commit a
           crash cut short (append what is missing; never twice)
+``D``     commit decided (a prepared branch): like ``C``, but each start offset is a
+          lower bound, the partition's end when the decision was written.  Fsynced
+          *before* the messages are appended, so they never reach a log (its page
+          cache, which the OS may write back at any time) while a power loss could
+          still lose the decision and let the branch be prepared, and committed,
+          again; its ``C`` follows with the exact starts
 ``X``     rolled back (or timed out)
 ========  =========================================================================
 
 :func:`replay` reads the records back after a restart: a branch with ``R`` and no
 ``C``/``X`` is prepared again (RECOVER lists it); a transaction with neither ``R``
 nor ``C`` was in flight when the broker stopped and is rolled back, as Java Metaq
-does; a ``C`` is finished where the logs lack it.  A torn record at the end (a
-crash while writing) is cut; a damaged record in the middle (bad CRC) stops the
+does; a ``C`` is finished where the logs lack it, and so is a ``D`` without its ``C``
+(the messages are looked for from its lower bounds, see ``_transactions``).  A torn
+record at the end (a crash while writing) is cut; a damaged record in the middle (bad CRC) stops the
 replay there with an error naming its offset, and the file is kept aside.
 
 The journal is rewritten (:meth:`TxJournal.rewrite`) with only the prepared
@@ -63,6 +70,8 @@ class Replayed:
     prepared: bool = False
     #: ``(topic, partition, start offset, length)`` once committed
     committed: list[tuple[str, int, int, int]] | None = None
+    #: the same with each start a lower bound (``D``), once a commit was decided
+    decided: list[tuple[str, int, int, int]] | None = None
     rolled_back: bool = False
 
 
@@ -80,6 +89,11 @@ def _record(kind: bytes, key: str, data: bytes = b"") -> bytes:
     """A journal record: length and CRC32 of the body, then the body."""
     body = kind + _put_name(key) + data
     return _HEAD.pack(len(body), zlib.crc32(body)) + body
+
+
+def _places(places: list[tuple[str, int, int, int]]) -> bytes:
+    return _U16.pack(len(places)) + b"".join(
+        _put_name(t) + _PLACE.pack(p, start, length) for t, p, start, length in places)
 
 
 def _put_record(key: str, topic: str, partition: int, message: bytes) -> bytes:
@@ -143,9 +157,12 @@ class TxJournal:
         self._append(b"R", key)
 
     def commit(self, key: str, places: list[tuple[str, int, int, int]]) -> None:
-        data = _U16.pack(len(places)) + b"".join(
-            _put_name(t) + _PLACE.pack(p, start, length) for t, p, start, length in places)
-        self._append(b"C", key, data)
+        self._append(b"C", key, _places(places))
+
+    def decide(self, key: str, places: list[tuple[str, int, int, int]]) -> None:
+        """A commit decided (``D``: each start a lower bound); :meth:`sync` it before
+        appending the messages."""
+        self._append(b"D", key, _places(places))
 
     def rollback(self, key: str) -> None:
         self._append(b"X", key)
@@ -211,7 +228,7 @@ class TxJournal:
             tx.puts.append((topic, partition, body[pos + 4:]))
         elif kind == b"R":
             tx.prepared = True
-        elif kind == b"C":
+        elif kind in (b"C", b"D"):
             (n,) = _U16.unpack_from(body, pos)
             pos += 2
             places = []
@@ -220,7 +237,10 @@ class TxJournal:
                 partition, start, length = _PLACE.unpack_from(body, pos)
                 pos += _PLACE.size
                 places.append((topic, partition, start, length))
-            tx.committed = places
+            if kind == b"C":
+                tx.committed = places
+            else:
+                tx.decided = places
         elif kind == b"X":
             tx.rolled_back = True
         else:

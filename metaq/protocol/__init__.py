@@ -28,6 +28,7 @@ from metaq.protocol._commands import (
     QuitRequest,
     Result,
     StatsRequest,
+    SyncRequest,
     Value,
     VersionRequest,
     check_group,
@@ -37,6 +38,7 @@ from metaq.protocol._commands import (
     encode_put,
     encode_result,
     encode_stats,
+    encode_sync,
     encode_value_header,
     encode_version,
     parse_put_result,
@@ -123,8 +125,9 @@ __all__ = [
     "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "build_payload", "split_payload",
     "encode_message", "iter_messages", "scan_messages", "scan_problem", "msg_id_parts",
     # commands
-    "PutRequest", "GetRequest", "OffsetRequest", "StatsRequest", "VersionRequest",
-    "QuitRequest", "BadRequest", "Result", "Value", "encode_put", "encode_get",
+    "PutRequest", "SyncRequest", "GetRequest", "OffsetRequest", "StatsRequest",
+    "VersionRequest", "QuitRequest", "BadRequest", "Result", "Value", "encode_put",
+    "encode_sync", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
     # parsers

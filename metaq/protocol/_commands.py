@@ -17,6 +17,7 @@ from metaq.protocol._constants import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 __all__ = [
     "PutRequest",
+    "SyncRequest",
     "GetRequest",
     "OffsetRequest",
     "StatsRequest",
@@ -26,6 +27,7 @@ __all__ = [
     "Result",
     "Value",
     "encode_put",
+    "encode_sync",
     "encode_get",
     "encode_offset",
     "encode_stats",
@@ -58,6 +60,23 @@ class PutRequest(NamedTuple):
     #: "not computed"; its legacy forms carry none): the broker computes it
     checksum: int
     tx_key: str | None
+    opaque: int
+    payload: bytes
+
+
+class SyncRequest(NamedTuple):
+    """``sync``: a master replicating one put to its slave (Java's ``SyncCommand``, Samsa
+    master to Gregor slave), stored with the msgId the master gave it."""
+
+    topic: str
+    partition: int
+    length: int
+    flag: int
+    #: the msgId the master assigned (stored as is: not a new one)
+    msg_id: int
+    #: CRC32 of the payload & 0x7FFFFFFF, or -1: not given (masters before Metaq 1.4.4
+    #: send none, the 7-field form), then computed
+    checksum: int
     opaque: int
     payload: bytes
 
@@ -234,6 +253,14 @@ def encode_put(topic: str, partition: int, payload: bytes, flag: int, checksum: 
     return b"put %b %d %d %d %d %b %d\r\n%b" % (
         _topic_bytes(topic), partition, len(payload), flag, checksum,
         tx_key.encode("utf-8"), opaque, payload)
+
+
+def encode_sync(topic: str, partition: int, payload: bytes, flag: int, msg_id: int,
+                checksum: int, opaque: int) -> bytes:
+    """A ``sync`` request with its payload, as Java's ``SyncCommand.encode`` writes it:
+    ``sync <topic> <partition> <length> <flag> <msgId> <checksum> <opaque>\\r\\n<payload>``."""
+    return b"sync %b %d %d %d %d %d %d\r\n%b" % (
+        _topic_bytes(topic), partition, len(payload), flag, msg_id, checksum, opaque, payload)
 
 
 def _name_bytes(s: str, what: str) -> bytes:

@@ -15,9 +15,11 @@ checksum) and ``put <topic> <part> <len> <flag> <txKey> <opaque>``; ``stats  <op
 (an empty item), ``stats`` and ``version`` alone (opaque 2147483647); extra fields
 after a ``get``'s or an ``offset``'s opaque (ignored); trailing spaces (a line is split
 on single spaces and trailing empty fields are dropped, as ``Pattern.split`` does).
-``sync`` (master → slave replication) is answered as a bad request, its payload
-skipped.  Where Java's own reading is a plain bug, ours differs and says so beside
-the parser (:meth:`RequestParser._put_header`, :func:`_version_request`).
+``sync <topic> <part> <len> <flag> <msgId> [<checksum>] <opaque>\\r\\n<payload>``
+(master → slave replication, Java's ``decodeSync``: its 7-field form from masters
+before 1.4.4 has no checksum) is a :class:`SyncRequest`.  Where Java's own reading
+is a plain bug, ours differs and says so beside the parser
+(:meth:`RequestParser._put_header`, :func:`_version_request`).
 
 Replies (broker → client)::
 
@@ -45,6 +47,7 @@ from metaq.protocol._commands import (
     QuitRequest,
     Result,
     StatsRequest,
+    SyncRequest,
     Value,
     VersionRequest,
     check_group,
@@ -184,6 +187,7 @@ class RequestParser(_Buffered):
             _fast.fast_puts if type(fast_puts) is dict else _fast.py_fast_puts)
         self._skip = 0                       # payload bytes of a rejected put still to drop
         self._put: tuple | None = None       # header of a put waiting for its payload
+        self._put_cls: type = PutRequest     # what it is (PutRequest or SyncRequest)
 
     def feed(self, data: bytes) -> list:
         """Add bytes; return the complete requests. Raises ProtocolError on bad input.
@@ -287,7 +291,7 @@ class RequestParser(_Buffered):
             self._wait_for(head[2])
             return -1
         self._put = None
-        out.append(_new_tuple(PutRequest, (*head, buf[pos:stop])))
+        out.append(_new_tuple(self._put_cls, (*head, buf[pos:stop])))
         return stop
 
     def _put_line(self, line: bytes, buf: bytes, pos: int, out: list, strict: bool) -> int:
@@ -326,6 +330,7 @@ class RequestParser(_Buffered):
             skip = self._put_skip(parts) if 6 <= len(parts) <= 8 else None
             return self._refuse(e, _opaque_of(parts[-1]), skip, buf, pos, out, strict)
         self._put = head
+        self._put_cls = PutRequest
         return pos
 
     def _refuse(self, err: ProtocolError, opaque: int | None, skip: int | None, buf: bytes,
@@ -414,18 +419,34 @@ class RequestParser(_Buffered):
 
     def _sync(self, parts: list, line: bytes, buf: bytes, pos: int, out: list,
               strict: bool) -> int:
-        """``sync <topic> <part> <len> <flag> <msgId> [<checksum>] <opaque>\\r\\n<payload>``,
-        a Java master replicating a put to its slave: refused (metaq-py brokers have no
-        slaves), its payload skipped so the stream goes on; when its length cannot be
-        read (not the 7 or 8 fields of Java's ``decodeSync``), the stream cannot."""
-        skip = self._put_skip(parts) if len(parts) in (7, 8) else None
-        err = ProtocolError(
-            f"sync is not supported: metaq-py brokers have no slave replication (line "
-            f"{show(line)})" if skip is not None else
-            f"bad sync line {show(line)}: expected 'sync <topic> <partition> <length> "
-            f"<flag> <msgId> [<checksum>] <opaque>' (and sync is not supported: metaq-py "
-            f"brokers have no slave replication)")
-        return self._refuse(err, _opaque_of(parts[-1]), skip, buf, pos, out, strict)
+        """``sync <topic> <part> <len> <flag> <msgId> [<checksum>] <opaque>\\r\\n<payload>``
+        (Java's ``decodeSync``: 8 fields, or 7 from a master before 1.4.4, without the
+        checksum, which is then -1): its header kept for :meth:`_payload`, which makes
+        it a :class:`SyncRequest`.  A bad one is answered and its payload skipped when
+        its length can be read (the 7 or 8 fields, a length in range); else the stream
+        cannot go on."""
+        n = len(parts)
+        try:
+            if n not in (7, 8):
+                raise ProtocolError("expected 'sync <topic> <partition> <length> <flag> "
+                                    "<msgId> [<checksum>] <opaque>'")
+            head = (parse_topic(parts[1]),
+                    parse_int(parts[2], "partition", INT32_MIN, INT32_MAX),
+                    parse_int(parts[3], "length", 0, INT32_MAX),
+                    parse_int(parts[4], "flag", INT32_MIN, INT32_MAX),
+                    parse_int(parts[5], "msgId", INT64_MIN, INT64_MAX),
+                    parse_int(parts[6], "checksum", INT32_MIN, INT32_MAX) if n == 8 else -1,
+                    parse_int(parts[-1], "opaque", INT32_MIN, INT32_MAX))
+            if head[2] > self.max_payload:
+                raise ProtocolError(f"payload length {head[2]} is over the limit "
+                                    f"{self.max_payload}")
+        except ProtocolError as e:
+            skip = self._put_skip(parts) if n in (7, 8) else None
+            err = ProtocolError(f"bad sync line {show(line)}: {e}")
+            return self._refuse(err, _opaque_of(parts[-1]), skip, buf, pos, out, strict)
+        self._put = head
+        self._put_cls = SyncRequest
+        return pos
 
     def _command(self, line: bytes, buf: bytes, pos: int, out: list, strict: bool) -> int:
         """A line that is not a put's: its request (parsed by ``_COMMANDS``), or a

@@ -399,7 +399,8 @@ def test_java_request_forms(broker, client):
     # version alone: Java's heartbeat, answered with opaque Integer.MAX_VALUE
     v = client.call(b"version\r\n")
     assert (v.code, v.opaque) == (200, 2147483647) and v.body.startswith(b"1.4")
-    # sync (master -> slave): refused, its payload skipped, the connection goes on
+    # sync (master -> slave) to a broker that is not a slave: refused (403), its payload
+    # skipped, the connection goes on (tests/broker/test_sync.py: a slave's answers)
     payload = b"put t 0 1 0 0 99\r\nx" * 3
     client.send(b"sync t 0 %d 0 6340863216562294785 -1 21\r\n" % len(payload))
     # (a payload split across reads is the parser's case: tests/protocol/test_protocol.py
@@ -407,11 +408,11 @@ def test_java_request_forms(broker, client):
     client.send(payload[:10])
     client.send(payload[10:] + encode_version(22))
     r, v = client.replies(2)
-    assert (r.code, r.opaque) == (400, 21)
-    assert r.body.startswith(b"sync is not supported: metaq-py brokers have no slave replication")
+    assert (r.code, r.opaque) == (403, 21)
+    assert r.body == b"broker 3 is not a slave; sync is only accepted by a slave"
     assert (v.code, v.opaque) == (200, 22)
     r = client.call(b"sync t 0 3 0 6340863216562294785 23\r\nabc" + encode_version(24))
-    assert (r.code, r.opaque) == (400, 23) and client.replies(1)[0].opaque == 24
+    assert (r.code, r.opaque) == (403, 23) and client.replies(1)[0].opaque == 24
     assert broker.offsets("t", 0)[1] == 3 * 20 + 5 + 5 + 3  # nothing of the syncs stored
     assert_logs_clean(broker.config.data_dir)
 
@@ -524,7 +525,7 @@ def test_oversize_put_is_refused_and_skipped(tmp_path):
     (b"\r\n", b"unknown command"),
     (b"version 99999999999\r\n", b"out of range"),
     (b"stats a b c d\r\n", b"opaque b'b' is not an integer"),
-    (b"sync t 0 3 0 1 7\r\nxyz", b"sync is not supported"),
+    (b"sync t 0 3 0 x 7\r\nxyz", b"bad sync line"),
 ])
 def test_bad_lines_get_400_and_the_connection_goes_on(broker, client, data, what):
     other = Client(broker.port)

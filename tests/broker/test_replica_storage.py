@@ -260,8 +260,11 @@ def test_copy_on_a_closed_partition_is_refused(tmp_path):
         data = master_log(m, 3)
         slave = s.open_topic("t", 1)[0]
         slave.closed = True
-        with pytest.raises(metaq.StorageError, match="partition t-0 is closed"):
+        with pytest.raises(metaq.StorageError,
+                           match="partition t-0 is closed: the copy of the bytes served "
+                                 "from offset 0 is refused"):
             slave.append_copy(data, 0)
+        assert slave.end == 0
 
 
 # --------------------------------------------------------------------------- truncate
@@ -360,7 +363,7 @@ def test_truncate_drops_the_damaged_ranges_past_the_cut(tmp_path):
         slave = s.open_topic("t", 1)[0]
         assert slave.damaged and slave.damaged[0][0] == offsets[30]
         assert path.with_name(path.name + ".damaged").exists()
-        with pytest.raises(metaq.StorageError, match=f"offset {offsets[30] + 3}"):
+        with pytest.raises(metaq.StorageError, match=f"t-0 to offset {offsets[30] + 3}:"):
             slave.truncate(offsets[30] + 3)
         assert slave.truncate(offsets[30]) == (len(data) - offsets[30], 9)  # 9 intact after
         assert slave.damaged == [] and not path.with_name(path.name + ".damaged").exists()
@@ -416,7 +419,7 @@ def test_reset_starts_an_empty_log_at_a_start_that_survives_a_restart(tmp_path):
         assert pinned.file.closed
         with pytest.raises(metaq.ReplicaDivergedError, match="t-0: bytes served from offset 0"):
             slave.append_copy(data, 0)
-        with pytest.raises(metaq.StorageError, match="to offset -1"):
+        with pytest.raises(metaq.StorageError, match="cannot reset t-0 to offset -1"):
             slave.reset(-1)
     with Storage(tmp_path / "s", max_segment_size=4096) as s:  # empty, at its start
         slave = s.open_topic("t", 1)[0]

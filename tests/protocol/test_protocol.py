@@ -18,6 +18,7 @@ from metaq.protocol import (
     RequestParser,
     Result,
     StatsRequest,
+    SyncRequest,
     Value,
     VersionRequest,
     check_topic,
@@ -27,6 +28,7 @@ from metaq.protocol import (
     encode_put,
     encode_result,
     encode_stats,
+    encode_sync,
     encode_value_header,
     encode_version,
     parse_put_result,
@@ -140,7 +142,8 @@ def test_reply_round_trip_any_chunking(reps, cuts):
     assert got == reps
 
 
-valid_types = (PutRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest, QuitRequest)
+valid_types = (PutRequest, SyncRequest, GetRequest, OffsetRequest, StatsRequest, VersionRequest,
+               QuitRequest)
 line_tokens = st.sampled_from([b"put", b"get", b"offset", b"stats", b"version", b"quit", b"t",
                                b"sync", b"hold=5", b"time=x", b"TX:1",
                                b"-1", b"0", b"5", b"\xff", b"99999999999999999999999", b"",
@@ -217,10 +220,14 @@ def test_reply_parser_fuzz(data, cuts):
     (b"put t 0 x 0 0 1\r\nabc", "length b'x' is not an integer", True),
     (b"put t 0 -3 0 0 1\r\n", "length -3 is out of range", True),
     (b"put t 0 3 0\r\nabc", "expected 'put", True),
-    (b"sync t 0 3 0 12 7\r\nabc", "sync is not supported: metaq-py brokers have no slave", False),
-    (b"sync t 0 3 0 12 -1 7\r\nabc", "sync is not supported", False),
+    (b"sync t 0 3 0 x 7\r\nabc", "msgId b'x' is not an integer", False),
+    (b"sync t 0 3 0 12 1x 7\r\nabc", "checksum b'1x' is not an integer", False),
+    (b"sync a/b 0 3 0 12 -1 7\r\nabc", "bad topic 'a/b'", False),
+    (b"sync t 0 3 0 99999999999999999999 7\r\nabc", "msgId 99999999999999999999 is out", False),
+    (b"sync t 0 100 0 12 7\r\n" + b"x" * 100, "payload length 100 is over the limit 50", False),
     (b"sync t 0 3 0 7\r\nabc", "bad sync line", True),
     (b"sync t 0 x 0 12 7\r\nabc", "bad sync line", True),
+    (b"sync t 0 -3 0 12 7\r\n", "length -3 is out of range", True),
     (b"put t 0 100 0 0 5\r\n" + b"x" * 100, "payload length 100 is over the limit 50", False),
     (b"x" * 80, "no CRLF within 64 bytes", True),
 ])
@@ -481,29 +488,42 @@ def test_java_forms(line, want, fast):
 
 @pytest.mark.usefixtures("put_loop")
 @pytest.mark.parametrize("fast", [None, FAST], ids=["plain", "fast_puts"])
-def test_sync_is_refused_and_its_payload_skipped(fast):
+def test_sync_is_read_with_its_payload_in_any_chunking(fast):
+    """Java's two forms (``decodeSync``: 8 fields, 7 from masters before 1.4.4 without
+    the checksum, read as -1); a payload over the limit is refused and skipped."""
     payload = b"sync payload, with version 1\r\n inside: never read as requests"
-    for head in (b"sync t 0 %d 0 6340863216562294785 7\r\n",
-                 b"sync t 0 %d 0 6340863216562294785 -1 7\r\n"):
+    for head, check in ((b"sync t 0 %d 0 6340863216562294785 7\r\n", -1),
+                        (b"sync t 0 %d 0 6340863216562294785 -1 7\r\n", -1),
+                        (b"sync t 0 %d 0 6340863216562294785 12345 7\r\n", 12345)):
         data = (head % len(payload) + payload + encode_put("t", 0, b"x", 0, checksum(b"x"), 8)
                 + encode_version(9))
+        want = SyncRequest("t", 0, len(payload), 0, 6340863216562294785, check, 7, payload)
         for step in (len(data), 5, 1):
+            parser = RequestParser(fast_puts=fast)
+            got = []
+            for i in range(0, len(data), step):
+                got += parser.feed_lenient(data[i:i + step])
+            sync, put, version = got
+            assert sync == want and type(sync) is SyncRequest
+            assert _unfast(put) == PutRequest("t", 0, 1, 0, checksum(b"x"), None, 8, b"x")
+            assert version == VersionRequest(9)
+            assert parser.buffered == 0
+            # over the parser's payload limit: refused, its payload skipped, not buffered
             parser = RequestParser(fast_puts=fast, max_payload=10)
             got = []
             for i in range(0, len(data), step):
                 got += parser.feed_lenient(data[i:i + step])
             bad, put, version = got
             assert isinstance(bad, BadRequest) and (bad.opaque, bad.fatal) == (7, False)
-            assert str(bad.error).startswith(
-                "sync is not supported: metaq-py brokers have no slave replication")
-            assert _unfast(put) == PutRequest("t", 0, 1, 0, checksum(b"x"), None, 8, b"x")
-            assert version == VersionRequest(9)
-            assert parser.buffered == 0
+            assert "over the limit 10" in str(bad.error)
+            assert _unfast(put).opaque == 8 and version == VersionRequest(9)
         # strict: the error raised, then the stream goes on from after the payload
-        parser = RequestParser(fast_puts=fast)
-        with pytest.raises(metaq.ProtocolError, match="sync is not supported"):
+        parser = RequestParser(fast_puts=fast, max_payload=10)
+        with pytest.raises(metaq.ProtocolError, match="bad sync line"):
             parser.feed(data)
         assert [_unfast(r).opaque for r in parser.feed(b"")] == [8, 9]
+    assert encode_sync("t", 0, payload, 0, 6340863216562294785, 12345, 7) == (
+        b"sync t 0 %d 0 6340863216562294785 12345 7\r\n" % len(payload) + payload)
 
 
 # Java-valid lines with random values: (line + payload, the request it is).
@@ -558,7 +578,7 @@ _java_requests = st.one_of(
         names, names, int32, int64, int32, st.sampled_from([-1, -1, 0, 12]), _extra, _trail),
     st.builds(lambda t, p, f, i, c, o, pl, tr: (
         _line(["sync", t, p, len(pl), f, i] + ([] if c is None else [c]) + [o], tr) + pl,
-        ("sync", o)),
+        SyncRequest(t, p, len(pl), f, i, -1 if c is None else c, o, pl)),
         names, int32, int32, int64, st.one_of(st.none(), int32), int32, _payload, _trail),
 )
 
@@ -569,7 +589,7 @@ _java_requests = st.one_of(
        st.booleans())
 def test_java_forms_fuzz_keep_their_framing(items, cuts, fast):
     """Java's forms with random values, back to back in any chunking: each read as Java
-    reads it (a sync refused, its payload skipped), nothing else, nothing lost."""
+    reads it, nothing else, nothing lost."""
     data = b"".join(line for line, _want in items) + encode_version(77)
     parser = RequestParser(fast_puts=FAST if fast else None, max_payload=60)
     got = []
@@ -578,11 +598,7 @@ def test_java_forms_fuzz_keep_their_framing(items, cuts, fast):
     want = [w for _line, w in items] + [VersionRequest(77)]
     assert len(got) == len(want)
     for r, w in zip(got, want, strict=True):
-        if type(w) is tuple:  # a sync
-            assert isinstance(r, BadRequest) and not r.fatal and r.opaque == w[1]
-            assert "sync is not supported" in str(r.error)
-        else:
-            assert _unfast(r) == w
+        assert _unfast(r) == w and type(_unfast(r)) is type(w)
     assert parser.buffered == 0
 
 
