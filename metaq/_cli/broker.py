@@ -103,6 +103,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     rep.add_argument("--auto-promote", action="store_true", default=None,
                      help="as an in-sync slave, take over when the master's ZooKeeper "
                           "session ends")
+    rep.add_argument("--copy-by", choices=("fetch", "sync"),
+                     help="as a slave, pull the master's partitions (fetch, default) or store "
+                          "the sync commands a Samsa-style Java master pushes (sync)")
     rep.add_argument("--zk-session-timeout", type=number, metavar="SECONDS",
                      help="ZooKeeper session timeout (default 10); a failover waits for it")
     add_zk_security_args(start)
@@ -179,7 +182,8 @@ def _start(args: argparse.Namespace) -> int:
         args.config,
         slave_of=args.slave_of, slave_id=args.slave_id, replication=args.replication,
         replication_max_lag=args.replication_max_lag, no_in_sync=args.no_in_sync,
-        auto_promote=args.auto_promote, zk_session_timeout=args.zk_session_timeout,
+        auto_promote=args.auto_promote, copy_by=args.copy_by,
+        zk_session_timeout=args.zk_session_timeout,
         broker_id=broker_id, zk_connect=args.zk_connect, zk_root=args.zk_root,
         host=args.host, port=args.port, advertised_host=args.advertised_host,
         data_dir=args.data_dir, topics=topics or None, num_partitions=args.num_partitions,

@@ -163,7 +163,9 @@ class Broker:
             if cfg.zk_connect is not None:
                 role = self._role = Role(
                     cfg, storage, add_topic=server.add_topic, stats=server.stats,
-                    write_in_sync=lambda want: self._registry.write_in_sync(want))
+                    write_in_sync=lambda want: self._registry.write_in_sync(want),
+                    accept_sync=lambda on: setattr(server, "accepts_sync", on),
+                    on_master=self._continue_ids)
                 role.loop = loop
                 server.role = role
                 reg = self._registry = BrokerRegistry(
@@ -203,6 +205,13 @@ class Broker:
                 await self._server.close()
             storage.close()
             log.info("broker %d stopped", cfg.broker_id)
+
+    def _continue_ids(self) -> None:
+        """Before leading: msgIds continue after every message in the logs, copied ones
+        included (a promoted slave's clock may be behind its old master's)."""
+        times = [t for plog in self._storage.logs() if (t := plog.last_time()) is not None]
+        if times:
+            self.ids.continue_after(max(times))
 
     async def _replication_loop(self) -> None:
         """A master's check of its slaves' lag (``_replicas.ReplicaSet.check``)."""

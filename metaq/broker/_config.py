@@ -178,6 +178,10 @@ class BrokerConfig:
     no_in_sync: str = "continue"
     #: A slave in the in-sync set takes over when its master's ZooKeeper session ends.
     auto_promote: bool = False
+    #: How a slave copies: ``fetch`` (it pulls the master's partitions with gets, from
+    #: a metaq-py or a Java master) or ``sync`` (it fetches nothing and stores the
+    #: ``sync`` commands a Samsa-style Java master pushes, as Metaq's Gregor slave).
+    copy_by: str = "fetch"
 
     def __post_init__(self) -> None:
         _int("broker_id", self.broker_id, 0, 1023)
@@ -262,6 +266,8 @@ class BrokerConfig:
             raise ConfigError(f"no_in_sync must be 'continue' or 'refuse', "
                               f"got {self.no_in_sync!r}")
         _bool("auto_promote", self.auto_promote)
+        if self.copy_by not in ("fetch", "sync"):
+            raise ConfigError(f"copy_by must be 'fetch' or 'sync', got {self.copy_by!r}")
         _int("max_held_gets", self.max_held_gets, 0)
 
     @property

@@ -113,7 +113,9 @@ class Role:
 
     def __init__(self, config: BrokerConfig, storage: Storage, *,
                  add_topic: Callable[[str, int], None], stats: collections.Counter,
-                 write_in_sync: Callable[[tuple[int, ...]], Future]) -> None:
+                 write_in_sync: Callable[[tuple[int, ...]], Future],
+                 accept_sync: Callable[[bool], None] = lambda on: None,
+                 on_master: Callable[[], None] = lambda: None) -> None:
         self.config = config
         self.storage = storage
         self.stats = stats
@@ -121,6 +123,8 @@ class Role:
         self.marker = Marker(config.data_dir, config.broker_id, self.replica)
         self._add_topic = add_topic
         self._write_in_sync = write_in_sync
+        self._accept_sync = accept_sync
+        self._on_master = on_master
         self.name = RoleName.FENCED
         self.epoch: int | None = None
         self.why = "starting"
@@ -178,6 +182,8 @@ class Role:
             await self.follower.stop()
             self.follower = None
         cfg = self.config
+        self._accept_sync(False)
+        self._on_master()
         self.replicas = ReplicaSet(self.storage, mode=mode, max_lag=cfg.replication_max_lag,
                                    max_lag_bytes=cfg.replication_max_lag_bytes,
                                    no_in_sync=cfg.no_in_sync, stats=self.stats,
@@ -195,6 +201,7 @@ class Role:
         """Stop accepting puts now; puts waiting for slaves fail (not acknowledged)."""
         if self.name is RoleName.FENCED:
             return
+        self._accept_sync(False)
         self.name, self.why = RoleName.FENCED, why
         if self.replicas is not None:
             self.replicas.fail(NotReplicatedError(why))
@@ -245,8 +252,9 @@ class Role:
         if self.replicas is not None:
             self.replicas.fail(NotReplicatedError(why))
             self.replicas = None
-        if self.follower is None:
-            cfg = self.config
+        cfg = self.config
+        self._accept_sync(cfg.copy_by == "sync")
+        if self.follower is None and cfg.copy_by == "fetch":
             self.follower = Follower(self.storage, replica=self.replica,
                                      add_topic=self._add_topic,
                                      max_size=cfg.max_transfer_size,

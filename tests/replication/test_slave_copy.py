@@ -4,6 +4,7 @@ offsets, new topics as they appear, after its own restart and its master's."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from test_failover import steady_producer
@@ -84,3 +85,25 @@ def test_restarts_mid_stream_leave_identical_logs(zk_connect, broker_factory, tm
     wait_until(lambda: ends(slave) == ends(master), 20, what="the slave to catch up")
     assert same_logs(tmp_path / "m", tmp_path / "s", {"r": 2})
     assert len(list((tmp_path / "s" / "r-0").glob("*.meta"))) > 1
+
+
+def test_promoted_slave_continues_msg_ids_after_what_it_copied(zk_connect, broker_factory,
+                                                              tmp_path):
+    """The old master's clock ran a minute ahead: the promoted slave's msgIds (and so
+    its message times) still never go back below the copied messages'."""
+    from metaq.protocol import msg_id_parts
+
+    master = broker_factory({"i": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m")
+    master.ids.continue_after(int(time.time() * 1000) + 60_000)
+    with Producer(zk_connect) as producer:
+        copied = [producer.send("i", b"m%d" % i).msg_id for i in range(20)]
+        slave = broker_factory({}, zk_connect=zk_connect, slave_of=0, auto_promote=True,
+                               data_dir=tmp_path / "s")
+        wait_until(lambda: slave.replication_status().get("copies", [{}])[0].get("end")
+                   == master.offsets("i", 0)[1] and master.replication_status()["in_sync"],
+                   20, what="the slave to copy and join")
+        master.stop()
+        wait_until(lambda: slave.role == "master", 20, what="the slave to take over")
+        after = producer.send("i", b"after").msg_id
+    assert after > max(copied)
+    assert msg_id_parts(after)[0] >= msg_id_parts(max(copied))[0]
