@@ -20,6 +20,7 @@ from zk_layout._codecs import (
 from zk_layout._errors import InvalidNameError, NodeDataError
 from zk_layout._names import BrokerChild, Partition, parse_broker_child, sort_partitions
 from zk_layout._paths import NodeKind, NodeRef
+from zk_layout._replication import decode_epoch_start, decode_replication_state
 from zk_layout._static import StaticMember, decode_static_member
 
 __all__ = ["DEFAULT_MAX_PARTS_PER_BROKER", "decode_node", "partitions_for_topic"]
@@ -77,6 +78,10 @@ def decode_node(ref: NodeRef, data: bytes | str | None) -> NodeValue:
         return decode_offset(data, path)
     if kind is NodeKind.STATIC_MEMBER:
         return decode_static_member(data, path)
+    if kind is NodeKind.REPLICATION:
+        return decode_replication_state(data, path)
+    if kind is NodeKind.REPLICATION_EPOCH:
+        return decode_epoch_start(data, path)
     return None
 
 

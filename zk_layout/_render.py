@@ -123,13 +123,20 @@ def render_brokers(snap: Snapshot) -> str:
         return _missing_root(snap)
     rows = []
     for b in snap.brokers:
+        rep = b.replication
+        master_rep = None if rep is None else (
+            f"epoch {rep.epoch}, replica {rep.master}, {rep.mode}, in sync: "
+            + (",".join(map(str, rep.in_sync)) or "none"))
         rows.append((b.broker_id, "master", b.master if b.master else "(down)",
-                     b.legacy_uri, b.config_checksum))
+                     b.legacy_uri, master_rep, b.config_checksum))
         for slave_no, uri in b.slaves:
-            rows.append((b.broker_id, f"slave{slave_no}", uri, None, None))
+            rows.append((b.broker_id, f"slave{slave_no}", uri, None,
+                         None if rep is None else
+                         ("in sync" if slave_no in rep.in_sync else "NOT IN SYNC"), None))
         for d in b.damaged:
-            rows.append((b.broker_id, "DAMAGED", d.path, None, d.error))
-    table = format_table(("BROKER", "ROLE", "URI", "LEGACY URI", "CHECKSUM / ERROR"), rows)
+            rows.append((b.broker_id, "DAMAGED", d.path, None, None, d.error))
+    table = format_table(("BROKER", "ROLE", "URI", "LEGACY URI", "REPLICATION",
+                          "CHECKSUM / ERROR"), rows)
     damaged = [d for b in snap.brokers for d in b.damaged]
     return table + _damage_section(damaged)
 

@@ -36,6 +36,7 @@ from zk_layout._names import (
 )
 from zk_layout._nodes import NodeValue, decode_node, partitions_for_topic
 from zk_layout._paths import Layout, NodeKind, NodeRef
+from zk_layout._replication import ReplicationState
 from zk_layout._static import StaticMember, StaticMemberInfo
 
 __all__ = [
@@ -77,6 +78,9 @@ class BrokerInfo:
     legacy_uri: BrokerUri | None = None
     config_checksum: str | None = None
     damaged: tuple[Damage, ...] = ()
+    #: metaq-py's replication state of this broker id (epoch, leading replica,
+    #: in-sync slaves, mode); None for a broker id never run by a metaq-py broker
+    replication: ReplicationState | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,8 +271,12 @@ class _Reader:
                 slaves.append((ref.slave_no, value))
             else:
                 checksum = value
+        value, bad = self.read(self.layout.classify(self.layout.replication(broker_id)))
+        damaged += [bad] if bad else []
+        replication = value if isinstance(value, ReplicationState) else None
         return BrokerInfo(broker_id=broker_id, master=master, slaves=tuple(sorted(slaves)),
-                          legacy_uri=legacy, config_checksum=checksum, damaged=tuple(damaged))
+                          legacy_uri=legacy, config_checksum=checksum, damaged=tuple(damaged),
+                          replication=replication)
 
     # -- topics ----------------------------------------------------------------------------
     def topics(self) -> list[TopicInfo]:

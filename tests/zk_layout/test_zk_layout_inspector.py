@@ -17,6 +17,7 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
+import zk_layout
 from zk_layout import (
     BrokerUri,
     Layout,
@@ -262,10 +263,12 @@ def test_cli_brokers(metaq_tree: KazooClient, zk_connect: str) -> None:
     r = _run_cli(zk_connect, "brokers")
     assert r.returncode == 0, r.stderr
     rows = _rows(r.stdout)
-    assert rows[0] == ["BROKER", "ROLE", "URI", "LEGACY", "URI", "CHECKSUM", "/", "ERROR"]
-    assert ["0", "master", "meta://10.0.0.1:8123", "meta://10.0.0.1:8123", "3141592653"] in rows
-    assert ["0", "slave1", "meta://10.0.0.2:8123?slaveId=1", "-", "-"] in rows
-    assert ["1", "master", "meta://[::1]:8124", "meta://[::1]:8124", "-"] in rows
+    assert rows[0] == ["BROKER", "ROLE", "URI", "LEGACY", "URI", "REPLICATION", "CHECKSUM", "/",
+                       "ERROR"]
+    assert ["0", "master", "meta://10.0.0.1:8123", "meta://10.0.0.1:8123", "-",
+            "3141592653"] in rows
+    assert ["0", "slave1", "meta://10.0.0.2:8123?slaveId=1", "-", "-", "-"] in rows
+    assert ["1", "master", "meta://[::1]:8124", "meta://[::1]:8124", "-", "-"] in rows
     header = r.stdout.splitlines()[0]
     for line in r.stdout.splitlines()[1:]:  # aligned: every URI starts under its header
         assert line[header.index("URI")] != " "
@@ -273,6 +276,21 @@ def test_cli_brokers(metaq_tree: KazooClient, zk_connect: str) -> None:
     assert [b["broker_id"] for b in doc["brokers"]] == [0, 1]
     assert doc["brokers"][1]["slaves"] == [[0, "meta://10.0.0.3:8125?slaveId=0"]]
     assert doc["damaged"] == []
+    # a metaq-py broker id's replication state: the epoch, who leads, who is in sync
+    layout = zk_layout.Layout()
+    metaq_tree.create(layout.replication(0), zk_layout.encode_replication_state(
+        zk_layout.ReplicationState(epoch=2, master=0, in_sync=(1,), mode="sync")),
+        makepath=True)
+    try:
+        out = _run_cli(zk_connect, "brokers").stdout
+        assert "epoch 2, replica 0, sync, in sync: 1" in out
+        assert any(line.split()[:2] == ["0", "slave1"] and "in sync" in line
+                   for line in out.splitlines())
+        metaq_tree.set(layout.replication(0), b"{garbage")
+        out = _run_cli(zk_connect, "brokers").stdout
+        assert "DAMAGED" in out and "/brokers/replication/0" in out
+    finally:
+        metaq_tree.delete(layout.replication_root(), recursive=True)
 
 
 def test_cli_topics(metaq_tree: KazooClient, zk_connect: str) -> None:
