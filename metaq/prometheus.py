@@ -1,4 +1,5 @@
-"""Prometheus exporter for consumers (needs the ``prometheus`` extra: prometheus-client).
+"""Prometheus exporter for consumers and in-process brokers (needs the ``prometheus``
+extra: prometheus-client).
 
 ::
 
@@ -27,7 +28,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
 
 from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-__all__ = ["ConsumerCollector", "MetricsServer", "serve_metrics"]
+__all__ = ["BrokerCollector", "ConsumerCollector", "MetricsServer", "serve_metrics"]
 
 
 class ConsumerCollector:
@@ -78,6 +79,55 @@ class ConsumerCollector:
                     lag_seconds)
 
 
+class BrokerCollector:
+    """A prometheus_client collector of in-process brokers' replication state
+    (``Broker.replication_status()``): role, epoch, in-sync slaves, each slave's lag
+    (on a master) and each partition copy's lag and state (on a slave)."""
+
+    def __init__(self, brokers: Iterable[Any]) -> None:
+        self.brokers = list(brokers)
+
+    def collect(self) -> Iterator[Any]:
+        lb = ["broker_id", "replica"]
+        role = GaugeMetricFamily("metaq_broker_replication_master",
+                                 "1 when this broker leads its broker id, else 0", labels=lb)
+        epoch = GaugeMetricFamily("metaq_broker_replication_epoch",
+                                  "Replication epoch served in", labels=lb)
+        in_sync = GaugeMetricFamily("metaq_broker_replication_in_sync_slaves",
+                                    "Slaves in sync (a master's count)", labels=lb)
+        ls = [*lb, "slave"]
+        slave_bytes = GaugeMetricFamily("metaq_broker_replication_slave_lag_bytes",
+                                        "How far a slave is behind (worst partition)",
+                                        labels=ls)
+        slave_secs = GaugeMetricFamily("metaq_broker_replication_slave_lag_seconds",
+                                       "How long a slave has not caught up", labels=ls)
+        lp = [*lb, "topic", "partition"]
+        copy_secs = GaugeMetricFamily("metaq_broker_replication_copy_lag_seconds",
+                                      "Seconds since a slave's copy last reached the master's "
+                                      "end", labels=lp)
+        copy_bad = GaugeMetricFamily("metaq_broker_replication_copy_stopped",
+                                     "1 while a partition copy is diverged or stopped",
+                                     labels=lp)
+        for b in self.brokers:
+            st = b.replication_status()
+            if st.get("role") is None:
+                continue
+            lv = [str(b.config.broker_id), str(st["replica"])]
+            role.add_metric(lv, 1 if st["role"] == "master" else 0)
+            epoch.add_metric(lv, -1 if st["epoch"] is None else st["epoch"])
+            if "in_sync" in st:
+                in_sync.add_metric(lv, len(st["in_sync"]))
+            for sl in st.get("slaves", ()):
+                slave_bytes.add_metric([*lv, str(sl["replica"])], sl["lag_bytes"])
+                slave_secs.add_metric([*lv, str(sl["replica"])], sl["lag_seconds"])
+            for c in st.get("copies", ()):
+                key = [*lv, c["topic"], str(c["partition"])]
+                if c["lag_seconds"] is not None:
+                    copy_secs.add_metric(key, c["lag_seconds"])
+                copy_bad.add_metric(key, 1 if c["state"] in ("diverged", "stopped") else 0)
+        yield from (role, epoch, in_sync, slave_bytes, slave_secs, copy_secs, copy_bad)
+
+
 class _Quiet(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         pass
@@ -105,9 +155,13 @@ class MetricsServer:
         self.close()
 
 
-def serve_metrics(consumers: Iterable[Any], *, host: str = "127.0.0.1", port: int = 0,
-                  with_lag: bool = False) -> MetricsServer:
-    """Serve the consumers' metrics at ``http://host:port/metrics`` (port 0: any free)."""
+def serve_metrics(consumers: Iterable[Any] = (), *, host: str = "127.0.0.1", port: int = 0,
+                  with_lag: bool = False, brokers: Iterable[Any] = ()) -> MetricsServer:
+    """Serve the consumers' (and in-process brokers') metrics at
+    ``http://host:port/metrics`` (port 0: any free)."""
     registry = CollectorRegistry()
     registry.register(ConsumerCollector(consumers, with_lag=with_lag))
+    brokers = list(brokers)
+    if brokers:
+        registry.register(BrokerCollector(brokers))
     return MetricsServer(registry, host, port)

@@ -188,6 +188,9 @@ def topic_describe(args: argparse.Namespace) -> int:
         unwritten: set[str] = set()
         ends = log_ends(client, layout, args.topic, timeout=args.timeout, unwritten=unwritten)
         damage = log_damage(client, layout, args.topic, timeout=args.timeout)
+        snap = take_snapshot(client, layout)
+    ids = {int(p.split("-", 1)[0]) for p in ends}
+    replicas = [_replica_row(b) for b in snap.brokers if b.broker_id in ids]
     rows = [{"partition": p, "broker_id": int(p.split("-", 1)[0]), "log_start": s,
              "log_end": e, "bytes": None if s is None or e is None else e - s,
              "damaged": None if damage.get(p) is None else damage[p][0],
@@ -196,11 +199,40 @@ def topic_describe(args: argparse.Namespace) -> int:
              "its broker did not answer" if s is None else None}
             for p, (s, e) in ends.items()]
     if args.json:
-        print(json.dumps({"topic": args.topic, "partitions": rows}, indent=2))
+        print(json.dumps({"topic": args.topic, "partitions": rows, "replication": replicas},
+                         indent=2))
     else:
         print(_table(["partition", "broker", "log start", "log end", "bytes", "damaged",
                       "damaged bytes", "note"],
                      [[r["partition"], r["broker_id"], r["log_start"], r["log_end"],
                        r["bytes"], r["damaged"], r["damaged_bytes"], r["note"]]
                       for r in rows]))
+        if any(r["slaves"] or r["epoch"] is not None for r in replicas):
+            print()
+            print(_table(["broker", "master", "epoch", "mode", "in sync", "slaves", "note"],
+                         [[r["broker_id"], r["master"], r["epoch"], r["mode"],
+                           ",".join(map(str, r["in_sync"])) or "none",
+                           ",".join(map(str, r["slaves"])) or "none", r["note"]]
+                          for r in replicas]))
     return 0
+
+
+def _replica_row(b: object) -> dict:
+    """A broker id's replication, as ``topic describe`` shows it."""
+    rep = b.replication
+    slaves = [n for n, _uri in b.slaves]
+    note = None
+    if rep is not None and rep.mode == "sync" and not rep.in_sync:
+        note = "sync replication with no slave in sync: puts are acknowledged by the " \
+               "master alone (or refused, with no_in_sync = refuse)"
+    elif rep is not None and any(n not in rep.in_sync for n in slaves):
+        note = "slaves " + ",".join(str(n) for n in slaves if n not in rep.in_sync) + \
+            " not in sync"
+    if b.master is None:
+        note = "no master registered" + (f"; {note}" if note else "")
+    return {"broker_id": b.broker_id, "master": None if b.master is None else str(b.master),
+            "epoch": None if rep is None else rep.epoch,
+            "leader_replica": None if rep is None else rep.master,
+            "mode": None if rep is None else rep.mode,
+            "in_sync": [] if rep is None else list(rep.in_sync), "slaves": slaves,
+            "note": note}

@@ -3,6 +3,9 @@ offsets, new topics as they appear, after its own restart and its master's."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -50,6 +53,23 @@ def test_slave_copies_every_partition_byte_for_byte(zk_connect, broker_factory, 
     assert same_logs(tmp_path / "m", tmp_path / "s", master.topics)
     st = master.replication_status()
     assert st["role"] == "master" and st["in_sync"] == [1], st
+    out = subprocess.run([sys.executable, "-m", "metaq", "topic", "describe", "t", "--json",
+                          "--zk", zk_connect], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    (rep,) = json.loads(out.stdout)["replication"]
+    assert (rep["epoch"], rep["leader_replica"], rep["in_sync"], rep["slaves"]) == \
+        (0, 0, [1], [1]), rep
+    stats = slave.stats()
+    assert "replication_role slave" in stats and "replication_master 127.0.0.1:" in stats
+    from metaq.prometheus import serve_metrics
+    with serve_metrics(brokers=[master, slave]) as server:
+        import urllib.request
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics",
+                                      timeout=10).read().decode()
+    assert 'metaq_broker_replication_in_sync_slaves{broker_id="0",replica="0"} 1.0' in text
+    assert 'metaq_broker_replication_master{broker_id="0",replica="1"} 0.0' in text
+    assert 'metaq_broker_replication_copy_stopped{broker_id="0",partition="0",replica="1",' \
+           'topic="t"} 0.0' in text
 
 
 def test_restarts_mid_stream_leave_identical_logs(zk_connect, broker_factory, tmp_path):
