@@ -141,7 +141,8 @@ class MessageConsumer:
             max_fetch_size=self.config.max_fetch_size, on_error=self._report,
             offset_reset=self.config.offset_reset,
             lease=self.lease, hold=self.config.fetch_hold,
-            name=f"metaq-fetch-{self.consumer_id}")
+            name=f"metaq-fetch-{self.consumer_id}", read_from=self.config.read_from,
+            member=self.consumer_id)
         self._coordinator = Coordinator(
             self._client, config=self.config, layout=self.layout, group=self.zk_group,
             consumer_id=self.consumer_id, subscriptions=self._subscriptions,
