@@ -134,7 +134,8 @@ class FetchManager:
         read of the group).  Partitions of a broker id whose chosen broker changed are
         fetched at once from the new one: a held get parked on the old broker then counts
         for nothing (its park token is stale) and the long poller closes its connection
-        there; the runners close theirs as they bind their next partition.  Positions
+        there; each runner closes its own before it fetches again (idle ones are woken
+        for it).  Positions
         carry over unchanged: master and slaves hold the same offsets."""
         moved = self._route.update(brokers)
         if not moved:
@@ -256,11 +257,15 @@ class FetchManager:
         pf.queue(due, token)  # a held get out for it no longer counts
         heapq.heappush(self._heap, (due, token, pf))
 
-    def _take(self) -> tuple[PartitionState, Readahead] | None:
+    def _take(self, session: FetchSession) -> tuple[PartitionState, Readahead] | None | bool:
+        """The next partition due (with its read-ahead); None once closed; False when the
+        route moved a broker id (the runner closes its connections to old brokers)."""
         with self._cond:
             while True:
                 if self._closed:
                     return None
+                if session.route_moved:
+                    return False
                 if self._heap and not self._suspended:
                     due, token, pf = self._heap[0]
                     if not pf.active or token != pf.queued_token or pf.busy:
@@ -301,9 +306,12 @@ class FetchManager:
         fetch_once = self._fetch.fetch_once
         try:
             while True:
-                taken = self._take()
+                taken = self._take(session)
                 if taken is None:
                     return
+                if taken is False:
+                    session.prune()
+                    continue
                 pf, ra = taken
                 session.bind(pf, ra)
                 delay: float | None = self._max_delay

@@ -104,13 +104,18 @@ class FetchSession:
         """Fetch ``pf`` (read ahead into ``ra``) next; the broker it is read from, or
         None when none is known right now."""
         self.pf, self.ra, self._ahead = pf, ra, None
-        if self._epoch != self._route.epoch:
-            self._prune()
+        if self.route_moved:
+            self.prune()
         self.address = address = self._route.address(pf)
         self._conn = None if address is None else self._conns.get(address)
         return address
 
-    def _prune(self) -> None:
+    @property
+    def route_moved(self) -> bool:
+        """The route moved a broker id since this session last pruned."""
+        return self._epoch != self._route.epoch
+
+    def prune(self) -> None:
         """The route moved a broker id: close the connections to brokers no partition
         is read from any more (a master that went away, a slave left for its master)."""
         self._epoch = self._route.epoch
