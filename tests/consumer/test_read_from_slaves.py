@@ -26,7 +26,7 @@ from metaq._types import BrokerAddress
 from metaq.consumer._route import BrokerRoute
 from metaq.consumer._subscription import PartitionState
 from metaq.protocol import get_codec
-from metaq.spark import SourceOptions
+from metaq.spark import FetchSettings, SourceOptions, fetch_range, offset_ranges
 from metaq.testing import wait_until
 from zk_layout import (
     BrokerReplicas,
@@ -272,3 +272,26 @@ def test_slave_preferred_reads_the_slave_and_falls_back_to_the_master_cleanly(
                 f.result(timeout=30)
         wait_until(lambda: len(got) == n + len(more), 30, what="the new messages")
         _check_contiguous(got, bodies | more)
+
+
+@pytest.mark.broker
+def test_the_spark_source_plans_and_reads_from_the_slave_when_preferred(
+        zk_connect, broker_factory, tmp_path):
+    master = broker_factory({TOPIC: 2}, broker_id=0, zk_connect=zk_connect)
+    bodies = {f"s{i:03d}".encode() for i in range(40)}
+    with Producer(zk_connect) as p:
+        for f in [p.send_async(TOPIC, b) for b in sorted(bodies)]:
+            f.result(timeout=30)
+    with start_slave(zk_connect, master.config.data_dir, tmp_path / "slave", {TOPIC: 2},
+                     broker_id=0) as slave:
+        ranges = offset_ranges(zk_connect, TOPIC, starting="earliest",
+                               read_from="slave-preferred")
+        assert {r.address for r in ranges} == {("127.0.0.1", slave.port)}
+        read = [m.value for r in ranges
+                for m in fetch_range(r, zk_connect=zk_connect, read_from="slave-preferred")]
+        assert sorted(read) == sorted(bodies)
+        assert slave.gets() > 0 and broker_stat(master.stats(), "cmd_get") == 0
+        ranges = offset_ranges(zk_connect, TOPIC, starting="earliest")  # master's rule
+        assert {r.address for r in ranges} == {("127.0.0.1", master.port)}
+    with pytest.raises(ConfigError, match="read_from"):
+        FetchSettings(read_from="slave")
