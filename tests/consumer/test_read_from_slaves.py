@@ -171,6 +171,11 @@ def _check_contiguous(got: list, bodies: set[bytes]) -> None:
             pos = nxt
 
 
+def _brokers_read(*consumers: MessageConsumer) -> set[str]:
+    """Where the consumers' partitions are read from now (their metrics)."""
+    return {p["broker"] for c in consumers for p in c.metrics()["partitions"].values()}
+
+
 def _gets(proc) -> int:  # noqa: ANN001
     with proc.connection() as c:
         return broker_stat(c.stats(), "cmd_get")
@@ -212,6 +217,7 @@ def test_a_killed_master_is_read_from_its_slave_then_again_when_it_returns(
         assert slave.gets() > before + 10  # the rest came from the slave, get by get
         assert sorted(c1.assignment()[TOPIC] + c2.assignment()[TOPIC]) == ["0-0", "0-1"]
         assert {**c1.assignment(), **c2.assignment()}.keys() == assignment.keys()
+        assert _brokers_read(c1, c2) == {f"127.0.0.1:{slave.port}"}
         # the tools keep working with only the slave up
         lag = {**c1.lag(), **c2.lag()}
         assert set(lag.values()) == {0}  # asked of the slave: nothing behind
@@ -235,6 +241,7 @@ def test_a_killed_master_is_read_from_its_slave_then_again_when_it_returns(
                    "returned master")
         _check_contiguous(got, bodies | more)
         assert _gets(master) > 0
+        assert _brokers_read(c1, c2) == {f"127.0.0.1:{master.port}"}
 
 
 @pytest.mark.broker
