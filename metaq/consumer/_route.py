@@ -60,7 +60,7 @@ class BrokerRoute:
     """Where partitions are read from (see the module docstring)."""
 
     __slots__ = ("_long_poll", "_offers", "_read_from", "_salt", "_brokers", "_chosen",
-                 "epoch")
+                 "_slaves", "epoch")
 
     def __init__(self, *, long_poll: bool, read_from: str = "master", salt: str = "") -> None:
         self._long_poll = long_poll
@@ -75,6 +75,8 @@ class BrokerRoute:
         #: broker id -> its registered brokers, and -> the one chosen (replaced whole)
         self._brokers: Mapping[int, BrokerReplicas] = {}
         self._chosen: Mapping[int, BrokerAddress | None] = {}
+        #: the chosen brokers that are slaves (replaced whole)
+        self._slaves: frozenset[BrokerAddress] = frozenset()
         #: bumped by every update that moved a broker id (sessions prune on a change)
         self.epoch = 0
 
@@ -91,6 +93,8 @@ class BrokerRoute:
             chosen[bid] = None if address is None else BrokerAddress(*address)
         old = self._chosen
         moved = {b for b in chosen.keys() | old.keys() if chosen.get(b) != old.get(b)}
+        self._slaves = frozenset(a for b, a in chosen.items()
+                                 if a is not None and a != brokers[b].master)
         self._brokers, self._chosen = dict(brokers), chosen
         if moved:
             for bid in sorted(moved):
@@ -109,6 +113,11 @@ class BrokerRoute:
         if pf.broker_id in chosen:
             return chosen[pf.broker_id]
         return pf.broker_address
+
+    def is_slave(self, address: BrokerAddress) -> bool:
+        """``address`` is a slave chosen for its broker id: its log may lag its master's
+        (a position above its end is one it has not copied yet, never out of range)."""
+        return address in self._slaves
 
     def in_use(self) -> frozenset[BrokerAddress] | None:
         """The brokers chosen now for the ids the route knows; None before the first

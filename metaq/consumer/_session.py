@@ -137,6 +137,12 @@ class FetchSession:
         return self.address is not None and self._route.holds(self.address)
 
     @property
+    def from_slave(self) -> bool:
+        """The bound partition is read from a slave (its log may not have reached a
+        position its master has)."""
+        return self.address is not None and self._route.is_slave(self.address)
+
+    @property
     def exact_offsets(self) -> bool:
         """The bound partition's broker answers ``offset`` exactly (``+boundary``)."""
         return self.address is not None and self._route.exact_offsets(self.address)

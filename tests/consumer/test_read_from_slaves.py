@@ -34,6 +34,7 @@ from zk_layout import (
     Layout,
     TopicBroker,
     broker_replicas,
+    decode_offset,
     encode_broker_uri,
     encode_topic_broker,
     partitions_for_topic,
@@ -302,3 +303,45 @@ def test_the_spark_source_plans_and_reads_from_the_slave_when_preferred(
         assert {r.address for r in ranges} == {("127.0.0.1", master.port)}
     with pytest.raises(ConfigError, match="read_from"):
         FetchSettings(read_from="slave")
+
+
+@pytest.mark.broker
+def test_a_slave_behind_the_committed_position_is_waited_for_never_reset(
+        zk_connect, zk_client, broker_factory, tmp_path):
+    master = broker_factory({TOPIC: 2}, broker_id=0, zk_connect=zk_connect)
+    old = {f"o{i:03d}".encode() for i in range(30)}
+    with Producer(zk_connect) as p:
+        for f in [p.send_async(TOPIC, b) for b in sorted(old)]:
+            f.result(timeout=30)
+    slave = start_slave(zk_connect, master.config.data_dir, tmp_path / "slave", {TOPIC: 2},
+                        broker_id=0, register=False)
+    with slave:
+        with Producer(zk_connect) as p:  # the slave has not copied these (yet)
+            for f in [p.send_async(TOPIC, f"x{i}".encode()) for i in range(10)]:
+                f.result(timeout=30)
+        ends = {f"0-{i}": master.offsets(TOPIC, i)[1] for i in range(2)}
+        seen: list = []
+        with MessageConsumer(GROUP, zk_connect, consumer_id="c0") as c0:  # up to the end
+            c0.subscribe(TOPIC, _listener(seen)).start()
+            wait_until(lambda: len(seen) == 40, 30, what="the whole log consumed")
+        d = L.offsets_dir(GROUP, TOPIC)
+        assert {p: decode_offset(zk_client.get(f"{d}/{p}")[0]).offset
+                for p in zk_client.get_children(d)} == ends  # committed on close
+        slave.register()
+        got: list = []
+        with MessageConsumer(GROUP, zk_connect, consumer_id="c1", read_from="slave-preferred",
+                             max_fetch_delay=0.2) as c1:
+            c1.subscribe(TOPIC, _listener(got)).start()
+            # each partition's committed position is above the slave's end: it asks the
+            # slave where its log ends, waits, and asks again (twice each, at least)
+            wait_until(lambda: got or broker_stat(slave.broker.stats(), "cmd_offset") >= 8,
+                       30, what="the slave asked about the positions again (or a reset)")
+            assert got == [] and c1.metrics()["offset_resets"] == 0 and not c1.errors()
+            slave.unregister()  # to the master, from the committed positions
+            new = {f"n{i}".encode() for i in range(6)}
+            with Producer(zk_connect) as p:
+                for f in [p.send_async(TOPIC, b) for b in sorted(new)]:
+                    f.result(timeout=30)
+            wait_until(lambda: len(got) == len(new), 30, what="the new messages")
+            assert sorted(b for *_, b in got) == sorted(new)
+            assert all(offset >= ends[part] for part, offset, _, _ in got)
