@@ -135,8 +135,8 @@ class FetchManager:
         fetched at once from the new one: a held get parked on the old broker then counts
         for nothing (its park token is stale) and the long poller closes its connection
         there; each runner closes its own before it fetches again (idle ones are woken
-        for it).  Positions
-        carry over unchanged: master and slaves hold the same offsets."""
+        for it).  Positions carry over unchanged: master and slaves hold the same
+        offsets."""
         moved = self._route.update(brokers)
         if not moved:
             return

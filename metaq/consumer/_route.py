@@ -25,7 +25,9 @@ slave appeared), :meth:`BrokerRoute.update` says which ids moved and bumps
 :attr:`BrokerRoute.epoch`; the fetch manager wakes their partitions (a held get
 parked on the old broker then counts for nothing, and the long poller drops its
 connection there), and each runner's session closes its connections to brokers
-no longer chosen (:meth:`BrokerRoute.in_use`) the next time it binds a partition.
+no longer chosen (:meth:`BrokerRoute.in_use`) before it fetches again (an idle
+runner is woken for it).  A slave's log may lag its master's: a position above a
+slave's end (:meth:`BrokerRoute.is_slave`) is waited for, never reset (``_fetch``).
 
 What a broker offers is learned once per new runner connection from its
 ``version`` answer: ``+hold`` (it holds gets, so a partition at its log end is
@@ -79,10 +81,6 @@ class BrokerRoute:
         self._slaves: frozenset[BrokerAddress] = frozenset()
         #: bumped by every update that moved a broker id (sessions prune on a change)
         self.epoch = 0
-
-    @property
-    def read_from(self) -> str:
-        return self._read_from
 
     def update(self, brokers: Mapping[int, BrokerReplicas]) -> set[int]:
         """The broker ids' registered brokers as just read (coordinator thread); returns

@@ -1,7 +1,8 @@
 """The group as one member sees it: ZooKeeper reads cached, and kept true by watches.
 
 A rebalance needs the group's members and their topics, each topic's
-partitions, the brokers' addresses, the static member records and, for the
+partitions, each broker id's master and slaves (``brokers/ids/<id>/master`` and
+``slave<N>``, a :class:`GroupTopology`), the static member records and, for the
 ``sticky`` strategy, the current owners.  Read afresh every time, that is a
 request per member for every member on every rebalance: O(N²) requests for
 the group each time it changes, most of the cost of a rebalance at 64 members.
