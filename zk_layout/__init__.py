@@ -11,7 +11,9 @@
 * :func:`take_snapshot` reads a live tree (kazoo) into a read-only
   :class:`Snapshot`; ``python -m zk_layout`` is its inspector CLI.
 * :func:`read_topology`, :func:`read_partitions`, :func:`broker_address`, ...: what a
-  subscriber reads from a live tree (with watches), for consumers, Spark and tools.
+  subscriber reads from a live tree (with watches), for consumers, Spark and tools;
+  :func:`broker_replicas` a broker id's master and slaves, and
+  :meth:`BrokerReplicas.choose` the one rule picking which of them a reader reads.
   :func:`read_master_partitions` is a slave broker's read of one master's partitions.
 
 Does not import ``metaq``.
@@ -89,8 +91,11 @@ from zk_layout._static import (
     iso_ms,
 )
 from zk_layout._topology import (
+    READ_FROM,
+    BrokerReplicas,
     Topology,
     broker_address,
+    broker_replicas,
     member_ids,
     member_topics,
     partition_broker_id,
@@ -127,6 +132,9 @@ __all__ = [
     "static_records",
     "partition_broker_id",
     "broker_address",
+    "broker_replicas",
+    "BrokerReplicas",
+    "READ_FROM",
     # errors
     "NodeDataError",
     "InvalidNameError",

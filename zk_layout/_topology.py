@@ -14,8 +14,10 @@ as Metaq does, so one bad node never stops a group.
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -35,7 +37,7 @@ from zk_layout._static import StaticMember, decode_static_member
 __all__ = ["Topology", "read_topology", "read_members", "member_ids", "member_topics",
            "read_partitions", "read_owners", "read_static_members", "static_member_ids",
            "static_records", "broker_address", "partition_broker_id",
-           "read_master_partitions"]
+           "read_master_partitions", "BrokerReplicas", "broker_replicas", "READ_FROM"]
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +196,79 @@ def broker_address(client: KazooClient, layout: Layout, broker_id: int,
             except NodeDataError as e:
                 _skip(e)
     return None
+
+
+#: Where a reader reads a broker id's partitions from (:meth:`BrokerReplicas.choose`).
+READ_FROM = ("master", "slave-preferred")
+
+
+class BrokerReplicas(NamedTuple):
+    """One broker id's registered brokers: its master's address (None when down) and
+    its slaves' as ``(slave number, address)`` pairs in slave-number order.  Every one
+    holds the same log at the same offsets, so any of them serves a reader."""
+
+    master: tuple[str, int] | None = None
+    slaves: tuple[tuple[int, tuple[str, int]], ...] = ()
+
+    def choose(self, read_from: str = "master", salt: str = "") -> tuple[str, int] | None:
+        """The broker to read from, None when none is registered.
+
+        ``master`` (Java's ``Cluster.getBrokerRandom(brokerId)``): the master when it
+        is registered, else a slave.  ``slave-preferred``: a slave when one is
+        registered, else the master.  Among several slaves the pick is deterministic,
+        not random as Java's: slave ``crc32(salt) % count`` in slave-number order, so a
+        reader keeps its slave across re-reads and readers with different salts (the
+        consumer's id) spread over the slaves; the empty salt picks the lowest-numbered
+        slave (as :func:`broker_address`)::
+
+            r = BrokerReplicas(("m", 1), ((1, ("s1", 2)), (2, ("s2", 3))))
+            r.choose()                                  -> ("m", 1)
+            r.choose("slave-preferred")                 -> ("s1", 2)
+            r._replace(master=None).choose()            -> ("s1", 2)
+            BrokerReplicas(("m", 1)).choose("slave-preferred") -> ("m", 1)
+            BrokerReplicas().choose()                   -> None
+        """
+        if read_from not in READ_FROM:
+            raise ValueError(f"read_from must be one of {READ_FROM}, got {read_from!r}")
+        slave = None
+        if self.slaves:
+            index = zlib.crc32(salt.encode()) % len(self.slaves) if salt else 0
+            slave = self.slaves[index][1]
+        if read_from == "master":
+            return self.master if self.master is not None else slave
+        return slave if slave is not None else self.master
+
+
+def broker_replicas(client: KazooClient, layout: Layout, broker_id: int,
+                    watch: Watch | None = None) -> BrokerReplicas:
+    """Broker ``broker_id``'s master and slaves as registered now (damaged nodes are
+    logged and left out).  With ``watch``, armed on the master node (its change,
+    deletion or creation), on the broker's children (a slave or the master coming or
+    going) and on each slave node."""
+    master_path = layout.broker_master(broker_id)
+    master = None
+    data = _data(client, master_path, watch)
+    if data is not None:
+        try:
+            master = decode_broker_uri(data, master_path).address
+        except NodeDataError as e:
+            _skip(e)
+    # Java (MetaZookeeper.getSlaveBrokersById): every child "slave<N>" whose N parses as
+    # an int >= 0; other children (master, the config checksum) are not slaves
+    names = sorted((int(n[5:]), n) for n in _children(client, layout.broker_id(broker_id), watch)
+                   if n.startswith("slave") and n[5:].isascii() and n[5:].isdigit()
+                   and int(n[5:]) <= 2**31 - 1)
+    numbers = [n for n, _ in names]
+    paths = [f"{layout.broker_id(broker_id)}/{name}" for _, name in names]
+    slaves = []
+    for n, path, sdata in zip(numbers, paths, _data_many(client, paths, watch), strict=True):
+        if sdata is None:
+            continue  # gone while we read (the children watch says so)
+        try:
+            slaves.append((n, decode_broker_uri(sdata, path).address))
+        except NodeDataError as e:
+            _skip(e)
+    return BrokerReplicas(master, tuple(slaves))
 
 
 def read_owners(client: KazooClient, layout: Layout, group: str, topic: str,

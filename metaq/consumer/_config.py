@@ -14,7 +14,7 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq._time import parse_time_ms
 from metaq._zkclient import ZkSecurity
-from zk_layout import DEFAULT_ROOT, InvalidNameError, Layout
+from zk_layout import DEFAULT_ROOT, READ_FROM, InvalidNameError, Layout
 
 __all__ = ["ConsumerConfig", "START_POSITIONS"]
 
@@ -119,6 +119,13 @@ class ConsumerConfig:
     #: as an OffsetOutOfRangeError naming what was skipped or re-read; an offset inside
     #: a message always moves to the start of that message.
     offset_reset: str = "earliest"
+    #: Which of a broker id's brokers its partitions are read from: ``master`` (Metaq's
+    #: rule: the master while it is registered, else one of its slaves) or
+    #: ``slave-preferred`` (a slave while one is registered, else the master: takes read
+    #: load off masters).  Master and slaves hold the same offsets, so a partition moves
+    #: between them keeping its position; among several slaves each consumer keeps one
+    #: (picked by its id).
+    read_from: str = "master"
     #: Body codec for ``Message.body``: ``bytes``, ``str`` or ``msgpack``.
     codec: str = "bytes"
     #: Verify each message's CRC32 while consuming.
@@ -204,6 +211,12 @@ class ConsumerConfig:
                 f"ms>', got {self.start_position!r}")
         self.start_time_ms  # noqa: B018 - validates a time: position
         from metaq.consumer._assignors import get_strategy
+
+        if self.read_from not in READ_FROM:
+            raise ConfigError(
+                f"read_from must be 'master' (the master while it is registered, else a "
+                f"slave) or 'slave-preferred' (a slave while one is registered, else the "
+                f"master), got {self.read_from!r}")
         from metaq.protocol import get_codec
 
         get_codec(self.codec)

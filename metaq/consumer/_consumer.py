@@ -141,7 +141,8 @@ class MessageConsumer:
             max_fetch_size=self.config.max_fetch_size, on_error=self._report,
             offset_reset=self.config.offset_reset,
             lease=self.lease, hold=self.config.fetch_hold,
-            name=f"metaq-fetch-{self.consumer_id}")
+            name=f"metaq-fetch-{self.consumer_id}", read_from=self.config.read_from,
+            member=self.consumer_id)
         self._coordinator = Coordinator(
             self._client, config=self.config, layout=self.layout, group=self.zk_group,
             consumer_id=self.consumer_id, subscriptions=self._subscriptions,
@@ -309,7 +310,9 @@ class MessageConsumer:
     def metrics(self, *, with_lag: bool = False) -> dict[str, Any]:
         """A snapshot for dashboards: state, rebalances, per-partition progress, rates.
 
-        ``rate`` is messages/s since the previous call (or since start).
+        ``rate`` is messages/s since the previous call (or since start).  Each
+        partition's ``broker`` is the ``host:port`` it is read from now (its broker id's
+        master or a slave, see ``read_from``; None while none is registered).
         ``with_lag`` adds each partition's lag in bytes and in seconds (asks the brokers,
         see :meth:`lag`).
         """
@@ -335,6 +338,7 @@ class MessageConsumer:
             "redelivered_skipped": sum(pf.redelivered_skipped for pf in owned),
             "partitions": {f"{pf.topic}/{pf.partition}": {
                 "position": pf.offset, "committed": pf.committed[1], "consumed": pf.consumed,
+                "broker": _host_port(self.fetcher.address(pf)),
                 "damaged": pf.damaged, "skipped_bytes": pf.skipped,
                 "stalled": None if pf.stalled is None else str(pf.stalled),
                 "over_transfer_cap": None if pf.capped is None else
@@ -438,3 +442,8 @@ class MessageConsumer:
     def _check_open(self) -> None:
         if self._closed:
             raise ConsumerClosedError(f"consumer {self.consumer_id} is closed")
+
+
+def _host_port(address: BrokerAddress | None) -> str | None:
+    """``host:port`` of the broker a partition is read from (its master or a slave)."""
+    return None if address is None else f"{address[0]}:{address[1]}"

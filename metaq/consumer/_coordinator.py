@@ -464,7 +464,7 @@ class Coordinator:
         topo = self._view.read(topics)
         held = self._membership.static.holds(topo, self.life.generation)
         plan = make_plan(topics, topo, held, self._strategy, me=self.consumer_id,
-                         broadcast=self._cfg.broadcast)
+                         broadcast=self._cfg.broadcast, replicas=topo.replicas)
         release, claim = self._handoff.apply(plan)
         self._settle("rebalanced")
         if release or claim:

@@ -30,7 +30,10 @@ wire, the partition's state keeps the position.  What differs from Metaq:
 - a position nobody confirmed yet (a committed offset, a seek) that reads as
   garbage, as nothing, or as a huge message is checked with the broker
   (``offset``): inside a message it moves to that message's start; outside
-  the log ``offset_reset`` decides; damaged bytes are skipped and reported.
+  the log ``offset_reset`` decides; damaged bytes are skipped and reported;
+- a position above the log end of a slave (``BrokerRoute``: a broker id's
+  partitions may be read from a slave) is one the slave has not copied yet: the
+  partition waits for it (Metaq's backoff), never resets.
 """
 
 from __future__ import annotations
@@ -96,11 +99,12 @@ class PartitionFetcher:
         assert s.pf is not None
         return self.backoff(s.pf, s.ra)
 
-    def _may_lag(self, pf: PartitionState) -> bool:
+    def _may_lag(self, pf: PartitionState, s: FetchSession) -> bool:
         """A broker's answer that ``pf`` is past its end may still be a lag (a Java
         broker's max offset is what it flushed): true until ``pf`` has waited the
-        longest backoff for it."""
-        return pf.delay < self._max_delay
+        longest backoff for it; always from a slave (it copies its master's log, the
+        same offsets, and gets there: never a reason to reset a position)."""
+        return s.from_slave or pf.delay < self._max_delay
 
     def _at_end(self, s: FetchSession) -> float:
         """Nothing new at the partition's offset: park it when its broker holds gets,
@@ -264,7 +268,7 @@ class PartitionFetcher:
     def _on_broker_error(self, pf: PartitionState, e: BrokerError, s: FetchSession) -> float:
         if e.code == 404:
             if pf.rewound is not None:
-                if self._may_lag(pf):
+                if self._may_lag(pf, s):
                     # sent back to the broker's max offset, and nothing there yet: a Java
                     # broker's max offset (what it flushed) lags what it served and it
                     # answers 404 there until it flushes: wait, re-read (the msgId check)
@@ -308,7 +312,7 @@ class PartitionFetcher:
                 pf.rewind(moved)
                 s.ra.drop()
                 return 0.0
-            if self._may_lag(pf):
+            if self._may_lag(pf, s):
                 # no msgId to check a re-read against (a committed offset without one, a
                 # seek): maybe a lag too; ask again from here with Metaq's backoff, and
                 # only when it still says so after the longest backoff is it above the end
@@ -381,7 +385,11 @@ class PartitionFetcher:
         except BrokerUnavailableError as e:
             return self._connection_failed(pf, s, e)
         if pf.offset > end:
-            if not s.exact_offsets and self._may_lag(pf):
+            if s.from_slave:  # behind its master: wait until it has copied that far
+                log.debug("%s/%s: slave %s:%s has copied up to %d, below %d: waiting",
+                          pf.topic, pf.partition, *s.address, end, pf.offset)
+                return self._backoff(s)
+            if not s.exact_offsets and self._may_lag(pf, s):
                 log.info("%s/%s: the broker says its log ends at %d, below %d: asking "
                          "again", pf.topic, pf.partition, end, pf.offset)
                 return self._backoff(s)

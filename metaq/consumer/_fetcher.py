@@ -36,14 +36,17 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
+from metaq._types import BrokerAddress
 from metaq.consumer._fetch import PARK, ErrorHandler, PartitionFetcher
 from metaq.consumer._lease import Lease
 from metaq.consumer._longpoll import LongPoller, Parked
 from metaq.consumer._route import BrokerRoute
 from metaq.consumer._session import FetchSession, Readahead
 from metaq.consumer._subscription import PartitionState
+from zk_layout import BrokerReplicas
 
 __all__ = ["FetchManager"]
 
@@ -62,12 +65,15 @@ class FetchManager:
                  max_delay: float, max_fetch_size: int, on_error: ErrorHandler,
                  lease: Lease | None = None, hold: float = 0.0,
                  offset_reset: str = "earliest",
-                 name: str = "metaq-fetch", prefetch: bool = True) -> None:
+                 name: str = "metaq-fetch", prefetch: bool = True,
+                 read_from: str = "master", member: str = "") -> None:
+        """``read_from`` and ``member`` (the consumer's id): how partitions pick among a
+        broker id's master and slaves (``_route``)."""
         self._max_delay = max_delay
         self._on_error = on_error
         self._group = group
         self._fetch_timeout = fetch_timeout
-        self._route = BrokerRoute(long_poll=hold > 0)
+        self._route = BrokerRoute(long_poll=hold > 0, read_from=read_from, salt=member)
         self._fetch = PartitionFetcher(
             group=group, max_delay=max_delay, max_fetch_size=max_fetch_size,
             on_error=on_error, lease=lease, offset_reset=offset_reset, prefetch=prefetch)
@@ -122,6 +128,30 @@ class FetchManager:
             for pf in pfs:
                 self._readahead.pop(pf, None)
         return True
+
+    def route(self, brokers: Mapping[int, BrokerReplicas]) -> None:
+        """Each broker id's master and slaves as just read (the coordinator, after every
+        read of the group).  Partitions of a broker id whose chosen broker changed are
+        fetched at once from the new one: a held get parked on the old broker then counts
+        for nothing (its park token is stale) and the long poller closes its connection
+        there; each runner closes its own before it fetches again (idle ones are woken
+        for it).  Positions carry over unchanged: master and slaves hold the same
+        offsets."""
+        moved = self._route.update(brokers)
+        if not moved:
+            return
+        with self._cond:
+            for pf in self._readahead:
+                if pf.broker_id in moved and pf.active and not pf.busy and not pf.paused:
+                    self._push(pf, 0.0)
+            self._cond.notify_all()
+        in_use = self._route.in_use()
+        if self._poller is not None and in_use is not None:
+            self._poller.keep_only(in_use)
+
+    def address(self, pf: PartitionState) -> BrokerAddress | None:
+        """The broker ``pf`` is read from now (None: none registered)."""
+        return self._route.address(pf)
 
     def suspend(self) -> None:
         """Stop handing out partitions (ZooKeeper connection uncertain)."""
@@ -227,11 +257,15 @@ class FetchManager:
         pf.queue(due, token)  # a held get out for it no longer counts
         heapq.heappush(self._heap, (due, token, pf))
 
-    def _take(self) -> tuple[PartitionState, Readahead] | None:
+    def _take(self, session: FetchSession) -> tuple[PartitionState, Readahead] | None | bool:
+        """The next partition due (with its read-ahead); None once closed; False when the
+        route moved a broker id (the runner closes its connections to old brokers)."""
         with self._cond:
             while True:
                 if self._closed:
                     return None
+                if session.route_moved:
+                    return False
                 if self._heap and not self._suspended:
                     due, token, pf = self._heap[0]
                     if not pf.active or token != pf.queued_token or pf.busy:
@@ -272,9 +306,12 @@ class FetchManager:
         fetch_once = self._fetch.fetch_once
         try:
             while True:
-                taken = self._take()
+                taken = self._take(session)
                 if taken is None:
                     return
+                if taken is False:
+                    session.prune()
+                    continue
                 pf, ra = taken
                 session.bind(pf, ra)
                 delay: float | None = self._max_delay

@@ -10,15 +10,16 @@ subscription state.  Partitions that arrive are claimed (in broadcast mode
 nothing is owned), their committed offsets loaded, put in the subscription
 state, announced to ``on_assigned`` and handed to the fetcher.  Partitions that
 stay keep fetching; only their broker's address is brought up to date (a broker
-restarted on another port).  A user callback that fails is reported, never
-stops a rebalance.
+restarted on another port), and the fetcher is told each broker id's master and
+slaves (it moves a partition between them keeping its position).  A user
+callback that fails is reported, never stops a rebalance.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Protocol
 
 from metaq._errors import CoordinationError
@@ -30,6 +31,7 @@ from metaq.consumer._offsets import OffsetStore, Ownership
 from metaq.consumer._owners import OwnerNodes
 from metaq.consumer._plan import Plan
 from metaq.consumer._subscription import PartitionState, SubscriptionState
+from zk_layout import BrokerReplicas
 
 __all__ = ["Fetching", "Handoff", "names"]
 
@@ -47,6 +49,10 @@ class Fetching(Protocol):
 
     def remove_many(self, pfs: list[PartitionState], timeout: float | None = None) -> bool:
         """Stop fetching all of them at once; True once no runner holds any."""
+
+    def route(self, brokers: Mapping[int, BrokerReplicas]) -> None:
+        """Each broker id's master and slaves as just read (which one a partition is
+        read from is the fetcher's choice)."""
 
     def suspend(self) -> None:
         """Hand out no partition (the ZooKeeper connection is uncertain)."""
@@ -83,6 +89,7 @@ class Handoff:
         backing off for a known holder, which wait for their time or their holder's
         node); returns (released, to claim)."""
         self.plan = plan
+        self._fetcher.route(plan.replicas)  # first: partitions claimed below start right
         release, claim = plan.moves(PartitionKey(*k) for k in self._subs.assigned_keys())
         self.release(release)
         self._owners.keep_only(plan.target)

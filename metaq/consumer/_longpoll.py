@@ -19,6 +19,11 @@ drives them all) and waits:
   comes hands it back to the runners, whose normal path handles it (after
   Metaq's backoff where the connection failed, so nothing spins).
 
+When the route moves a broker id to another broker (its master went away or
+came back, a slave appeared: ``_route``), the manager wakes the partitions and
+:meth:`LongPoller.keep_only` closes the connections to brokers no longer read
+from; a held get still queued for a partition woken meanwhile is not sent.
+
 It never delivers anything itself, and never decides ownership: the manager
 drops a reply whose partition was revoked, sought, paused or woken meanwhile
 (its park token changed), and a runner checks the lease before delivering.
@@ -92,6 +97,9 @@ class LongPoller:
         self._signalled = False
         self._closed = False
         self._conns: dict[BrokerAddress, MultiplexedConnection[Parked]] = {}
+        #: the brokers still read from, when the route moved a broker id (under the lock;
+        #: the thread closes its connections to the others)
+        self._keep: frozenset[BrokerAddress] | None = None
         self._next_check = 0.0
         self._sel = selectors.DefaultSelector()
         # the self-pipe that wakes the select (a local socket pair, safe to write to
@@ -120,6 +128,18 @@ class LongPoller:
         if signal:
             self._signal()
         return True
+
+    def keep_only(self, addresses: frozenset[BrokerAddress]) -> None:
+        """Close the connections to brokers not in ``addresses`` (the route moved their
+        partitions elsewhere, and woke them first: their held gets count for nothing)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._keep = addresses
+            signal = not self._signalled
+            self._signalled = True
+        if signal:
+            self._signal()
 
     def close(self, timeout: float = 5.0) -> None:
         with self._lock:
@@ -155,6 +175,12 @@ class LongPoller:
                     todo.extend(self._queue)
                     self._queue.clear()
                     self._signalled = False
+                    keep, self._keep = self._keep, None
+                if keep is not None:
+                    for conn in [c for a, c in self._conns.items() if a not in keep]:
+                        log.debug("closing the long-poll connection to %s: no longer read "
+                                  "from", conn.address)
+                        self._drop(conn, None)
                 while todo:
                     self._send(todo[0])
                     todo.popleft()
@@ -206,6 +232,8 @@ class LongPoller:
         return conn
 
     def _send(self, parked: Parked) -> None:
+        if not self._still_parked(parked):
+            return  # woken meanwhile (moved to another broker, sought, revoked): not held
         conn = self._connect(parked.address)
         if conn is None:  # the runner's own fetch meets the failure, after a backoff
             self._woken(parked, None, True)

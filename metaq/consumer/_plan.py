@@ -5,9 +5,11 @@ topics this member consumes, the :class:`~zk_layout.Topology` a
 :class:`~metaq.consumer._view.GroupView` read, the away static members whose
 partitions stay held for them (counted as members, so nobody takes their
 share), and the assignment strategy; it returns a :class:`Plan`: each
-partition of this member's share with the broker that serves it, and the
-brokers' addresses.  :meth:`Plan.moves` tells, from what is owned now, what to
-release and what to claim.  In broadcast mode every member consumes every
+partition of this member's share with the broker id that serves it, the
+brokers' addresses, and each broker id's master and slaves (which of them a
+partition is read from is the fetcher's ``BrokerRoute``'s choice).
+:meth:`Plan.moves` tells, from what is owned now, what to release and what to
+claim.  In broadcast mode every member consumes every
 partition (owning none).
 """
 
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 
 from metaq._types import BrokerAddress, PartitionKey
 from metaq.consumer._assignors import AssignFunction
-from zk_layout import StaticMember, Topology, partition_broker_id
+from zk_layout import BrokerReplicas, StaticMember, Topology, partition_broker_id
 
 __all__ = ["Plan", "make_plan"]
 
@@ -31,6 +33,8 @@ class Plan:
     target: Mapping[PartitionKey, int] = field(default_factory=dict)
     #: broker id -> its address (None: registered without one, or down when read)
     brokers: Mapping[int, BrokerAddress | None] = field(default_factory=dict)
+    #: broker id -> its master and slaves (the route picks one per ``read_from``)
+    replicas: Mapping[int, BrokerReplicas] = field(default_factory=dict)
 
     def moves(self, owned: Iterable[PartitionKey]
               ) -> tuple[list[PartitionKey], list[PartitionKey]]:
@@ -47,9 +51,12 @@ class Plan:
 
 
 def make_plan(topics: Iterable[str], topo: Topology, held: Mapping[str, StaticMember],
-              strategy: AssignFunction, *, me: str, broadcast: bool = False) -> Plan:
+              strategy: AssignFunction, *, me: str, broadcast: bool = False,
+              replicas: Mapping[int, BrokerReplicas] | None = None) -> Plan:
     """This member's share (``me``) of each topic's partitions among the topic's
-    members and the held static members subscribed to it."""
+    members and the held static members subscribed to it.  ``replicas``: each broker
+    id's master and slaves as read (none: partitions are read from the address in
+    ``topo.brokers``)."""
     target: dict[PartitionKey, int] = {}
     for topic in topics:
         members = topo.members.get(topic, [])
@@ -62,4 +69,4 @@ def make_plan(topics: Iterable[str], topo: Topology, held: Mapping[str, StaticMe
         for p in share:
             target[PartitionKey(topic, p)] = partition_broker_id(p)
     brokers = {b: None if a is None else BrokerAddress(*a) for b, a in topo.brokers.items()}
-    return Plan(target, brokers)
+    return Plan(target, brokers, dict(replicas or {}))

@@ -21,7 +21,9 @@ this module.  Two objects, each with one owner:
 
 Transport failures arrive as :class:`~metaq.BrokerUnavailableError` (``metaq.net``
 converts them); after one the session forgets that broker's connection
-(:meth:`FetchSession.failed`) and the next fetch connects again.
+(:meth:`FetchSession.failed`) and the next fetch connects again.  When the route
+moves a broker id to another broker (master and slaves, see ``_route``), the next
+:meth:`FetchSession.bind` closes the connections to brokers no longer read from.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ class FetchSession:
     """One fetch runner's connections and the requests of the partition it fetches."""
 
     __slots__ = ("_group", "_timeout", "_route", "_conns", "pf", "ra", "address", "_conn",
-                 "_ahead")
+                 "_ahead", "_epoch")
 
     def __init__(self, *, group: str, timeout: float, route: BrokerRoute) -> None:
         self._group = group
@@ -94,6 +96,7 @@ class FetchSession:
         self.address: BrokerAddress | None = None
         self._conn: BrokerConnection | None = None
         self._ahead: int | None = None  # opaque of the get sent ahead, reply not read yet
+        self._epoch = route.epoch  # the route's, when the connections were last pruned
 
     # -- the partition fetched now ---------------------------------------------------------
 
@@ -101,9 +104,27 @@ class FetchSession:
         """Fetch ``pf`` (read ahead into ``ra``) next; the broker it is read from, or
         None when none is known right now."""
         self.pf, self.ra, self._ahead = pf, ra, None
+        if self.route_moved:
+            self.prune()
         self.address = address = self._route.address(pf)
         self._conn = None if address is None else self._conns.get(address)
         return address
+
+    @property
+    def route_moved(self) -> bool:
+        """The route moved a broker id since this session last pruned."""
+        return self._epoch != self._route.epoch
+
+    def prune(self) -> None:
+        """The route moved a broker id: close the connections to brokers no partition
+        is read from any more (a master that went away, a slave left for its master)."""
+        self._epoch = self._route.epoch
+        in_use = self._route.in_use()
+        if in_use is None:
+            return
+        for address in [a for a in self._conns if a not in in_use]:
+            log.debug("closing the fetch connection to %s:%s: no longer read from", *address)
+            self._conns.pop(address).close()
 
     def take_ready(self) -> memoryview | None:
         """The bound partition's bytes fetched ahead, if still at its offset."""
@@ -114,6 +135,12 @@ class FetchSession:
     def holds(self) -> bool:
         """The bound partition's broker holds gets (and this consumer uses that)."""
         return self.address is not None and self._route.holds(self.address)
+
+    @property
+    def from_slave(self) -> bool:
+        """The bound partition is read from a slave (its log may not have reached a
+        position its master has)."""
+        return self.address is not None and self._route.is_slave(self.address)
 
     @property
     def exact_offsets(self) -> bool:

@@ -1,7 +1,8 @@
 """The group as one member sees it: ZooKeeper reads cached, and kept true by watches.
 
 A rebalance needs the group's members and their topics, each topic's
-partitions, the brokers' addresses, the static member records and, for the
+partitions, each broker id's master and slaves (``brokers/ids/<id>/master`` and
+``slave<N>``, a :class:`GroupTopology`), the static member records and, for the
 ``sticky`` strategy, the current owners.  Read afresh every time, that is a
 request per member for every member on every rebalance: O(N²) requests for
 the group each time it changes, most of the cost of a rebalance at 64 members.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from kazoo.client import KazooClient
@@ -34,11 +36,12 @@ from kazoo.protocol.states import EventType, WatchedEvent
 
 from metaq._types import BrokerAddress
 from zk_layout import (
+    BrokerReplicas,
     Layout,
     NodeKind,
     StaticMember,
     Topology,
-    broker_address,
+    broker_replicas,
     member_ids,
     member_topics,
     partition_broker_id,
@@ -49,10 +52,18 @@ from zk_layout import (
     static_records,
 )
 
-__all__ = ["GroupView"]
+__all__ = ["GroupView", "GroupTopology"]
 
 T = TypeVar("T")
 Watch = Callable[[WatchedEvent], object]
+
+
+@dataclass
+class GroupTopology(Topology):
+    """A :class:`~zk_layout.Topology` with each wanted broker id's master and slaves
+    (``brokers`` keeps one address per id: the master, else its lowest slave)."""
+
+    replicas: dict[int, BrokerReplicas] = field(default_factory=dict)
 
 
 class _Listing(Generic[T]):
@@ -163,7 +174,8 @@ class GroupView:
             **listing, list_ids=lambda w: static_member_ids(client, layout, group, w),
             read_nodes=lambda ids, w: static_records(client, layout, group, ids, w))
         self._parts: dict[str, list[str]] = {}
-        self._brokers: dict[int, BrokerAddress | None] = {}
+        #: broker id -> its master and slaves as last read
+        self._brokers: dict[int, BrokerReplicas] = {}
         #: what a watch said changed (under _lock)
         self._stale_topics: set[str] = set()
         self._stale_brokers: set[int] = set()
@@ -227,7 +239,7 @@ class GroupView:
             self._statics.stale.add(consumer_id)
             self._statics.list_stale = True
 
-    def read(self, topics: Iterable[str]) -> Topology:
+    def read(self, topics: Iterable[str]) -> GroupTopology:
         """The group as it is now for these topics, reading only what changed since
         the last read (and topics never read before)."""
         topics = list(topics)
@@ -249,7 +261,7 @@ class GroupView:
 
     def _read(self, topics: list[str], members: tuple[bool, set[str]],
               statics: tuple[bool, set[str]], stale_topics: set[str],
-              stale_brokers: set[int]) -> Topology:
+              stale_brokers: set[int]) -> GroupTopology:
         client, layout, group = self._client, self._layout, self._group
         requests = self._members.refresh(members) + self._statics.refresh(statics)
         for topic in sorted(stale_topics):
@@ -259,15 +271,21 @@ class GroupView:
         for bid in stale_brokers - wanted:
             self._brokers.pop(bid, None)  # read again when wanted again, never kept stale
         for bid in sorted(wanted):
-            # an address read while the broker was down is read again every time: its node
-            # may come back before any of its topics (a restart), arming no watch of ours
-            if bid in stale_brokers or bid not in self._brokers or self._brokers[bid] is None:
-                address = broker_address(client, layout, bid, self._on_broker)
-                self._brokers[bid] = None if address is None else BrokerAddress(*address)
-                requests += 1
+            # a broker id read while none of its brokers was up is read again every time:
+            # its nodes may come back before any of its topics (a restart), arming no
+            # watch of ours
+            cached = self._brokers.get(bid)
+            if bid in stale_brokers or cached is None or cached == BrokerReplicas():
+                replicas = broker_replicas(client, layout, bid, self._on_broker)
+                self._brokers[bid] = BrokerReplicas(
+                    None if replicas.master is None else BrokerAddress(*replicas.master),
+                    tuple((n, BrokerAddress(*a)) for n, a in replicas.slaves))
+                requests += 2 + len(replicas.slaves)
         member_topics_ = dict(self._members.cache)
-        topo = Topology(member_topics=member_topics_, static=dict(self._statics.cache),
-                        brokers={b: self._brokers[b] for b in sorted(wanted)})
+        brokers = {b: self._brokers[b] for b in sorted(wanted)}
+        topo = GroupTopology(member_topics=member_topics_, static=dict(self._statics.cache),
+                             brokers={b: r.choose() for b, r in brokers.items()},
+                             replicas=brokers)
         for topic in topics:
             topo.members[topic] = sort_consumer_ids(
                 c for c, subscribed in member_topics_.items() if topic in subscribed)

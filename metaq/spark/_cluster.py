@@ -24,6 +24,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from metaq._errors import (
     BrokerError,
     BrokerUnavailableError,
+    ConfigError,
     ConnectionClosedError,
     CoordinationError,
     ProtocolError,
@@ -34,10 +35,11 @@ from metaq.protocol import HEADER_SIZE
 from metaq.spark._arrow import walk
 from zk_layout import (
     DEFAULT_ROOT,
+    READ_FROM,
     Layout,
     NodeDataError,
     StoredOffset,
-    broker_address,
+    broker_replicas,
     decode_offset,
     encode_offset,
     parse_partition,
@@ -72,7 +74,13 @@ class Cluster:
     """ZooKeeper plus one connection per broker, for one planning step."""
 
     def __init__(self, zk_connect: str, *, zk_root: str = DEFAULT_ROOT, group: str,
-                 zk_timeout: float = 15.0, broker_timeout: float = 30.0) -> None:
+                 zk_timeout: float = 15.0, broker_timeout: float = 30.0,
+                 read_from: str = "master") -> None:
+        """``read_from``: which of a broker id's master and slaves to read
+        (:meth:`zk_layout.BrokerReplicas.choose`, the group name picking among slaves)."""
+        if read_from not in READ_FROM:
+            raise ConfigError(f"read_from must be one of {READ_FROM}, got {read_from!r}")
+        self.read_from = read_from
         self.zk_connect = zk_connect
         self.layout = Layout(zk_root)
         self.group = group
@@ -112,9 +120,11 @@ class Cluster:
         return sorted(n for n in names if pattern.fullmatch(n))
 
     def address(self, broker_id: int) -> BrokerAddress | None:
-        """Where broker ``broker_id`` serves (master, else a slave), None when down."""
+        """Where broker id ``broker_id`` is read from (``read_from``: the master, else a
+        slave; or a slave, else the master), None when none of its brokers is up."""
         if broker_id not in self._addresses:
-            found = broker_address(self.zk, self.layout, broker_id)
+            found = broker_replicas(self.zk, self.layout, broker_id).choose(self.read_from,
+                                                                            self.group)
             self._addresses[broker_id] = None if found is None else BrokerAddress(*found)
         return self._addresses[broker_id]
 

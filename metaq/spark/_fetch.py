@@ -39,7 +39,7 @@ from metaq.spark._arrow import Walk, WalkHint, walk
 from metaq.spark._cluster import LOG_END, open_zk
 from metaq.spark._options import DEFAULT_GROUP, MIB
 from metaq.spark._ranges import OffsetRange
-from zk_layout import DEFAULT_ROOT
+from zk_layout import DEFAULT_ROOT, READ_FROM
 
 __all__ = ["FetchSettings", "RangeMessage", "iter_chunks", "fetch_range"]
 
@@ -68,8 +68,13 @@ class FetchSettings:
     zk_connect: str | None = None
     zk_root: str = DEFAULT_ROOT
     zk_timeout: float = 15.0
+    #: Which of a broker id's master and slaves an address is re-read as
+    #: (``master`` or ``slave-preferred``, the group name picking among slaves).
+    read_from: str = "master"
 
     def __post_init__(self) -> None:
+        if self.read_from not in READ_FROM:
+            raise ConfigError(f"read_from must be one of {READ_FROM}, got {self.read_from!r}")
         if isinstance(self.fetch_size, bool) or not isinstance(self.fetch_size, int) \
                 or self.fetch_size < HEADER_SIZE:
             raise ConfigError(f"fetch_size must be an int >= {HEADER_SIZE}, "
@@ -111,11 +116,12 @@ class _Link:
         s = self.settings
         if s.zk_connect is None:
             return
-        from zk_layout import Layout, broker_address
+        from zk_layout import Layout, broker_replicas
 
         client = open_zk(s.zk_connect, s.zk_timeout)
         try:
-            address = broker_address(client, Layout(s.zk_root), self.rng.broker_id)
+            address = broker_replicas(client, Layout(s.zk_root),
+                                      self.rng.broker_id).choose(s.read_from, s.group)
         finally:
             client.stop()
             client.close()

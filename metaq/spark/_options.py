@@ -36,6 +36,7 @@ from metaq._time import parse_time_ms
 from metaq.spark._arrow import CODECS
 from zk_layout import (
     DEFAULT_ROOT,
+    READ_FROM,
     InvalidNameError,
     Layout,
     check_group,
@@ -238,6 +239,7 @@ _NAMES = {
     "maxoffsetspertrigger": "max_offsets_per_trigger",
     "minoffsetspertrigger": "min_offsets_per_trigger",
     "maxtriggerdelay": "max_trigger_delay",
+    "readfrom": "read_from",
 }
 _SPELLING = {
     "zk.connect": "zk.connect", "zk.root": "zk.root", "zk.timeout": "zk.timeout",
@@ -252,7 +254,7 @@ _SPELLING = {
     "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
     "endingtimestamp": "endingTimestamp", "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
     "maxoffsetspertrigger": "maxOffsetsPerTrigger", "minoffsetspertrigger": "minOffsetsPerTrigger",
-    "maxtriggerdelay": "maxTriggerDelay",
+    "maxtriggerdelay": "maxTriggerDelay", "readfrom": "readFrom",
 }
 #: Options that make no sense for a stream (refused there, by name).
 BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
@@ -344,6 +346,11 @@ class SourceOptions:
     broker_retry_timeout: float = 120.0
     #: [``commitOffsets``] streaming: write processed offsets to ZooKeeper: true.
     commit_offsets: bool = True
+    #: [``readFrom``] which of a broker id's brokers its partitions are read from, as
+    #: the consumer's read_from: ``master`` (the master while it is registered, else a
+    #: slave) or ``slave-preferred`` (a slave while one is registered, else the
+    #: master); among several slaves the group name picks one: ``master``.
+    read_from: str = "master"
 
     def __post_init__(self) -> None:
         if not isinstance(self.zk_connect, str) or not self.zk_connect.strip():
@@ -390,6 +397,9 @@ class SourceOptions:
         if self.offset_reset not in (None, "earliest", "latest", "fail"):
             raise ConfigError(f"option offsetReset must be earliest, latest or fail, "
                               f"got {self.offset_reset!r}")
+        if self.read_from not in READ_FROM:
+            raise ConfigError(f"option readFrom must be master or slave-preferred, "
+                              f"got {self.read_from!r}")
         if self.codec is not None and self.codec not in CODECS:
             raise ConfigError(f"option codec must be one of {', '.join(CODECS)}, "
                               f"got {self.codec!r}")
@@ -439,7 +449,7 @@ class SourceOptions:
                 kwargs[name] = str(value)
             elif name in ("starting_timestamp", "ending_timestamp"):
                 kwargs[name] = parse_time_ms(str(value), f"option {spelled}")
-            elif name == "starting_offsets_by_timestamp_strategy":
+            elif name in ("starting_offsets_by_timestamp_strategy", "read_from"):
                 kwargs[name] = str(value).strip().lower()
         topics = kwargs.get("topics", ())
         for name in ("starting_offsets", "ending_offsets"):

@@ -68,14 +68,16 @@ def offset_ranges(zk_connect: str, topic: str | Iterable[str], *,
                   ending: str | Mapping | OffsetSpec = "latest",
                   zk_root: str = DEFAULT_ROOT, max_bytes_per_range: int | None = None,
                   fail_on_data_loss: bool = True, zk_timeout: float = 15.0,
-                  broker_timeout: float = 30.0) -> list[OffsetRange]:
+                  broker_timeout: float = 30.0, read_from: str = "master") -> list[OffsetRange]:
     """Per-partition ranges ``[from, until)`` to read, planned on the driver.
 
     ``starting`` / ``ending``: ``"earliest"``, ``"latest"``, ``"group"`` (the
     group's committed offsets; none committed means earliest) or
     ``{topic: {"<brokerId>-<index>": offset}}`` (``-2`` earliest, ``-1`` latest).
     Partitions with nothing to read are left out.  ``max_bytes_per_range``
-    splits big partitions at message boundaries.
+    splits big partitions at message boundaries.  ``read_from``: each range's broker,
+    ``master`` (the master while it is registered, else a slave) or ``slave-preferred``
+    (a slave while one is registered, else the master).
     """
     topics = _topics(topic)
     start = _spec("starting", starting, topics)
@@ -84,7 +86,7 @@ def offset_ranges(zk_connect: str, topic: str | Iterable[str], *,
                                   for v in p.values()):
         raise ConfigError("ending: -2 (earliest) is not allowed as an end")
     with Cluster(zk_connect, zk_root=zk_root, group=group, zk_timeout=zk_timeout,
-                 broker_timeout=broker_timeout) as cluster:
+                 broker_timeout=broker_timeout, read_from=read_from) as cluster:
         return plan_ranges(cluster, topics, start, end, fail_on_data_loss=fail_on_data_loss,
                            max_bytes=max_bytes_per_range)
 

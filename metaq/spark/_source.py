@@ -90,7 +90,8 @@ class RangePartition(InputPartition):
 
 def _cluster(opts: SourceOptions) -> Cluster:
     return Cluster(opts.zk_connect, zk_root=opts.zk_root, group=opts.group,
-                   zk_timeout=opts.zk_timeout, broker_timeout=opts.broker_timeout)
+                   zk_timeout=opts.zk_timeout, broker_timeout=opts.broker_timeout,
+                   read_from=opts.read_from)
 
 
 def _settings(opts: SourceOptions) -> FetchSettings:
@@ -100,7 +101,7 @@ def _settings(opts: SourceOptions) -> FetchSettings:
                          broker_timeout=opts.broker_timeout,
                          retry_timeout=opts.broker_retry_timeout,
                          zk_connect=opts.zk_connect, zk_root=opts.zk_root,
-                         zk_timeout=opts.zk_timeout)
+                         zk_timeout=opts.zk_timeout, read_from=opts.read_from)
 
 
 def read_batches(rng: OffsetRange, settings: FetchSettings, codec: str | None,
