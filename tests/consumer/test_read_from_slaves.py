@@ -19,6 +19,7 @@ import sys
 import threading
 
 import pytest
+from helpers.delivery import brokers_read, check_contiguous, listener
 from helpers.slaves import broker_stat, start_slave
 
 from metaq import ConfigError, MessageConsumer, Producer
@@ -147,36 +148,6 @@ def test_broker_replicas_reads_the_master_and_the_slaves(zk_client):
 
 # ------------------------------------------------------------------ real brokers, a group
 
-def _listener(got: list, gate: threading.Event | None = None, stop_at: int = 0):
-    lock = threading.Lock()
-
-    def listen(m) -> None:  # noqa: ANN001
-        with lock:
-            got.append((m.partition, m.offset, m.next_offset, bytes(m.body)))
-            n = len(got)
-        if gate is not None and n >= stop_at:
-            gate.wait(30)
-    return listen
-
-
-def _check_contiguous(got: list, bodies: set[bytes]) -> None:
-    """Every message once, each partition read from 0 with no gap and no repeat."""
-    assert sorted(b for *_, b in got) == sorted(bodies)
-    by_part: dict[str, list] = {}
-    for part, offset, nxt, _ in got:
-        by_part.setdefault(part, []).append((offset, nxt))
-    for part, seq in by_part.items():
-        pos = 0
-        for offset, nxt in seq:
-            assert offset == pos, f"{part}: delivered {offset}, expected {pos}"
-            pos = nxt
-
-
-def _brokers_read(*consumers: MessageConsumer) -> set[str]:
-    """Where the consumers' partitions are read from now (their metrics)."""
-    return {p["broker"] for c in consumers for p in c.metrics()["partitions"].values()}
-
-
 def _gets(proc) -> int:  # noqa: ANN001
     with proc.connection() as c:
         return broker_stat(c.stats(), "cmd_get")
@@ -206,7 +177,7 @@ def test_a_killed_master_is_read_from_its_slave_then_again_when_it_returns(
             MessageConsumer(GROUP, zk_connect, consumer_id="c2", max_fetch_delay=0.3,
                             commit_period=0.2) as c2:
         for c in (c1, c2):  # small gets: the rest of the log is fetched after the kill
-            c.subscribe(TOPIC, _listener(got, gate, n // 3), max_size=1024).start()
+            c.subscribe(TOPIC, listener(got, gate, n // 3), max_size=1024).start()
         wait_until(lambda: len(got) >= n // 3, 30, what="a third consumed")
         assignment = {**c1.assignment(), **c2.assignment()}
         before = slave.gets()
@@ -214,11 +185,11 @@ def test_a_killed_master_is_read_from_its_slave_then_again_when_it_returns(
         master.wait_unregistered(timeout=30)
         gate.set()
         wait_until(lambda: len(got) == n, 30, what="the rest consumed from the slave")
-        _check_contiguous(got, bodies)
+        check_contiguous(got, bodies)
         assert slave.gets() > before + 10  # the rest came from the slave, get by get
         assert sorted(c1.assignment()[TOPIC] + c2.assignment()[TOPIC]) == ["0-0", "0-1"]
         assert {**c1.assignment(), **c2.assignment()}.keys() == assignment.keys()
-        assert _brokers_read(c1, c2) == {f"127.0.0.1:{slave.port}"}
+        assert brokers_read(c1, c2) == {f"127.0.0.1:{slave.port}"}
         # the tools keep working with only the slave up
         lag = {**c1.lag(), **c2.lag()}
         assert set(lag.values()) == {0}  # asked of the slave: nothing behind
@@ -240,9 +211,9 @@ def test_a_killed_master_is_read_from_its_slave_then_again_when_it_returns(
                 f.result(timeout=30)
         wait_until(lambda: len(got) == n + len(more), 30, what="the new messages from the "
                    "returned master")
-        _check_contiguous(got, bodies | more)
+        check_contiguous(got, bodies | more)
         assert _gets(master) > 0
-        assert _brokers_read(c1, c2) == {f"127.0.0.1:{master.port}"}
+        assert brokers_read(c1, c2) == {f"127.0.0.1:{master.port}"}
 
 
 @pytest.mark.broker
@@ -259,13 +230,13 @@ def test_slave_preferred_reads_the_slave_and_falls_back_to_the_master_cleanly(
                      broker_id=0) as slave, \
             MessageConsumer(GROUP, zk_connect, consumer_id="c1", read_from="slave-preferred",
                             max_fetch_delay=0.3, fetch_runner_count=2) as c:
-        c.subscribe(TOPIC, _listener(got), max_size=256).start()
+        c.subscribe(TOPIC, listener(got), max_size=256).start()
         wait_until(lambda: len(got) == n, 30, what="all consumed")
         # both partitions parked with held gets on the slave; the master was never asked
         wait_until(lambda: broker_stat(slave.broker.stats(), "held_gets") == 2, 30,
                    what="held gets on the slave")
         assert slave.gets() > 0 and broker_stat(master.stats(), "cmd_get") == 0
-        _check_contiguous(got, bodies)
+        check_contiguous(got, bodies)
 
         slave.unregister()  # the slave goes (it still serves): reads move to the master
         wait_until(lambda: broker_stat(master.stats(), "held_gets") == 2, 30,
@@ -279,7 +250,7 @@ def test_slave_preferred_reads_the_slave_and_falls_back_to_the_master_cleanly(
             for f in [p.send_async(TOPIC, b) for b in sorted(more)]:
                 f.result(timeout=30)
         wait_until(lambda: len(got) == n + len(more), 30, what="the new messages")
-        _check_contiguous(got, bodies | more)
+        check_contiguous(got, bodies | more)
 
 
 @pytest.mark.broker
@@ -322,7 +293,7 @@ def test_a_slave_behind_the_committed_position_is_waited_for_never_reset(
         ends = {f"0-{i}": master.offsets(TOPIC, i)[1] for i in range(2)}
         seen: list = []
         with MessageConsumer(GROUP, zk_connect, consumer_id="c0") as c0:  # up to the end
-            c0.subscribe(TOPIC, _listener(seen)).start()
+            c0.subscribe(TOPIC, listener(seen)).start()
             wait_until(lambda: len(seen) == 40, 30, what="the whole log consumed")
         d = L.offsets_dir(GROUP, TOPIC)
         assert {p: decode_offset(zk_client.get(f"{d}/{p}")[0]).offset
@@ -331,7 +302,7 @@ def test_a_slave_behind_the_committed_position_is_waited_for_never_reset(
         got: list = []
         with MessageConsumer(GROUP, zk_connect, consumer_id="c1", read_from="slave-preferred",
                              max_fetch_delay=0.2) as c1:
-            c1.subscribe(TOPIC, _listener(got)).start()
+            c1.subscribe(TOPIC, listener(got)).start()
             # each partition's committed position is above the slave's end: it asks the
             # slave where its log ends, waits, and asks again (twice each, at least)
             wait_until(lambda: got or broker_stat(slave.broker.stats(), "cmd_offset") >= 8,
