@@ -402,6 +402,7 @@ class BrokerRegistry:
         if state is None and not self.started_as_slave:
             new = zk_layout.ReplicationState(epoch=0, master=me, mode=self.mode)
             lay = self.layout
+            self._open_parents(lay.brokers(), lay.replication_root())
             self._client.ensure_path(lay.replication_root())
             try:
                 self._client.create(lay.replication(self.broker_id),

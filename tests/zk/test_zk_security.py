@@ -95,7 +95,8 @@ def test_secured_broker_protects_its_nodes_and_leaves_shared_dirs_open(zk_connec
         try:
             assert sorted(stranger.get_children(L.topic_sub_dir("t"))) == ["0-m", "1-m"]
             assert stranger.get(L.broker_master(0))[0].startswith(b"meta://127.0.0.1:")
-            for path in (L.broker_master(0), L.topic_pub("t", 1), L.broker_id(0)):
+            for path in (L.broker_master(0), L.topic_pub("t", 1), L.broker_id(0),
+                         L.replication(0)):  # the fence between masters too
                 with pytest.raises(NoAuthError):
                     stranger.set(path, b"meta://evil:1")
                 with pytest.raises(NoAuthError):
