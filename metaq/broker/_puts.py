@@ -26,6 +26,12 @@ either form or both, goes through the same steps:
 to it); :func:`store_requests` is step 1 before it, for a run holding PutRequests.
 A run of puts costs whole-list operations per group, not Python work per put,
 wherever it can (:func:`put_group`'s columnar path).
+
+:func:`store_idempotent` is the put step of a run of puts after an ``idem`` mark
+(metaq-py's idempotent producer): the puts already stored for that producer and
+sequence are answered with their original msgId and offset, a sequence that jumps
+ahead is refused (409), the rest is stored by :func:`put_group` with its producer
+record journaled first (``_producers``).  Plain puts never come here.
 """
 
 from __future__ import annotations
@@ -33,18 +39,29 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from metaq._errors import StorageError
 from metaq.broker._replies import checksum_mismatch, put_results, result
-from metaq.protocol import CHECKSUM_MASK, HEADER, HEADER_SIZE, crc32
+from metaq.protocol import (
+    CHECKSUM_MASK,
+    GAP_CODE,
+    HEADER,
+    HEADER_SIZE,
+    TOO_OLD_CODE,
+    ProducerRecord,
+    crc32,
+)
 
 if TYPE_CHECKING:
+    from metaq.broker._producers import Producers
     from metaq.broker._storage import PartitionLog
     from metaq.broker._topics import PickTarget, PutTarget, Topics
 
-__all__ = ["store", "store_requests", "put_group", "runs", "target_of", "opaque_of"]
+__all__ = ["store", "store_requests", "store_idempotent", "put_group", "runs", "target_of",
+           "opaque_of"]
 
 log = logging.getLogger(__name__)
 
@@ -281,3 +298,115 @@ def _append(plog: PartitionLog, parts: list, count: int, base: int) -> str | Non
         log.error("put failed: %s", e)
         return f"write failed: {e}"
     return None
+
+
+# --------------------------------------------------------------------------- idempotent
+
+def store_idempotent(puts: list, ids: list[int], pid: int, seq: int, topics: Topics,
+                     producers: Producers, max_size: int
+                     ) -> tuple[list[bytes], int, list[PartitionLog]]:
+    """The put step for ``puts`` (tuples or PutRequests without transaction key) that
+    carry producer ``pid``'s seqs ``seq..``: ``(replies in request order, how many
+    failed, the logs written or answered from)``.  Every put of a run names one
+    partition (the mark's contract); one that names another, or -1, is refused (400)."""
+    replies: list = [None] * len(puts)
+    todo, targets, where = _targets(puts, topics, max_size, replies)
+    failed = len(puts) - len(where)
+    if not todo:
+        return replies, failed, []
+    first = targets[0]
+    pick = any(type(p) is tuple and p[0].log is None for p in puts) or any(
+        type(p) is not tuple and p.partition < 0 for p in puts)
+    if pick or targets.count(first) != len(targets):
+        for k, put in zip(where, todo, strict=True):
+            replies[k] = result(400, "the puts after an idem mark must all name the same "
+                                     "partition (not -1)", int(put[4]))
+        return replies, len(puts), []
+    # a put the parser refused (or one with no target) took its seq with it: the puts
+    # after it keep theirs, so each contiguous stretch is its own group
+    group: list = []
+    group_where: list[int] = []
+    written: list[PartitionLog] = []
+    prev = None
+    for k, put in zip(where, todo, strict=True):
+        if prev is not None and k != prev + 1:
+            failed += _idem_stretch(first, group, [ids[j] for j in group_where], pid,
+                                    seq + group_where[0], producers, replies, group_where,
+                                    written)
+            group, group_where = [], []
+        group.append(put)
+        group_where.append(k)
+        prev = k
+    failed += _idem_stretch(first, group, [ids[j] for j in group_where], pid,
+                            seq + group_where[0], producers, replies, group_where, written)
+    return replies, failed, written
+
+
+def _idem_stretch(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int,
+                  producers: Producers, replies: list, where: list[int],
+                  written: list[PartitionLog]) -> int:
+    got, bad, touched = idem_group(target, puts, ids, pid, seq, producers)
+    for k, reply in zip(where, got, strict=True):
+        replies[k] = reply
+    if touched and target.log not in written:
+        written.append(target.log)
+    return bad
+
+
+def idem_group(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int,
+               producers: Producers) -> tuple[list[bytes], int, bool]:
+    """Store ``puts`` (tuples, all to ``target``) carrying ``pid``'s seqs ``seq..``:
+    ``(replies in order, how many failed, whether the log was written or answered
+    from)``."""
+    plog, partition, refused = target
+    m = len(puts)
+    if plog.closed or refused is not None:
+        return _refused(target, puts), m, False
+    table = producers.table(plog)
+    expected = table.expected(pid)
+    if expected is not None and seq > expected:
+        text = (f"idempotent put out of order: producer {pid}, partition "
+                f"{plog.topic}-{plog.partition}: expected seq {expected}, got {seq} (a gap; "
+                f"nothing stored)")
+        return [result(GAP_CODE, text, int(p[4])) for p in puts], m, False
+    dup = 0 if expected is None else min(m, expected - seq)
+    replies: list[bytes] = []
+    failed = 0
+    if dup:
+        for put, orig in zip(puts, table.originals(pid, seq, dup), strict=False):
+            if orig is None:
+                failed += 1
+                replies.append(result(TOO_OLD_CODE, (
+                    f"idempotent put already stored long ago: producer {pid}, partition "
+                    f"{plog.topic}-{plog.partition}, seq {seq + len(replies)} is older than "
+                    f"the oldest this broker remembers ({table.oldest(pid)})"), int(put[4])))
+            else:
+                replies += put_results(partition, [put[4]], [orig[0]], [orig[1]])
+        if dup == m:
+            return replies, failed, True
+        puts, ids, seq = puts[dup:], ids[dup:], seq + dup
+    base = plog.end
+    offsets = list(itertools.accumulate(map(_PLUS_HEADER, map(_length_of, puts)),
+                                        initial=base))
+    end = offsets.pop()
+    record = ProducerRecord(pid, seq, len(puts), base, end, ids[0], offsets[-1], ids[-1],
+                            int(time.time() * 1000))
+    try:
+        table.write(record)  # before the append: never behind the log
+    except StorageError as e:
+        log.error("put failed: %s", e)
+        return replies + [result(500, f"write failed: {e}", int(p[4])) for p in puts], m, False
+    got, bad, wrote = put_group(target, puts, ids)
+    if wrote and not bad:
+        table.stored(record, ids, offsets)
+    else:
+        table.unwrite()
+        if wrote:  # some stored, some refused (bad checksums): the seqs move on anyway
+            log.warning("producer %d, partition %s-%d: %d puts of a run refused, the others "
+                        "stored without a record (a resend of those is stored again)",
+                        pid, plog.topic, plog.partition, bad)
+            table.skip(pid, seq + len(puts))
+    return replies + got, failed + bad, True
+
+
+_length_of = operator.itemgetter(1)

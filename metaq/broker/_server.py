@@ -26,7 +26,15 @@ from metaq import __version__
 from metaq.broker._config import BrokerConfig
 from metaq.broker._connection import Connection
 from metaq.broker._hold import HeldGets
-from metaq.broker._puts import opaque_of, put_group, store, store_requests, target_of
+from metaq.broker._producers import Producers
+from metaq.broker._puts import (
+    opaque_of,
+    put_group,
+    store,
+    store_idempotent,
+    store_requests,
+    target_of,
+)
 from metaq.broker._replies import FileReply, Gate, answer, result
 from metaq.broker._storage import PartitionLog, Storage
 from metaq.broker._topics import PutTarget, Topics
@@ -34,16 +42,20 @@ from metaq.broker._transactions import Transactions
 from metaq.protocol import (
     BOUNDARY_CAPABILITY,
     HOLD_CAPABILITY,
+    IDEMPOTENT_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     BadRequest,
     GetRequest,
+    IdemMark,
     MsgIdGenerator,
     OffsetRequest,
+    ProducersRequest,
     PutRequest,
     QuitRequest,
     StatsRequest,
     TransactionRequest,
     VersionRequest,
+    encode_producer_records,
     encode_value_header,
     unwritten_partition_text,
 )
@@ -81,9 +93,15 @@ class BrokerServer:
         self.version_text = VERSION + "".join(
             f" {cap}" for cap, offered in ((HOLD_CAPABILITY, config.max_hold > 0),
                                           (TIME_INDEX_CAPABILITY, config.time_index),
-                                          (BOUNDARY_CAPABILITY, not config.java_tell_max_offset))
+                                          (BOUNDARY_CAPABILITY, not config.java_tell_max_offset),
+                                          (IDEMPOTENT_CAPABILITY, config.idempotent))
             if offered)
         self._continue_ids()
+        #: idempotent producers: per partition, the table of stored runs (``_producers``)
+        self.producers = Producers(storage, keep_seqs=config.producer_window,
+                                   expiry_s=config.producer_expiry_hours * 3600)
+        #: connection -> the rest of an idem mark whose puts had not all arrived
+        self._idem_open: dict[Connection, IdemMark] = {}
         #: open transactions and their journal (recovered here, before serving)
         self.tx = Transactions(storage, ids, group_commit=config.unflush_threshold == 0,
                                max_message_size=config.max_message_size,
@@ -114,6 +132,7 @@ class BrokerServer:
         if self._server is not None:
             await self._server.wait_closed()
         self.tx.close()
+        self.producers.close()
 
     # -- connections -----------------------------------------------------------------------
     def admit(self, address: str) -> str | None:
@@ -167,6 +186,7 @@ class BrokerServer:
                 del self.per_address[conn.address]
         if conn.held:
             self.held.drop(conn)
+        self._idem_open.pop(conn, None)
         self.tx.connection_closed(conn)
 
     def close_idle(self, now: float, idle: float, slow: float) -> None:
@@ -195,6 +215,10 @@ class BrokerServer:
         """Serve one read's requests in order."""
         i = 0
         n = len(reqs)
+        if self._idem_open:  # an idem mark's puts continue in this read (idempotent puts)
+            mark = self._idem_open.pop(conn, None)
+            if mark is not None:
+                i = self._idem(conn, mark, reqs, 0)
         while i < n:
             if conn.gone:  # the client went away: what it still asked is not served
                 self.stats["requests_dropped"] += n - i
@@ -248,6 +272,13 @@ class BrokerServer:
             elif t is QuitRequest:
                 conn.close_after_replies()
                 return
+            elif t is IdemMark:  # metaq-py's idempotent producer: the puts after it
+                if self.config.idempotent:
+                    i = self._idem(conn, r, reqs, i)
+                else:  # not offered: its puts are stored as plain puts
+                    self.stats["bad_requests"] += 1
+            elif t is ProducersRequest:
+                self._producers(conn, r)
 
     def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
         """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests
@@ -273,6 +304,65 @@ class BrokerServer:
             conn.send_gated(Gate(fut, data, opaques))
         else:
             conn.send(data)
+
+    # -- idempotent puts (metaq-py's extension; ``_producers``, ``_puts.store_idempotent``) --
+    def _idem(self, conn: Connection, mark: IdemMark, reqs: list, i: int) -> int:
+        """The puts from ``reqs[i]`` on that ``mark`` covers (up to its count, up to the
+        first request that is not a put without transaction key), stored once; the
+        rest of the mark waits for the next read when this one ends first.  Returns
+        where the requests after them begin."""
+        n = len(reqs)
+        j = i
+        stop = min(n, i + mark.count)
+        while j < stop:
+            r = reqs[j]
+            tj = type(r)
+            if tj is not tuple and (tj is not PutRequest or r.tx_key is not None):
+                break
+            j += 1
+        if j > i:
+            self._idem_puts(conn, reqs[i:j], mark.pid, mark.seq)
+        left = mark.count - (j - i)
+        if left and j == n:
+            self._idem_open[conn] = IdemMark(mark.pid, mark.seq + (j - i), left)
+        return j
+
+    def _idem_puts(self, conn: Connection, puts: list, pid: int, seq: int) -> None:
+        n = len(puts)
+        self.stats["cmd_put"] += n
+        self.stats["idem_puts"] += n
+        ids = self.ids.next_ids(n)
+        replies, failed, touched = store_idempotent(puts, ids, pid, seq, self.topics,
+                                                    self.producers,
+                                                    self.config.max_message_size)
+        self.stats["put_failed"] += failed
+        data = b"".join(replies)
+        if touched and self.config.unflush_threshold == 0:
+            # answers (stored now or before) leave once the log and the table are on disk
+            opaques = [int(p[4]) if type(p) is tuple else p.opaque for p in puts]
+            fut = asyncio.ensure_future(self._synced(touched))
+            conn.send_gated(Gate(fut, data, opaques))
+        else:
+            conn.send(data)
+
+    async def _synced(self, logs: list[PartitionLog]) -> None:
+        for plog in logs:
+            await plog.request_flush()
+            synced = self.producers.table(plog).synced
+            if synced is not None:
+                await asyncio.wrap_future(synced)
+
+    def _producers(self, conn: Connection, r: ProducersRequest) -> None:
+        """``producers <topic> <partition> <fromOffset> <opaque>``: the producer records
+        of that partition's runs from ``fromOffset`` on (``_idempotence``)."""
+        self.stats["cmd_producers"] += 1
+        plog = self.storage.get(r.topic, r.partition)
+        if plog is None:
+            conn.send(result(404, f"topic {r.topic} partition {r.partition} not found",
+                             r.opaque))
+            return
+        records = self.producers.table(plog).records_from(r.from_offset)
+        conn.send(answer(encode_producer_records(records), r.opaque))
 
     def _put_group(self, target: PutTarget, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:
@@ -428,7 +518,8 @@ class BrokerServer:
                         "get_hold_asked", "get_held", "get_held_woken", "get_held_expired",
                         "get_hold_refused", "get_damaged",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_offset_time",
-                        "cmd_stats", "cmd_transaction", "tx_begun", "tx_puts", "tx_prepared",
+                        "cmd_stats", "cmd_transaction", "idem_puts", "cmd_producers",
+                        "tx_begun", "tx_puts", "tx_prepared",
                         "tx_committed", "tx_rolled_back", "tx_timed_out", "tx_errors",
                         "bad_requests", "connections_total", "connections_refused",
                         "clients_vanished", "requests_dropped", "slow_closed", "idle_closed"):

@@ -8,6 +8,8 @@ One concept per module:
 ``_commands``             request and reply types, name checks, encoders
 ``_parsers``              incremental parsers: requests (broker), replies (clients)
 ``_codec``                body codecs (a library convention over opaque bytes)
+``_idempotence``          metaq-py's idempotent puts: the ``idem`` mark, the
+                          ``producers`` command, producer records
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``
@@ -49,6 +51,7 @@ from metaq.protocol._constants import (
     FLAG_HAS_ATTRIBUTE,
     HEADER_SIZE,
     HOLD_CAPABILITY,
+    IDEMPOTENT_CAPABILITY,
     INT32_MAX,
     MAX_LINE,
     MAX_MESSAGE_SIZE,
@@ -77,6 +80,18 @@ from metaq.protocol._fast import (
     prepare,
     scan,
     take,
+)
+from metaq.protocol._idempotence import (
+    GAP_CODE,
+    RECORD_SIZE,
+    TOO_OLD_CODE,
+    IdemMark,
+    ProducerRecord,
+    ProducersRequest,
+    decode_producer_records,
+    encode_idem_mark,
+    encode_producer_records,
+    encode_producers,
 )
 from metaq.protocol._message import (
     HEADER,
@@ -113,7 +128,8 @@ __all__ = [
     "INT32_MAX", "CHECKSUM_MASK", "OPAQUE_MASK", "HEADER_SIZE", "MAX_PAYLOAD",
     "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "MSG_ID_EPOCH_MS", "FLAG_HAS_ATTRIBUTE",
     "MAX_LINE", "DEFAULT_MAX_PAYLOAD", "DEFAULT_MAX_BODY", "QUIT", "HOLD_CAPABILITY",
-    "TIME_INDEX_CAPABILITY", "BOUNDARY_CAPABILITY", "is_unwritten_partition",
+    "TIME_INDEX_CAPABILITY", "BOUNDARY_CAPABILITY", "IDEMPOTENT_CAPABILITY",
+    "is_unwritten_partition",
     "unwritten_partition_text",
     # message bytes
     "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "build_payload", "split_payload",
@@ -123,6 +139,10 @@ __all__ = [
     "QuitRequest", "BadRequest", "Result", "Value", "encode_put", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
+    # idempotent puts
+    "IdemMark", "ProducersRequest", "ProducerRecord", "RECORD_SIZE", "GAP_CODE",
+    "TOO_OLD_CODE", "encode_idem_mark", "encode_producers", "encode_producer_records",
+    "decode_producer_records",
     # parsers
     "RequestParser", "ReplyParser",
     # codecs

@@ -32,6 +32,7 @@ __all__ = [
     "HOLD_CAPABILITY",
     "TIME_INDEX_CAPABILITY",
     "BOUNDARY_CAPABILITY",
+    "IDEMPOTENT_CAPABILITY",
     "unwritten_partition_text",
     "is_unwritten_partition",
 ]
@@ -79,6 +80,9 @@ TIME_INDEX_CAPABILITY = "+timeindex"
 #: holding a position (no message boundary), and its max offset is what it flushed,
 #: which may lag what it serves.
 BOUNDARY_CAPABILITY = "+boundary"
+#: Token in a broker's ``version`` answer saying it reads the ``idem`` mark before puts
+#: and stores a resent put once (metaq-py's idempotent producer; ``_idempotence``).
+IDEMPOTENT_CAPABILITY = "+idempotent"
 
 
 #: The 404 text a Java Metaq 1.4 broker answers ``offset`` (and ``get``) with for a

@@ -8,6 +8,8 @@ Requests (client → broker), space separated, lines end in CRLF::
     stats [<item>] <opaque>\\r\\n
     version <opaque>\\r\\n
     quit\\r\\n
+    idem <pid> <seq> <count>\\r\\n                    (metaq-py, before puts)
+    producers <topic> <part> <fromOffset> <opaque>\\r\\n   (metaq-py)
 
 and every other form Java's decoder (``MetamorphosisWireFormatType``, Metaq 1.4) reads,
 as it reads them: the legacy puts ``put <topic> <part> <len> <flag> <opaque>`` (no
@@ -64,6 +66,7 @@ from metaq.protocol._constants import (
     INT64_MIN,
     MAX_LINE,
 )
+from metaq.protocol._idempotence import idem_request, producers_request
 from metaq.protocol._transaction import MAX_TRANSACTION_KEY, transaction_request
 
 __all__ = ["RequestParser", "ReplyParser"]
@@ -74,7 +77,9 @@ _NUMERIC = b"-0123456789 "
 #: (``Integer.MAX_VALUE``), which its broker echoes.
 _NO_OPAQUE = INT32_MAX
 #: Which field holds a command's opaque, to answer a bad one with (else its last field).
-_OPAQUE_FIELD = {b"get": 6, b"offset": 5, b"version": 1, b"stats": 2}
+#: (``idem`` has none: a bad one is answered with opaque 0, never a put's opaque.)
+_OPAQUE_FIELD: dict[bytes, int | None] = {
+    b"get": 6, b"offset": 5, b"version": 1, b"stats": 2, b"producers": 4, b"idem": None}
 
 
 def _opaque_of(tok: bytes) -> int | None:
@@ -450,7 +455,7 @@ class RequestParser(_Buffered):
             n = len(parts)
             k = _OPAQUE_FIELD.get(cmd, -1)
             self._bad(out, strict, e, _opaque_of(parts[k if 0 < k < n else -1])
-                      if n > 1 else None, False)
+                      if n > 1 and k is not None else None, False)
         return pos
 
 
@@ -534,6 +539,10 @@ _COMMANDS: dict[bytes, Callable[[list], NamedTuple]] = {
     b"stats": _stats_request,
     b"quit": _quit_request,
     b"transaction": transaction_request,
+    # metaq-py's idempotent producer (``_idempotence``): the mark before a run of puts
+    # (no opaque, no answer but a refusal's) and the read of a partition's producer table
+    b"idem": idem_request,
+    b"producers": producers_request,
 }
 
 
