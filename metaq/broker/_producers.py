@@ -132,6 +132,8 @@ class ProducerTable:
         #: the last journal fsync started by :meth:`on_flush` (None when none runs)
         self.synced: Future | None = None
         self._adds = 0
+        #: puts answered as resends of stored ones (a counter for ``stats``)
+        self.duplicates = 0
         self._load()
 
     # -- open ------------------------------------------------------------------------------
@@ -204,6 +206,7 @@ class ProducerTable:
         """``(msgId, offset)`` of seqs ``seq..seq + n - 1`` of ``pid`` (stored before);
         None for one older than the runs kept."""
         p = self.pids.get(pid)
+        self.duplicates += n
         out: list[tuple[int, int] | None] = []
         runs = list(p.runs) if p is not None else []
         k = len(runs) - 1
@@ -468,6 +471,11 @@ class Producers:
         plog = self.storage.get(topic, partition)
         if plog is not None:
             self.table(plog).truncate(offset)
+
+    @property
+    def duplicates(self) -> int:
+        """Puts answered as resends of stored ones, in every table opened."""
+        return sum(t.duplicates for t in self._tables.values())
 
     def expire(self) -> int:
         """Forget expired producers in every table; how many."""

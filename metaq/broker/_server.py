@@ -511,6 +511,7 @@ class BrokerServer:
                 f"partitions {len(logs)}",
                 f"messages_appended {sum(p.messages_appended for p in logs)}",
                 f"flush_errors {self.storage.flush_errors}",
+                f"idem_duplicates {self.producers.duplicates}",
             ]
             if self.status is not None:
                 lines += self.status()
