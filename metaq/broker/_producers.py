@@ -77,8 +77,8 @@ _unpack_header = HEADER.unpack_from
 class Run:
     """``count`` messages of one producer, seqs ``seq..``, stored as one range
     ``start..end`` of the log (``last_start``: where the last begins); ``ids`` and
-    ``offsets``: each message's msgId and offset, when known (read from the log
-    when first needed otherwise)."""
+    ``offsets``: each message's msgId and offset, read from the log when first
+    needed (a resend of a message in its middle: rare), then kept."""
 
     __slots__ = ("seq", "count", "start", "end", "first_id", "last_start", "last_id",
                  "time_ms", "ids", "offsets")
@@ -180,15 +180,19 @@ class ProducerTable:
         return _unpack_header(data) if len(data) == HEADER_SIZE else None
 
     def _read(self, start: int, end: int) -> bytes:
-        """The log's bytes ``start..end`` (fewer when they are not all there)."""
+        """The log's bytes ``start..end``, fsynced or not (fewer when they are not all
+        there: deleted by retention, or past the end)."""
         out = []
         pos = start
-        while pos < end:
-            chunk = self.plog.read_bytes(pos, end - pos)
-            if not chunk:
+        for seg in self.plog.segments:
+            if pos >= end:
                 break
-            out.append(chunk)
-            pos += len(chunk)
+            if seg.start <= pos < seg.end:
+                chunk = seg.pread(pos, min(end, seg.end) - pos)
+                if not chunk:
+                    break
+                out.append(chunk)
+                pos += len(chunk)
         return b"".join(out)
 
     # -- the put step ----------------------------------------------------------------------
@@ -249,7 +253,7 @@ class ProducerTable:
         """Journal ``record`` (before its messages are appended; raises StorageError)."""
         if self._fd is None:
             self._open_journal()
-        data = encode_producer_records([record])
+        data = encode_producer_records((record,))
         self._before = self._size
         try:
             os.write(self._fd, data)  # type: ignore[arg-type]
@@ -263,14 +267,11 @@ class ProducerTable:
         """Take back the record of the last :meth:`write` (its append failed)."""
         self._truncate_to(self._before)
 
-    def stored(self, record: ProducerRecord, ids: list[int] | None = None,
-               offsets: list[int] | None = None) -> None:
+    def stored(self, record: ProducerRecord) -> None:
         """The run of ``record`` is in the log: remember it (after :meth:`write`)."""
         r = record
         self._add(r.pid, Run(r.seq, r.count, r.start, r.end, r.first_id, r.last_start,
-                             r.last_id, r.time_ms,
-                             None if ids is None else array.array("q", ids),
-                             None if offsets is None else array.array("q", offsets)))
+                             r.last_id, r.time_ms))
         self._adds += 1
         if self._adds % 1024 == 0:
             self.expire()
@@ -296,11 +297,7 @@ class ProducerTable:
         if (last is not None and last.seq + last.count == run.seq and last.end == run.start
                 and last.count + run.count <= _MERGE_MAX
                 and run.end - last.start <= _MERGE_BYTES):
-            if last.ids is not None and run.ids is not None:
-                last.ids.extend(run.ids)
-                last.offsets.extend(run.offsets)  # type: ignore[union-attr]
-            else:
-                last.ids = last.offsets = None
+            last.ids = last.offsets = None
             last.count += run.count
             last.end = run.end
             last.last_start = run.last_start

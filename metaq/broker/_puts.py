@@ -302,55 +302,81 @@ def _append(plog: PartitionLog, parts: list, count: int, base: int) -> str | Non
 
 # --------------------------------------------------------------------------- idempotent
 
-def store_idempotent(puts: list, ids: list[int], pid: int, seq: int, topics: Topics,
-                     producers: Producers, max_size: int
+def store_idempotent(puts: list, marks: list[tuple[int, int, int, int]], ids: list[int],
+                     topics: Topics, producers: Producers, max_size: int
                      ) -> tuple[list[bytes], int, list[PartitionLog]]:
     """The put step for ``puts`` (tuples or PutRequests without transaction key) that
-    carry producer ``pid``'s seqs ``seq..``: ``(replies in request order, how many
-    failed, the logs written or answered from)``.  Every put of a run names one
-    partition (the mark's contract); one that names another, or -1, is refused (400)."""
-    replies: list = [None] * len(puts)
-    todo, targets, where = _targets(puts, topics, max_size, replies)
-    failed = len(puts) - len(where)
-    if not todo:
-        return replies, failed, []
-    first = targets[0]
-    pick = any(type(p) is tuple and p[0].log is None for p in puts) or any(
-        type(p) is not tuple and p.partition < 0 for p in puts)
-    if pick or targets.count(first) != len(targets):
-        for k, put in zip(where, todo, strict=True):
-            replies[k] = result(400, "the puts after an idem mark must all name the same "
-                                     "partition (not -1)", int(put[4]))
-        return replies, len(puts), []
-    # a put the parser refused (or one with no target) took its seq with it: the puts
-    # after it keep theirs, so each contiguous stretch is its own group
-    group: list = []
-    group_where: list[int] = []
+    idem marks cover: ``marks`` are ``(pid, seq, start, stop)``, ``puts[start:stop]``
+    carrying ``pid``'s seqs ``seq..``, in request order.  Returns ``(replies in request
+    order, how many failed, the logs written or answered from)``.
+
+    Every put of one mark names one partition (the mark's contract; else the mark's
+    puts are refused, 400).  Marks of one producer to one partition whose seqs follow
+    each other (single sends: one mark per put) are stored as one run, with one
+    journal record and one append."""
+    n = len(puts)
+    replies: list = [None] * n
+    if all(type(p) is tuple and p[0].log is not None for p in puts):  # the usual read
+        tlist: list = list(map(target_of, puts))
+        plist: list = puts
+        failed = 0
+    else:  # PutRequests among them, or partition -1: each given its target first
+        todo, targets, where = _targets(puts, topics, max_size, replies)
+        failed = n - len(where)
+        tlist, plist = [None] * n, [None] * n
+        for k, t, p in zip(where, targets, todo, strict=True):
+            tlist[k] = t
+            plist[k] = p
+            orig = puts[k]
+            if (orig[0].log is None if type(orig) is tuple else orig.partition < 0):
+                tlist[k] = None  # a seq means a place in one partition's sequence
+                failed += 1
+                replies[k] = result(400, "a put after an idem mark must name its partition "
+                                         "(not -1)", int(p[4]))
+    # (target, pid) -> runs [first seq, next seq, [indexes]], in order of first appearance
+    groups: dict[tuple[PutTarget, int], list[list]] = {}
+    for pid, seq, start, stop in marks:
+        target = tlist[start]
+        if stop - start == 1:  # a single send's mark
+            if target is None:
+                continue
+        else:
+            mine = [t for t in tlist[start:stop] if t is not None]
+            if not mine:
+                continue
+            target = mine[0]
+            if mine.count(target) != len(mine):
+                for k in range(start, stop):
+                    if plist[k] is not None:
+                        failed += 1
+                        replies[k] = result(400, "the puts after an idem mark must all name "
+                                                 "the same partition", int(plist[k][4]))
+                continue
+        key = (target, pid)
+        runs = groups.get(key)
+        if runs is None:
+            runs = groups[key] = []
+        for k in range(start, stop):
+            if tlist[k] is None:  # no target (404): its seq went with it
+                continue
+            s = seq + k - start
+            last = runs[-1] if runs else None
+            if last is not None and last[1] == s:
+                last[1] += 1
+                last[2].append(k)
+            else:
+                runs.append([s, s + 1, [k]])
     written: list[PartitionLog] = []
-    prev = None
-    for k, put in zip(where, todo, strict=True):
-        if prev is not None and k != prev + 1:
-            failed += _idem_stretch(first, group, [ids[j] for j in group_where], pid,
-                                    seq + group_where[0], producers, replies, group_where,
-                                    written)
-            group, group_where = [], []
-        group.append(put)
-        group_where.append(k)
-        prev = k
-    failed += _idem_stretch(first, group, [ids[j] for j in group_where], pid,
-                            seq + group_where[0], producers, replies, group_where, written)
+    for (target, pid), runs in groups.items():
+        for s, _next, idxs in runs:
+            got, bad, touched = idem_group(target, [plist[k] for k in idxs],
+                                           [ids[k] for k in idxs], pid, s, producers)
+            for k, reply in zip(idxs, got, strict=True):
+                replies[k] = reply
+            failed += bad
+            if touched and target.log not in written:
+                written.append(target.log)
     return replies, failed, written
-
-
-def _idem_stretch(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int,
-                  producers: Producers, replies: list, where: list[int],
-                  written: list[PartitionLog]) -> int:
-    got, bad, touched = idem_group(target, puts, ids, pid, seq, producers)
-    for k, reply in zip(where, got, strict=True):
-        replies[k] = reply
-    if touched and target.log not in written:
-        written.append(target.log)
-    return bad
 
 
 def idem_group(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int,
@@ -386,11 +412,16 @@ def idem_group(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int
             return replies, failed, True
         puts, ids, seq = puts[dup:], ids[dup:], seq + dup
     base = plog.end
-    offsets = list(itertools.accumulate(map(_PLUS_HEADER, map(_length_of, puts)),
-                                        initial=base))
-    end = offsets.pop()
-    record = ProducerRecord(pid, seq, len(puts), base, end, ids[0], offsets[-1], ids[-1],
-                            int(time.time() * 1000))
+    n = len(puts)
+    if n == 1:  # a single send's put: no list work
+        last_start, end = base, base + HEADER_SIZE + puts[0][1]
+    else:
+        offsets = list(itertools.accumulate(map(_PLUS_HEADER, map(_length_of, puts)),
+                                            initial=base))
+        end = offsets.pop()
+        last_start = offsets[-1]
+    record = _new_tuple(ProducerRecord, (pid, seq, n, base, end, ids[0], last_start, ids[-1],
+                                         int(_time() * 1000)))
     try:
         table.write(record)  # before the append: never behind the log
     except StorageError as e:
@@ -398,7 +429,7 @@ def idem_group(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int
         return replies + [result(500, f"write failed: {e}", int(p[4])) for p in puts], m, False
     got, bad, wrote = put_group(target, puts, ids)
     if wrote and not bad:
-        table.stored(record, ids, offsets)
+        table.stored(record)
     else:
         table.unwrite()
         if wrote:  # some stored, some refused (bad checksums): the seqs move on anyway
@@ -410,3 +441,5 @@ def idem_group(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int
 
 
 _length_of = operator.itemgetter(1)
+_new_tuple = tuple.__new__
+_time = time.time

@@ -308,32 +308,50 @@ class BrokerServer:
     # -- idempotent puts (metaq-py's extension; ``_producers``, ``_puts.store_idempotent``) --
     def _idem(self, conn: Connection, mark: IdemMark, reqs: list, i: int) -> int:
         """The puts from ``reqs[i]`` on that ``mark`` covers (up to its count, up to the
-        first request that is not a put without transaction key), stored once; the
-        rest of the mark waits for the next read when this one ends first.  Returns
-        where the requests after them begin."""
+        first request that is not a put without transaction key), and those of the
+        marks right after them, stored once (together: single sends come one mark per
+        put); the rest of a mark waits for the next read when this one ends first.
+        Returns where the requests after them begin."""
         n = len(reqs)
+        marks: list[tuple[int, int, int, int]] = []
         j = i
-        stop = min(n, i + mark.count)
-        while j < stop:
-            r = reqs[j]
-            tj = type(r)
-            if tj is not tuple and (tj is not PutRequest or r.tx_key is not None):
+        while True:
+            start = j
+            stop = min(n, start + mark.count)
+            while j < stop:
+                r = reqs[j]
+                tj = type(r)
+                if tj is not tuple and (tj is not PutRequest or r.tx_key is not None):
+                    break
+                j += 1
+            if j > start:
+                marks.append((mark.pid, mark.seq, start, j))
+            left = mark.count - (j - start)
+            if left:
+                if j == n:
+                    self._idem_open[conn] = IdemMark(mark.pid, mark.seq + (j - start), left)
                 break
-            j += 1
-        if j > i:
-            self._idem_puts(conn, reqs[i:j], mark.pid, mark.seq)
-        left = mark.count - (j - i)
-        if left and j == n:
-            self._idem_open[conn] = IdemMark(mark.pid, mark.seq + (j - i), left)
+            if j < n and type(reqs[j]) is IdemMark:  # the next mark: the same batch
+                mark = reqs[j]
+                j += 1
+                continue
+            break
+        if marks:
+            self._idem_puts(conn, reqs, marks)
         return j
 
-    def _idem_puts(self, conn: Connection, puts: list, pid: int, seq: int) -> None:
+    def _idem_puts(self, conn: Connection, reqs: list,
+                   marks: list[tuple[int, int, int, int]]) -> None:
+        puts: list = []
+        spans = []
+        for pid, seq, start, stop in marks:  # the puts alone, marks left out
+            spans.append((pid, seq, len(puts), len(puts) + stop - start))
+            puts += reqs[start:stop]
         n = len(puts)
         self.stats["cmd_put"] += n
         self.stats["idem_puts"] += n
-        ids = self.ids.next_ids(n)
-        replies, failed, touched = store_idempotent(puts, ids, pid, seq, self.topics,
-                                                    self.producers,
+        replies, failed, touched = store_idempotent(puts, spans, self.ids.next_ids(n),
+                                                    self.topics, self.producers,
                                                     self.config.max_message_size)
         self.stats["put_failed"] += failed
         data = b"".join(replies)

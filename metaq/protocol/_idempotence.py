@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from metaq._errors import ProtocolError
@@ -72,6 +73,8 @@ TOO_OLD_CODE = 410
 PRODUCER_RECORD = struct.Struct(">qqiqqqqqqI")
 RECORD_SIZE = PRODUCER_RECORD.size
 _BODY = struct.Struct(">qqiqqqqqq")
+_CRC = struct.Struct(">I")
+_crc32 = zlib.crc32
 
 
 class IdemMark(NamedTuple):
@@ -119,13 +122,13 @@ def encode_producers(topic: str, partition: int, from_offset: int, opaque: int) 
                                             opaque)
 
 
-def encode_producer_records(records: list[ProducerRecord] | list[tuple]) -> bytes:
+def encode_producer_records(records: Sequence[ProducerRecord] | Sequence[tuple]) -> bytes:
     """Records as bytes (journal lines, a ``producers`` answer)."""
     out = []
     for r in records:
         body = _BODY.pack(*r)
-        out.append(body + struct.pack(">I", zlib.crc32(body)))
-    return b"".join(out)
+        out.append(body + _CRC.pack(_crc32(body)))
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def decode_producer_records(data: bytes) -> tuple[list[ProducerRecord], int]:
@@ -145,12 +148,14 @@ def decode_producer_records(data: bytes) -> tuple[list[ProducerRecord], int]:
 
 
 def _number(tok: bytes, what: str, lo: int, hi: int) -> int:
-    # int() alone would take b" 1", b"+1", b"1_0": a number here is plain digits
-    if tok.isdigit() and len(tok) <= 19:
+    # int() alone would take b" 1", b"+1", b"1_0": a number here is plain digits, without
+    # a leading zero (as encode_idem_mark writes it: one spelling per number)
+    if tok.isdigit() and len(tok) <= 19 and (tok[:1] != b"0" or tok == b"0"):
         v = int(tok)
         if lo <= v <= hi:
             return v
-    raise ProtocolError(f"{what} {show(tok)} is not an integer in {lo}..{hi}")
+    raise ProtocolError(f"{what} {show(tok)} is not a decimal integer in {lo}..{hi} "
+                        f"(digits only, no leading zero)")
 
 
 def idem_request(parts: list) -> IdemMark:

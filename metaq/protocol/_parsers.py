@@ -34,6 +34,7 @@ and return every complete request or reply.  Bad input raises
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -66,7 +67,7 @@ from metaq.protocol._constants import (
     INT64_MIN,
     MAX_LINE,
 )
-from metaq.protocol._idempotence import idem_request, producers_request
+from metaq.protocol._idempotence import IdemMark, idem_request, producers_request
 from metaq.protocol._transaction import MAX_TRANSACTION_KEY, transaction_request
 
 __all__ = ["RequestParser", "ReplyParser"]
@@ -150,6 +151,10 @@ class _Buffered:
 # --------------------------------------------------------------------------- requests
 
 _new_tuple = tuple.__new__  # a NamedTuple from a tuple, without its __new__'s argument handling
+#: The well-formed ``idem <pid> <seq> <count>`` line, read at once (one per idempotent
+#: single send); anything else starting with ``idem`` goes to ``_command``, which says
+#: what is wrong with it.
+_IDEM = re.compile(rb"idem ([1-9][0-9]{0,17}) (0|[1-9][0-9]{0,17}) ([1-9][0-9]{0,8})\r\n").match
 
 
 class RequestParser(_Buffered):
@@ -255,6 +260,12 @@ class RequestParser(_Buffered):
                     pos = put_loop(buf, pos, fast, max_payload, out)
                     if pos >= end:
                         break
+                m = _IDEM(buf, pos)  # an idempotent put's mark (``_idempotence``)
+                if m is not None:
+                    pid, seq, count = m.groups()
+                    out.append(_new_tuple(IdemMark, (int(pid), int(seq), int(count))))
+                    pos = m.end()
+                    continue
                 eol = buf.find(b"\r\n", pos, pos + max_line + 2)
                 if eol < 0:
                     self._unframed(buf, pos, out, strict)

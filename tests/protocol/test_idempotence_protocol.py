@@ -74,7 +74,8 @@ def test_round_trip_any_chunking(reqs, cuts) -> None:
 
 
 tokens = st.one_of(
-    st.sampled_from([b"", b"-1", b"0", b"+1", b" 1", b"1_0", b"0x1", b"\xff", b"9" * 19,
+    st.sampled_from([b"", b"-1", b"0", b"00", b"01", b"+1", b" 1", b"1_0", b"0x1", b"\xff",
+                     b"9" * 19, b"9223372036854775807",
                      b"9" * 20, b"9223372036854775808", b"2147483648", b"1.5", b"a"]),
     st.binary(max_size=6).filter(lambda b: b"\r" not in b and b"\n" not in b),
     st.integers(-(2**64), 2**64).map(lambda i: b"%d" % i))
@@ -102,7 +103,7 @@ def test_malformed_marks_and_producers_lines(cmd, fields) -> None:
         assert encode_idem_mark(*r) == line.rstrip(b" ") + b"\r\n"
     else:
         assert isinstance(r, ProducersRequest) and cmd == b"producers"
-        assert 0 <= r.from_offset <= INT63 and 0 <= r.partition
+        assert 0 <= r.from_offset <= INT63 and r.partition >= 0
 
 
 records = st.builds(ProducerRecord, pids, seqs, st.integers(1, 2**31 - 1),
