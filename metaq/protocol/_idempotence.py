@@ -43,8 +43,9 @@ offsets ``start..end`` (``last_start``: where its last one begins), with msgIds
 CRC32 of the 68 bytes before it.  The same records, the same bytes, make the
 journal ``producers.jnl`` in each partition directory.
 
-Transactions (puts with a transaction key) are not covered: a mark before them is
-refused.
+Transactions (puts with a transaction key) are not covered: a mark covers plain puts
+only, and its run ends at any other request (a transactional put, a ``get``...); such
+a request is served as Metaq serves it.
 """
 
 from __future__ import annotations
