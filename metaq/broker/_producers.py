@@ -340,9 +340,10 @@ class ProducerTable:
             log.error("cannot take back a record of %s: %s", self.path, e)
 
     def records_from(self, offset: int) -> list[ProducerRecord]:
-        """The records of the runs starting at or after log ``offset``, in log order."""
+        """The records of the runs that end after log ``offset``, in log order (a run
+        that grew since a reader last asked from its end comes again, whole; 0: all)."""
         out = [run.record(pid) for pid, p in self.pids.items() for run in p.runs
-               if run.start >= offset]
+               if run.end > offset]
         out.sort(key=lambda r: r.start)
         return out
 
@@ -382,15 +383,19 @@ class ProducerTable:
     # -- replication -----------------------------------------------------------------------
     def apply(self, records: list[ProducerRecord]) -> int:
         """Store records read from another broker's table (its ``producers`` answer);
-        those of runs already known, or whose messages are not (yet) in this log, are
-        skipped.  Returns how many were stored."""
+        those whose seqs are all known here, or whose messages are not (yet) in this
+        log, are skipped; one that extends a run known here (it grew on the other
+        broker) replaces it.  Returns how many were stored."""
         done = 0
         for r in sorted(records, key=lambda r: r.start):
             known = self.pids.get(r.pid)
-            if known is not None and r.seq < known.next_seq:
+            if known is not None and r.seq + r.count <= known.next_seq:
                 continue
             if not self._present(r):
                 continue
+            if known is not None:
+                while known.runs and known.runs[-1].seq >= r.seq:
+                    known.kept -= known.runs.pop().count
             self.write(r)
             self.stored(r)
             done += 1

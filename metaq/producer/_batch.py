@@ -368,15 +368,15 @@ class BatchSender:
                 if path.sequences is not None and conn.idempotent:  # type: ignore[attr-defined]
                     sequence = path.sequences.of(part)
                     with sequence.lock:  # puts leave in seq order; seqs used once queued
-                        chunk.pid, chunk.seq = sequence.pid, sequence.next
+                        pid, seq = chunk.pid, chunk.seq = sequence.take()
                         try:
                             conn.put_many(topic, part.index, chunk.payloads, flag,
                                           chunk.checksums, chunk, deadline, True,
-                                          encode_idem_mark(chunk.pid, chunk.seq, b - a))
+                                          encode_idem_mark(pid, seq, b - a))
                         except BaseException:
                             chunk.seq = None
                             raise
-                        sequence.next += b - a
+                        sequence.taken(pid, seq, b - a)
                 else:
                     conn.put_many(topic, part.index, chunk.payloads, flag, chunk.checksums,
                                   chunk, deadline, True)

@@ -9,7 +9,7 @@ once and answers it with the original msgId and offset.  A batch chunk takes
 ``n`` consecutive seqs and one mark.
 
 Seqs are taken with the partition's :class:`Sequence` locked, around the very call
-that queues the put on the connection (:meth:`Sequence.lock`), so that puts leave
+that queues the put on the connection (:attr:`Sequence.lock`), so that puts leave
 in seq order and a seq is used only when its put was queued.  When a message with
 a seq fails for good (its retries or time ran out) the broker may or may not
 hold it, and the seqs after it would wait for it for ever (a gap): the
@@ -37,14 +37,41 @@ def new_pid() -> int:
 
 
 class Sequence:
-    """One partition's producer id and next seq; hold :attr:`lock` while taking."""
+    """One partition's producer id and next seq.
 
-    __slots__ = ("pid", "next", "lock")
+    :attr:`lock` orders the puts: hold it from :meth:`take` through queueing the put
+    and :meth:`taken` (it may then be held while a put waits for room in the
+    window).  :attr:`state` ``(pid, next)`` changes only under a short lock of its
+    own, never held while anything waits, so that a connection's reader thread may
+    :meth:`restart` it (a refusal it reads) without waiting for a sender."""
+
+    __slots__ = ("state", "lock", "_state_lock")
 
     def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.next = 0
+        self.state = (pid, 0)
         self.lock = threading.Lock()
+        self._state_lock = threading.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self.state[0]
+
+    def take(self) -> tuple[int, int]:
+        """``(pid, seq)`` for the next put (``lock`` held)."""
+        return self.state
+
+    def taken(self, pid: int, seq: int, n: int) -> None:
+        """``n`` puts from ``(pid, seq)`` were queued: the next one follows them (unless
+        the sequence restarted meanwhile)."""
+        with self._state_lock:
+            if self.state[0] == pid:
+                self.state = (pid, seq + n)
+
+    def restart(self, pid: int) -> None:
+        """Restart under a new id, unless ``pid`` is no longer the current one."""
+        with self._state_lock:
+            if self.state[0] == pid:
+                self.state = (new_pid(), 0)
 
 
 class Sequences:
@@ -67,11 +94,7 @@ class Sequences:
     def restart(self, part: Partition, pid: int) -> None:
         """A message of ``pid`` to ``part`` failed for good: restart the partition's
         sequence under a new id (unless that happened already)."""
-        s = self.of(part)
-        with s.lock:
-            if s.pid == pid:
-                s.pid = new_pid()
-                s.next = 0
+        self.of(part).restart(pid)
 
     def current(self, part: Partition) -> int:
         """The id ``part``'s sequence uses now."""

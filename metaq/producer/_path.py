@@ -220,15 +220,15 @@ class SendPath:
                     with sequence.lock:  # puts leave in seq order; a seq used once queued
                         send.part = part
                         send.attempts += 1
-                        send.pid, send.seq = sequence.pid, sequence.next
+                        pid, seq = send.pid, send.seq = sequence.take()
                         try:
-                            conn.put_marked(encode_idem_mark(sequence.pid, sequence.next, 1),
-                                            send.topic, part.index, send.payload, send.flag,
+                            conn.put_marked(encode_idem_mark(pid, seq, 1), send.topic,
+                                            part.index, send.payload, send.flag,
                                             send.checksum, send, send.deadline, send.flush)
                         except BaseException:
                             send.seq = None
                             raise
-                        sequence.next += 1
+                        sequence.taken(pid, seq, 1)
                     return
                 send.part = part
                 send.attempts += 1

@@ -34,13 +34,14 @@ to (also metaq-py's)::
 
     producers <topic> <partition> <fromOffset> <opaque>\\r\\n
 
-``result 200`` with the records whose run starts at or after ``fromOffset``,
-oldest first, each :data:`RECORD_SIZE` bytes (big-endian, see
-:data:`PRODUCER_RECORD`): ``pid, seq, count, start, end, first_id, last_start,
-last_id, time_ms, crc`` -- the run's messages are ``count`` whole messages at log
-offsets ``start..end`` (``last_start``: where its last one begins), with msgIds
-``first_id`` (first) and ``last_id`` (last), stored at ``time_ms``; ``crc`` is the
-CRC32 of the 68 bytes before it.  The same records, the same bytes, make the
+``result 200`` with the records of the runs that end after ``fromOffset`` (a run that
+grew since comes again, whole: the reader replaces what it had), oldest first, each
+:data:`RECORD_SIZE` bytes (big-endian, see :data:`PRODUCER_RECORD`): ``pid, seq,
+count, start, end, first_id, last_start, last_id, time_ms, crc``.  The run's
+messages are ``count`` whole messages at log offsets ``start..end``
+(``last_start``: where its last one begins), with msgIds ``first_id`` (first) and
+``last_id`` (last), stored at ``time_ms``; ``crc`` is the CRC32 of the 68 bytes
+before it.  The same records, the same bytes, make the
 journal ``producers.jnl`` in each partition directory.
 
 Transactions (puts with a transaction key) are not covered: a mark covers plain puts
