@@ -62,6 +62,9 @@ __all__ = ["SendPath"]
 log = logging.getLogger(__name__)
 
 _monotonic = time.monotonic
+#: ``encode_idem_mark(pid, seq, 1)`` for this producer's own (valid) pid and seq, formatted
+#: without its checks: once per idempotent single send.
+_MARK1 = b"idem %d %d 1\r\n"
 
 
 class SendPath:
@@ -222,7 +225,7 @@ class SendPath:
                         send.attempts += 1
                         pid, seq = send.pid, send.seq = sequence.take()
                         try:
-                            conn.put_marked(encode_idem_mark(pid, seq, 1), send.topic,
+                            conn.put_marked(_MARK1 % (pid, seq), send.topic,
                                             part.index, send.payload, send.flag,
                                             send.checksum, send, send.deadline, send.flush)
                         except BaseException:
