@@ -195,3 +195,34 @@ def test_a_message_refused_for_good_does_not_stall_the_next(broker_factory,
         assert offsets == sorted(offsets)
     # (the refused one never reached the put step: the parser refused its length)
     assert "idem_puts 51" in b.stats(), b.stats()
+
+
+def test_options_are_checked() -> None:
+    from metaq import ConfigError, ProducerConfig
+    from metaq.broker import BrokerConfig
+
+    with pytest.raises(ConfigError, match="idempotent"):
+        ProducerConfig(idempotent="yes")  # type: ignore[arg-type]
+    for bad in ({"producer_window": 0}, {"producer_expiry_hours": 0}, {"idempotent": 1}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            BrokerConfig(broker_id=0, data_dir="/nonexistent", **bad)
+
+
+def test_a_sequence_restarts_once_and_a_late_queueing_does_not_undo_it() -> None:
+    from metaq.producer._idempotence import Sequences
+    from zk_layout import Partition
+
+    seqs = Sequences()
+    part = Partition(0, 1)
+    s = seqs.of(part)
+    pid, seq = s.take()
+    assert (pid, seq) == (seqs.pid, 0)
+    s.taken(pid, seq, 3)
+    assert s.take() == (pid, 3)
+    late = s.take()  # a sender queueing when...
+    seqs.restart(part, pid)  # ...a reader restarts the sequence (a message failed for good)
+    s.taken(*late, 1)  # the late sender's bookkeeping must not undo the restart
+    new_pid, new_seq = s.take()
+    assert new_pid != pid and new_seq == 0
+    seqs.restart(part, pid)  # a second failure of the old id: nothing more
+    assert s.take() == (new_pid, 0)
