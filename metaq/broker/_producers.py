@@ -347,6 +347,10 @@ class ProducerTable:
         out.sort(key=lambda r: r.start)
         return out
 
+    def records_bytes(self, offset: int) -> bytes:
+        """:meth:`records_from` as the bytes of a ``producers`` answer."""
+        return encode_producer_records(self.records_from(offset))
+
     def _rewrite(self) -> None:
         """The journal rewritten with the live runs only (atomically, fsynced)."""
         data = encode_producer_records(self.records_from(0))

@@ -51,7 +51,9 @@ from metaq.protocol import (
     HEADER,
     HEADER_SIZE,
     TOO_OLD_CODE,
+    IdemMark,
     ProducerRecord,
+    PutRequest,
     crc32,
 )
 
@@ -60,8 +62,8 @@ if TYPE_CHECKING:
     from metaq.broker._storage import PartitionLog
     from metaq.broker._topics import PickTarget, PutTarget, Topics
 
-__all__ = ["store", "store_requests", "store_idempotent", "put_group", "runs", "target_of",
-           "opaque_of"]
+__all__ = ["store", "store_requests", "store_idempotent", "idem_marks", "idem_group",
+           "put_group", "runs", "target_of", "opaque_of"]
 
 log = logging.getLogger(__name__)
 
@@ -301,6 +303,39 @@ def _append(plog: PartitionLog, parts: list, count: int, base: int) -> str | Non
 
 
 # --------------------------------------------------------------------------- idempotent
+
+def idem_marks(mark: IdemMark, reqs: list, i: int
+               ) -> tuple[list[tuple[int, int, int, int]], int, IdemMark | None]:
+    """The puts an idem ``mark`` covers from ``reqs[i]`` on (up to its count, up to the
+    first request that is not a put without transaction key), and those of the marks
+    right after them (single sends come one mark per put): ``(marks, j, rest)`` with
+    ``marks`` as :func:`store_idempotent` takes them (indexes into ``reqs``), ``j``
+    where the requests after them begin, ``rest`` the part of the last mark whose puts
+    had not arrived when ``reqs`` ends there (they come in the next read), else None."""
+    n = len(reqs)
+    marks: list[tuple[int, int, int, int]] = []
+    j = i
+    while True:
+        start = j
+        stop = min(n, start + mark.count)
+        while j < stop:
+            r = reqs[j]
+            tj = type(r)
+            if tj is not tuple and (tj is not PutRequest or r.tx_key is not None):
+                break
+            j += 1
+        if j > start:
+            marks.append((mark.pid, mark.seq, start, j))
+        left = mark.count - (j - start)
+        if left:
+            rest = IdemMark(mark.pid, mark.seq + (j - start), left) if j == n else None
+            return marks, j, rest
+        if j < n and type(reqs[j]) is IdemMark:  # the next mark: the same batch
+            mark = reqs[j]
+            j += 1
+            continue
+        return marks, j, None
+
 
 def store_idempotent(puts: list, marks: list[tuple[int, int, int, int]], ids: list[int],
                      topics: Topics, producers: Producers, max_size: int

@@ -28,6 +28,7 @@ from metaq.broker._connection import Connection
 from metaq.broker._hold import HeldGets
 from metaq.broker._producers import Producers
 from metaq.broker._puts import (
+    idem_marks,
     opaque_of,
     put_group,
     store,
@@ -55,7 +56,6 @@ from metaq.protocol import (
     StatsRequest,
     TransactionRequest,
     VersionRequest,
-    encode_producer_records,
     encode_value_header,
     unwritten_partition_text,
 )
@@ -305,83 +305,6 @@ class BrokerServer:
         else:
             conn.send(data)
 
-    # -- idempotent puts (metaq-py's extension; ``_producers``, ``_puts.store_idempotent``) --
-    def _idem(self, conn: Connection, mark: IdemMark, reqs: list, i: int) -> int:
-        """The puts from ``reqs[i]`` on that ``mark`` covers (up to its count, up to the
-        first request that is not a put without transaction key), and those of the
-        marks right after them, stored once (together: single sends come one mark per
-        put); the rest of a mark waits for the next read when this one ends first.
-        Returns where the requests after them begin."""
-        n = len(reqs)
-        marks: list[tuple[int, int, int, int]] = []
-        j = i
-        while True:
-            start = j
-            stop = min(n, start + mark.count)
-            while j < stop:
-                r = reqs[j]
-                tj = type(r)
-                if tj is not tuple and (tj is not PutRequest or r.tx_key is not None):
-                    break
-                j += 1
-            if j > start:
-                marks.append((mark.pid, mark.seq, start, j))
-            left = mark.count - (j - start)
-            if left:
-                if j == n:
-                    self._idem_open[conn] = IdemMark(mark.pid, mark.seq + (j - start), left)
-                break
-            if j < n and type(reqs[j]) is IdemMark:  # the next mark: the same batch
-                mark = reqs[j]
-                j += 1
-                continue
-            break
-        if marks:
-            self._idem_puts(conn, reqs, marks)
-        return j
-
-    def _idem_puts(self, conn: Connection, reqs: list,
-                   marks: list[tuple[int, int, int, int]]) -> None:
-        puts: list = []
-        spans = []
-        for pid, seq, start, stop in marks:  # the puts alone, marks left out
-            spans.append((pid, seq, len(puts), len(puts) + stop - start))
-            puts += reqs[start:stop]
-        n = len(puts)
-        self.stats["cmd_put"] += n
-        self.stats["idem_puts"] += n
-        replies, failed, touched = store_idempotent(puts, spans, self.ids.next_ids(n),
-                                                    self.topics, self.producers,
-                                                    self.config.max_message_size)
-        self.stats["put_failed"] += failed
-        data = b"".join(replies)
-        if touched and self.config.unflush_threshold == 0:
-            # answers (stored now or before) leave once the log and the table are on disk
-            opaques = [int(p[4]) if type(p) is tuple else p.opaque for p in puts]
-            fut = asyncio.ensure_future(self._synced(touched))
-            conn.send_gated(Gate(fut, data, opaques))
-        else:
-            conn.send(data)
-
-    async def _synced(self, logs: list[PartitionLog]) -> None:
-        for plog in logs:
-            await plog.request_flush()
-            synced = self.producers.table(plog).synced
-            if synced is not None:
-                await asyncio.wrap_future(synced)
-
-    def _producers(self, conn: Connection, r: ProducersRequest) -> None:
-        """``producers <topic> <partition> <fromOffset> <opaque>``: the producer records
-        of that partition's runs from ``fromOffset`` on (``_idempotence``)."""
-        self.stats["cmd_producers"] += 1
-        plog = self.storage.get(r.topic, r.partition)
-        if plog is None:
-            conn.send(result(404, f"topic {r.topic} partition {r.partition} not found",
-                             r.opaque))
-            return
-        records = self.producers.table(plog).records_from(r.from_offset)
-        conn.send(answer(encode_producer_records(records), r.opaque))
-
     def _put_group(self, target: PutTarget, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:
         """One group of the put step (``_puts.put_group``); a method, looked up per
@@ -508,6 +431,59 @@ class BrokerServer:
 
         fut.add_done_callback(done)
         conn.send_gated(Gate(out, b"", []))
+
+    # -- idempotent puts (metaq-py's extension; ``_producers``, ``_puts.store_idempotent``) --
+    def _idem(self, conn: Connection, mark: IdemMark, reqs: list, i: int) -> int:
+        """The puts ``mark`` (and the marks right after them) cover from ``reqs[i]`` on,
+        stored once (``_puts.idem_marks``); returns where the requests after them
+        begin.  A mark whose puts had not all arrived waits for the next read."""
+        marks, j, rest = idem_marks(mark, reqs, i)
+        if rest is not None:
+            self._idem_open[conn] = rest
+        if marks:
+            self._idem_puts(conn, reqs, marks)
+        return j
+
+    def _idem_puts(self, conn: Connection, reqs: list,
+                   marks: list[tuple[int, int, int, int]]) -> None:
+        puts: list = []
+        spans = []
+        for pid, seq, start, stop in marks:  # the puts alone, marks left out
+            spans.append((pid, seq, len(puts), len(puts) + stop - start))
+            puts += reqs[start:stop]
+        n = len(puts)
+        self.stats["cmd_put"] += n
+        self.stats["idem_puts"] += n
+        replies, failed, touched = store_idempotent(puts, spans, self.ids.next_ids(n),
+                                                    self.topics, self.producers,
+                                                    self.config.max_message_size)
+        self.stats["put_failed"] += failed
+        data = b"".join(replies)
+        if touched and self.config.unflush_threshold == 0:
+            # answers (stored now or before) leave once the log and the table are on disk
+            opaques = [int(p[4]) if type(p) is tuple else p.opaque for p in puts]
+            fut = asyncio.ensure_future(self._synced(touched))
+            conn.send_gated(Gate(fut, data, opaques))
+        else:
+            conn.send(data)
+
+    async def _synced(self, logs: list[PartitionLog]) -> None:
+        for plog in logs:
+            await plog.request_flush()
+            synced = self.producers.table(plog).synced
+            if synced is not None:
+                await asyncio.wrap_future(synced)
+
+    def _producers(self, conn: Connection, r: ProducersRequest) -> None:
+        """``producers <topic> <partition> <fromOffset> <opaque>``: the producer records
+        of that partition's runs from ``fromOffset`` on (``_idempotence``)."""
+        self.stats["cmd_producers"] += 1
+        plog = self.storage.get(r.topic, r.partition)
+        if plog is None:
+            conn.send(result(404, f"topic {r.topic} partition {r.partition} not found",
+                             r.opaque))
+            return
+        conn.send(answer(self.producers.table(plog).records_bytes(r.from_offset), r.opaque))
 
     def stats_text(self, item: str | None) -> str:
         now = time.time()

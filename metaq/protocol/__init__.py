@@ -128,8 +128,7 @@ __all__ = [
     "INT32_MAX", "CHECKSUM_MASK", "OPAQUE_MASK", "HEADER_SIZE", "MAX_PAYLOAD",
     "MAX_MESSAGE_SIZE", "MAX_PAYLOAD_SIZE", "MSG_ID_EPOCH_MS", "FLAG_HAS_ATTRIBUTE",
     "MAX_LINE", "DEFAULT_MAX_PAYLOAD", "DEFAULT_MAX_BODY", "QUIT", "HOLD_CAPABILITY",
-    "TIME_INDEX_CAPABILITY", "BOUNDARY_CAPABILITY", "IDEMPOTENT_CAPABILITY",
-    "is_unwritten_partition",
+    "TIME_INDEX_CAPABILITY", "BOUNDARY_CAPABILITY", "is_unwritten_partition",
     "unwritten_partition_text",
     # message bytes
     "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "build_payload", "split_payload",
@@ -139,10 +138,6 @@ __all__ = [
     "QuitRequest", "BadRequest", "Result", "Value", "encode_put", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
-    # idempotent puts
-    "IdemMark", "ProducersRequest", "ProducerRecord", "RECORD_SIZE", "GAP_CODE",
-    "TOO_OLD_CODE", "encode_idem_mark", "encode_producers", "encode_producer_records",
-    "decode_producer_records",
     # parsers
     "RequestParser", "ReplyParser",
     # codecs
@@ -154,4 +149,8 @@ __all__ = [
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",
+    # idempotent puts
+    "IDEMPOTENT_CAPABILITY", "IdemMark", "ProducersRequest", "ProducerRecord", "RECORD_SIZE",
+    "GAP_CODE", "TOO_OLD_CODE", "encode_idem_mark", "encode_producers",
+    "encode_producer_records", "decode_producer_records",
 ]

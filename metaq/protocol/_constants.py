@@ -80,9 +80,6 @@ TIME_INDEX_CAPABILITY = "+timeindex"
 #: holding a position (no message boundary), and its max offset is what it flushed,
 #: which may lag what it serves.
 BOUNDARY_CAPABILITY = "+boundary"
-#: Token in a broker's ``version`` answer saying it reads the ``idem`` mark before puts
-#: and stores a resent put once (metaq-py's idempotent producer; ``_idempotence``).
-IDEMPOTENT_CAPABILITY = "+idempotent"
 
 
 #: The 404 text a Java Metaq 1.4 broker answers ``offset`` (and ``get``) with for a
@@ -99,3 +96,8 @@ def is_unwritten_partition(text: str) -> bool:
     """Whether a 404's text is Java Metaq's "never written" answer: such a partition
     is empty (log start = log end = 0), as Metaq's own client takes it."""
     return _UNWRITTEN.search(text) is not None
+
+
+#: Token in a broker's ``version`` answer saying it reads the ``idem`` mark before puts
+#: and stores a resent put once (metaq-py's idempotent producer; ``_idempotence``).
+IDEMPOTENT_CAPABILITY = "+idempotent"
