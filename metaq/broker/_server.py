@@ -454,25 +454,41 @@ class BrokerServer:
         n = len(puts)
         self.stats["cmd_put"] += n
         self.stats["idem_puts"] += n
+        # a server with a replication role (``_role``, when there is one) refuses and
+        # waits for idempotent puts exactly as for plain ones (see ``_puts``)
+        role = getattr(self, "role", None)
+        if role is not None:
+            why = role.put_refusal()
+            if why is not None:
+                self._refuse_puts(conn, puts, why)
+                return
         replies, failed, touched = store_idempotent(puts, spans, self.ids.next_ids(n),
                                                     self.topics, self.producers,
                                                     self.config.max_message_size)
         self.stats["put_failed"] += failed
         data = b"".join(replies)
-        if touched and self.config.unflush_threshold == 0:
-            # answers (stored now or before) leave once the log and the table are on disk
+        # answers (stored now, or before: a resend) leave once what they answer is as
+        # safe as a plain put's: with group commit on disk with the table, and on the
+        # in-sync slaves when the role says so
+        replicated = None if role is None or not touched else role.wait(touched)
+        group_commit = self.config.unflush_threshold == 0
+        if replicated is not None or (touched and group_commit):
             opaques = [int(p[4]) if type(p) is tuple else p.opaque for p in puts]
-            fut = asyncio.ensure_future(self._synced(touched))
+            fut = asyncio.ensure_future(self._synced(touched if group_commit else [],
+                                                     replicated))
             conn.send_gated(Gate(fut, data, opaques))
         else:
             conn.send(data)
 
-    async def _synced(self, logs: list[PartitionLog]) -> None:
+    async def _synced(self, logs: list[PartitionLog],
+                      replicated: asyncio.Future | None = None) -> None:
         for plog in logs:
             await plog.request_flush()
             synced = self.producers.table(plog).synced
             if synced is not None:
                 await asyncio.wrap_future(synced)
+        if replicated is not None:
+            await replicated
 
     def _producers(self, conn: Connection, r: ProducersRequest) -> None:
         """``producers <topic> <partition> <fromOffset> <opaque>``: the producer records
