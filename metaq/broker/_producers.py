@@ -427,7 +427,7 @@ class ProducerTable:
             if self.synced is not None:
                 self.synced.result()
             os.fsync(fd)
-        except (OSError, Exception) as e:  # noqa: BLE001 - logged: closing goes on
+        except Exception as e:  # noqa: BLE001 - an fsync failed: logged, closing goes on
             log.error("final fsync of %s failed: %s", self.path, e)
         finally:
             os.close(fd)
