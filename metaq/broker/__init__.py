@@ -24,6 +24,8 @@ One concept per module:
 ``_replies``      every reply's bytes; replies that wait (fsync, sendfile)
 ``_puts``         storing puts: one step from parsed puts to appended messages and
                   their replies
+``_producers``    the idempotent producers' table: per partition, which runs of
+                  whose sequence are stored where (``producers.jnl``)
 ``_topics``       where a put goes: targets by ``<topic> <partition>``, partition
                   -1's round robin, topic creation
 ``_hold``         held gets (the ``hold=<ms>`` long-polling extension)

@@ -32,7 +32,7 @@ from metaq.broker._registry import BrokerRegistry
 from metaq.broker._role import Role
 from metaq.broker._server import VERSION, BrokerServer
 from metaq.broker._storage import Storage
-from metaq.protocol import MsgIdGenerator, check_topic
+from metaq.protocol import MsgIdGenerator, ProducerRecord, check_topic
 
 __all__ = ["Broker"]
 
@@ -329,6 +329,26 @@ class Broker:
 
     def stats(self, item: str | None = None) -> str:
         return self._call(lambda: self._server.stats_text(item))
+
+    # -- the idempotent producers' table (``_producers``; for replication) -----------------
+    def producer_records(self, topic: str, partition: int,
+                         from_offset: int) -> list[ProducerRecord]:
+        """The producer records of ``topic``-``partition``'s runs starting at or after
+        log offset ``from_offset`` (what ``producers`` answers; StorageError when the
+        partition is not served)."""
+        return self._call(lambda: self._server.producers.producer_records(
+            topic, partition, from_offset))
+
+    def apply_producer_records(self, topic: str, partition: int,
+                               records: list[ProducerRecord]) -> int:
+        """Store another broker's producer records (a slave copying its master's, once
+        its log holds their messages); how many were new."""
+        return self._call(lambda: self._server.producers.apply_producer_records(
+            topic, partition, records))
+
+    def truncate_producers(self, topic: str, partition: int, offset: int) -> None:
+        """Forget the producer runs past ``offset`` (a log cut there)."""
+        self._call(lambda: self._server.producers.truncate(topic, partition, offset))
 
     @property
     def topics(self) -> dict[str, int]:

@@ -132,6 +132,15 @@ class BrokerConfig:
     max_hold: float = 30.0
     #: Most gets held at once over all connections; beyond, gets are answered at once.
     max_held_gets: int = 100_000
+    #: Offer the idempotent producer (metaq-py's ``+idempotent``: the ``idem`` mark
+    #: before puts, a resent put stored once; ``_producers``).  Off: not offered.
+    idempotent: bool = True
+    #: Forget a producer id not heard from for this many hours (its next put is then
+    #: accepted whatever its sequence number).
+    producer_expiry_hours: float = 168.0
+    #: Per producer and partition, remember where at least its last this many
+    #: messages were stored (a resent put older than that is refused, 410).
+    producer_window: int = 65536
     #: Answer ``offset ... time=<ms>`` from each segment's time index (metaq-py's
     #: ``+timeindex`` extension; the files ``<segment>.timeindex``).  Off: the
     #: extension is not offered and clients search the log by time as with Java Metaq.
@@ -269,6 +278,9 @@ class BrokerConfig:
         if self.copy_by not in ("fetch", "sync"):
             raise ConfigError(f"copy_by must be 'fetch' or 'sync', got {self.copy_by!r}")
         _int("max_held_gets", self.max_held_gets, 0)
+        _bool("idempotent", self.idempotent)
+        _num("producer_expiry_hours", self.producer_expiry_hours, 0, strict=True)
+        _int("producer_window", self.producer_window, 1, 2**31 - 1)
 
     @property
     def group_commit(self) -> bool:

@@ -26,6 +26,12 @@ either form or both, goes through the same steps:
 to it); :func:`store_requests` is step 1 before it, for a run holding PutRequests.
 A run of puts costs whole-list operations per group, not Python work per put,
 wherever it can (:func:`put_group`'s columnar path).
+
+:func:`store_idempotent` is the put step of a run of puts after an ``idem`` mark
+(metaq-py's idempotent producer): the puts already stored for that producer and
+sequence are answered with their original msgId and offset, a sequence that jumps
+ahead is refused (409), the rest is stored by :func:`put_group` with its producer
+record journaled first (``_producers``).  Plain puts never come here.
 """
 
 from __future__ import annotations
@@ -33,18 +39,31 @@ from __future__ import annotations
 import itertools
 import logging
 import operator
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from metaq._errors import StorageError
 from metaq.broker._replies import checksum_mismatch, put_results, result
-from metaq.protocol import CHECKSUM_MASK, HEADER, HEADER_SIZE, crc32
+from metaq.protocol import (
+    CHECKSUM_MASK,
+    GAP_CODE,
+    HEADER,
+    HEADER_SIZE,
+    TOO_OLD_CODE,
+    IdemMark,
+    ProducerRecord,
+    PutRequest,
+    crc32,
+)
 
 if TYPE_CHECKING:
+    from metaq.broker._producers import Producers
     from metaq.broker._storage import PartitionLog
     from metaq.broker._topics import PickTarget, PutTarget, Topics
 
-__all__ = ["store", "store_requests", "put_group", "runs", "target_of", "opaque_of"]
+__all__ = ["store", "store_requests", "store_idempotent", "idem_marks", "idem_group",
+           "put_group", "runs", "target_of", "opaque_of"]
 
 log = logging.getLogger(__name__)
 
@@ -281,3 +300,181 @@ def _append(plog: PartitionLog, parts: list, count: int, base: int) -> str | Non
         log.error("put failed: %s", e)
         return f"write failed: {e}"
     return None
+
+
+# --------------------------------------------------------------------------- idempotent
+
+def idem_marks(mark: IdemMark, reqs: list, i: int
+               ) -> tuple[list[tuple[int, int, int, int]], int, IdemMark | None]:
+    """The puts an idem ``mark`` covers from ``reqs[i]`` on (up to its count, up to the
+    first request that is not a put without transaction key), and those of the marks
+    right after them (single sends come one mark per put): ``(marks, j, rest)`` with
+    ``marks`` as :func:`store_idempotent` takes them (indexes into ``reqs``), ``j``
+    where the requests after them begin, ``rest`` the part of the last mark whose puts
+    had not arrived when ``reqs`` ends there (they come in the next read), else None."""
+    n = len(reqs)
+    marks: list[tuple[int, int, int, int]] = []
+    j = i
+    while True:
+        start = j
+        stop = min(n, start + mark.count)
+        while j < stop:
+            r = reqs[j]
+            tj = type(r)
+            if tj is not tuple and (tj is not PutRequest or r.tx_key is not None):
+                break
+            j += 1
+        if j > start:
+            marks.append((mark.pid, mark.seq, start, j))
+        left = mark.count - (j - start)
+        if left:
+            rest = IdemMark(mark.pid, mark.seq + (j - start), left) if j == n else None
+            return marks, j, rest
+        if j < n and type(reqs[j]) is IdemMark:  # the next mark: the same batch
+            mark = reqs[j]
+            j += 1
+            continue
+        return marks, j, None
+
+
+def store_idempotent(puts: list, marks: list[tuple[int, int, int, int]], ids: list[int],
+                     topics: Topics, producers: Producers, max_size: int
+                     ) -> tuple[list[bytes], int, list[PartitionLog]]:
+    """The put step for ``puts`` (tuples or PutRequests without transaction key) that
+    idem marks cover: ``marks`` are ``(pid, seq, start, stop)``, ``puts[start:stop]``
+    carrying ``pid``'s seqs ``seq..``, in request order.  Returns ``(replies in request
+    order, how many failed, the logs written or answered from)``.
+
+    Every put of one mark names one partition (the mark's contract; else the mark's
+    puts are refused, 400).  Marks of one producer to one partition whose seqs follow
+    each other (single sends: one mark per put) are stored as one run, with one
+    journal record and one append."""
+    n = len(puts)
+    replies: list = [None] * n
+    if all(type(p) is tuple and p[0].log is not None for p in puts):  # the usual read
+        tlist: list = list(map(target_of, puts))
+        plist: list = puts
+        failed = 0
+    else:  # PutRequests among them, or partition -1: each given its target first
+        todo, targets, where = _targets(puts, topics, max_size, replies)
+        failed = n - len(where)
+        tlist, plist = [None] * n, [None] * n
+        for k, t, p in zip(where, targets, todo, strict=True):
+            tlist[k] = t
+            plist[k] = p
+            orig = puts[k]
+            if (orig[0].log is None if type(orig) is tuple else orig.partition < 0):
+                tlist[k] = None  # a seq means a place in one partition's sequence
+                failed += 1
+                replies[k] = result(400, "a put after an idem mark must name its partition "
+                                         "(not -1)", int(p[4]))
+    # (target, pid) -> runs [first seq, next seq, [indexes]], in order of first appearance
+    groups: dict[tuple[PutTarget, int], list[list]] = {}
+    for pid, seq, start, stop in marks:
+        target = tlist[start]
+        if stop - start == 1:  # a single send's mark
+            if target is None:
+                continue
+        else:
+            mine = [t for t in tlist[start:stop] if t is not None]
+            if not mine:
+                continue
+            target = mine[0]
+            if mine.count(target) != len(mine):
+                for k in range(start, stop):
+                    if plist[k] is not None:
+                        failed += 1
+                        replies[k] = result(400, "the puts after an idem mark must all name "
+                                                 "the same partition", int(plist[k][4]))
+                continue
+        key = (target, pid)
+        runs = groups.get(key)
+        if runs is None:
+            runs = groups[key] = []
+        for k in range(start, stop):
+            if tlist[k] is None:  # no target (404): its seq went with it
+                continue
+            s = seq + k - start
+            last = runs[-1] if runs else None
+            if last is not None and last[1] == s:
+                last[1] += 1
+                last[2].append(k)
+            else:
+                runs.append([s, s + 1, [k]])
+    written: list[PartitionLog] = []
+    for (target, pid), runs in groups.items():
+        for s, _next, idxs in runs:
+            got, bad, touched = idem_group(target, [plist[k] for k in idxs],
+                                           [ids[k] for k in idxs], pid, s, producers)
+            for k, reply in zip(idxs, got, strict=True):
+                replies[k] = reply
+            failed += bad
+            if touched and target.log not in written:
+                written.append(target.log)
+    return replies, failed, written
+
+
+def idem_group(target: PutTarget, puts: list, ids: list[int], pid: int, seq: int,
+               producers: Producers) -> tuple[list[bytes], int, bool]:
+    """Store ``puts`` (tuples, all to ``target``) carrying ``pid``'s seqs ``seq..``:
+    ``(replies in order, how many failed, whether the log was written or answered
+    from)``."""
+    plog, partition, refused = target
+    m = len(puts)
+    if plog.closed or refused is not None:
+        return _refused(target, puts), m, False
+    table = producers.table(plog)
+    expected = table.expected(pid)
+    if expected is not None and seq > expected:
+        text = (f"idempotent put out of order: producer {pid}, partition "
+                f"{plog.topic}-{plog.partition}: expected seq {expected}, got {seq} (a gap; "
+                f"nothing stored)")
+        return [result(GAP_CODE, text, int(p[4])) for p in puts], m, False
+    dup = 0 if expected is None else min(m, expected - seq)
+    replies: list[bytes] = []
+    failed = 0
+    if dup:
+        for put, orig in zip(puts, table.originals(pid, seq, dup), strict=False):
+            if orig is None:
+                failed += 1
+                replies.append(result(TOO_OLD_CODE, (
+                    f"idempotent put already stored long ago: producer {pid}, partition "
+                    f"{plog.topic}-{plog.partition}, seq {seq + len(replies)} is older than "
+                    f"the oldest this broker remembers ({table.oldest(pid)})"), int(put[4])))
+            else:
+                replies += put_results(partition, [put[4]], [orig[0]], [orig[1]])
+        if dup == m:
+            return replies, failed, True
+        puts, ids, seq = puts[dup:], ids[dup:], seq + dup
+    base = plog.end
+    n = len(puts)
+    if n == 1:  # a single send's put: no list work
+        last_start, end = base, base + HEADER_SIZE + puts[0][1]
+    else:
+        offsets = list(itertools.accumulate(map(_PLUS_HEADER, map(_length_of, puts)),
+                                            initial=base))
+        end = offsets.pop()
+        last_start = offsets[-1]
+    record = _new_tuple(ProducerRecord, (pid, seq, n, base, end, ids[0], last_start, ids[-1],
+                                         int(_time() * 1000)))
+    try:
+        table.write(record)  # before the append: never behind the log
+    except StorageError as e:
+        log.error("put failed: %s", e)
+        return replies + [result(500, f"write failed: {e}", int(p[4])) for p in puts], m, False
+    got, bad, wrote = put_group(target, puts, ids)
+    if wrote and not bad:
+        table.stored(record)
+    else:
+        table.unwrite()
+        if wrote:  # some stored, some refused (bad checksums): the seqs move on anyway
+            log.warning("producer %d, partition %s-%d: %d puts of a run refused, the others "
+                        "stored without a record (a resend of those is stored again)",
+                        pid, plog.topic, plog.partition, bad)
+            table.skip(pid, seq + len(puts))
+    return replies + got, failed + bad, True
+
+
+_length_of = operator.itemgetter(1)
+_new_tuple = tuple.__new__
+_time = time.time

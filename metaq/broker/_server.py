@@ -26,7 +26,16 @@ from metaq import __version__
 from metaq.broker._config import BrokerConfig
 from metaq.broker._connection import Connection
 from metaq.broker._hold import HeldGets
-from metaq.broker._puts import opaque_of, put_group, store, store_requests, target_of
+from metaq.broker._producers import Producers
+from metaq.broker._puts import (
+    idem_marks,
+    opaque_of,
+    put_group,
+    store,
+    store_idempotent,
+    store_requests,
+    target_of,
+)
 from metaq.broker._replies import FileReply, Gate, answer, result
 from metaq.broker._role import Role
 from metaq.broker._storage import PartitionLog, Storage
@@ -36,11 +45,14 @@ from metaq.protocol import (
     BOUNDARY_CAPABILITY,
     CHECKSUM_MASK,
     HOLD_CAPABILITY,
+    IDEMPOTENT_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     BadRequest,
     GetRequest,
+    IdemMark,
     MsgIdGenerator,
     OffsetRequest,
+    ProducersRequest,
     PutRequest,
     QuitRequest,
     StatsRequest,
@@ -86,9 +98,15 @@ class BrokerServer:
         self.version_text = VERSION + "".join(
             f" {cap}" for cap, offered in ((HOLD_CAPABILITY, config.max_hold > 0),
                                           (TIME_INDEX_CAPABILITY, config.time_index),
-                                          (BOUNDARY_CAPABILITY, not config.java_tell_max_offset))
+                                          (BOUNDARY_CAPABILITY, not config.java_tell_max_offset),
+                                          (IDEMPOTENT_CAPABILITY, config.idempotent))
             if offered)
         self._continue_ids()
+        #: idempotent producers: per partition, the table of stored runs (``_producers``)
+        self.producers = Producers(storage, keep_seqs=config.producer_window,
+                                   expiry_s=config.producer_expiry_hours * 3600)
+        #: connection -> the rest of an idem mark whose puts had not all arrived
+        self._idem_open: dict[Connection, IdemMark] = {}
         #: open transactions and their journal (recovered here, before serving)
         self.tx = Transactions(storage, ids, group_commit=config.unflush_threshold == 0,
                                max_message_size=config.max_message_size,
@@ -124,6 +142,7 @@ class BrokerServer:
         if self._server is not None:
             await self._server.wait_closed()
         self.tx.close()
+        self.producers.close()
 
     # -- connections -----------------------------------------------------------------------
     def admit(self, address: str) -> str | None:
@@ -177,6 +196,7 @@ class BrokerServer:
                 del self.per_address[conn.address]
         if conn.held:
             self.held.drop(conn)
+        self._idem_open.pop(conn, None)
         self.tx.connection_closed(conn)
 
     def close_idle(self, now: float, idle: float, slow: float) -> None:
@@ -205,6 +225,10 @@ class BrokerServer:
         """Serve one read's requests in order."""
         i = 0
         n = len(reqs)
+        if self._idem_open:  # an idem mark's puts continue in this read (idempotent puts)
+            mark = self._idem_open.pop(conn, None)
+            if mark is not None:
+                i = self._idem(conn, mark, reqs, 0)
         while i < n:
             if conn.gone:  # the client went away: what it still asked is not served
                 self.stats["requests_dropped"] += n - i
@@ -260,6 +284,13 @@ class BrokerServer:
             elif t is QuitRequest:
                 conn.close_after_replies()
                 return
+            elif t is IdemMark:  # metaq-py's idempotent producer: the puts after it
+                if self.config.idempotent:
+                    i = self._idem(conn, r, reqs, i)
+                else:  # not offered: its puts are stored as plain puts
+                    self.stats["bad_requests"] += 1
+            elif t is ProducersRequest:
+                self._producers(conn, r)
 
     def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
         """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests
@@ -465,6 +496,75 @@ class BrokerServer:
         fut.add_done_callback(done)
         conn.send_gated(Gate(out, b"", []))
 
+    # -- idempotent puts (metaq-py's extension; ``_producers``, ``_puts.store_idempotent``) --
+    def _idem(self, conn: Connection, mark: IdemMark, reqs: list, i: int) -> int:
+        """The puts ``mark`` (and the marks right after them) cover from ``reqs[i]`` on,
+        stored once (``_puts.idem_marks``); returns where the requests after them
+        begin.  A mark whose puts had not all arrived waits for the next read."""
+        marks, j, rest = idem_marks(mark, reqs, i)
+        if rest is not None:
+            self._idem_open[conn] = rest
+        if marks:
+            self._idem_puts(conn, reqs, marks)
+        return j
+
+    def _idem_puts(self, conn: Connection, reqs: list,
+                   marks: list[tuple[int, int, int, int]]) -> None:
+        puts: list = []
+        spans = []
+        for pid, seq, start, stop in marks:  # the puts alone, marks left out
+            spans.append((pid, seq, len(puts), len(puts) + stop - start))
+            puts += reqs[start:stop]
+        n = len(puts)
+        self.stats["cmd_put"] += n
+        self.stats["idem_puts"] += n
+        # a server with a replication role (``_role``, when there is one) refuses and
+        # waits for idempotent puts exactly as for plain ones (see ``_puts``)
+        role = getattr(self, "role", None)
+        if role is not None:
+            why = role.put_refusal()
+            if why is not None:
+                self._refuse_puts(conn, puts, why)
+                return
+        replies, failed, touched = store_idempotent(puts, spans, self.ids.next_ids(n),
+                                                    self.topics, self.producers,
+                                                    self.config.max_message_size)
+        self.stats["put_failed"] += failed
+        data = b"".join(replies)
+        # answers (stored now, or before: a resend) leave once what they answer is as
+        # safe as a plain put's: with group commit on disk with the table, and on the
+        # in-sync slaves when the role says so
+        replicated = None if role is None or not touched else role.wait(touched)
+        group_commit = self.config.unflush_threshold == 0
+        if replicated is not None or (touched and group_commit):
+            opaques = [int(p[4]) if type(p) is tuple else p.opaque for p in puts]
+            fut = asyncio.ensure_future(self._synced(touched if group_commit else [],
+                                                     replicated))
+            conn.send_gated(Gate(fut, data, opaques))
+        else:
+            conn.send(data)
+
+    async def _synced(self, logs: list[PartitionLog],
+                      replicated: asyncio.Future | None = None) -> None:
+        for plog in logs:
+            await plog.request_flush()
+            synced = self.producers.table(plog).synced
+            if synced is not None:
+                await asyncio.wrap_future(synced)
+        if replicated is not None:
+            await replicated
+
+    def _producers(self, conn: Connection, r: ProducersRequest) -> None:
+        """``producers <topic> <partition> <fromOffset> <opaque>``: the producer records
+        of that partition's runs from ``fromOffset`` on (``_idempotence``)."""
+        self.stats["cmd_producers"] += 1
+        plog = self.storage.get(r.topic, r.partition)
+        if plog is None:
+            conn.send(result(404, f"topic {r.topic} partition {r.partition} not found",
+                             r.opaque))
+            return
+        conn.send(answer(self.producers.table(plog).records_bytes(r.from_offset), r.opaque))
+
     def stats_text(self, item: str | None) -> str:
         now = time.time()
         lines = []
@@ -485,6 +585,7 @@ class BrokerServer:
                 f"partitions {len(logs)}",
                 f"messages_appended {sum(p.messages_appended for p in logs)}",
                 f"flush_errors {self.storage.flush_errors}",
+                f"idem_duplicates {self.producers.duplicates}",
             ]
             if self.status is not None:
                 lines += self.status()
@@ -492,7 +593,8 @@ class BrokerServer:
                         "get_hold_asked", "get_held", "get_held_woken", "get_held_expired",
                         "get_hold_refused", "get_damaged",
                         "get_sendfile", "get_sendfile_fallback", "cmd_offset", "cmd_offset_time",
-                        "cmd_stats", "cmd_transaction", "tx_begun", "tx_puts", "tx_prepared",
+                        "cmd_stats", "cmd_transaction", "idem_puts", "cmd_producers",
+                        "tx_begun", "tx_puts", "tx_prepared",
                         "tx_committed", "tx_rolled_back", "tx_timed_out", "tx_errors",
                         "bad_requests", "connections_total", "connections_refused",
                         "clients_vanished", "requests_dropped", "slow_closed", "idle_closed"):

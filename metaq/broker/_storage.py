@@ -100,6 +100,9 @@ class PartitionLog:
         #: called (with this log) when :attr:`readable_end` moves, while someone waits
         #: for it (the broker's held gets); None otherwise
         self.on_readable: Callable[[PartitionLog], None] | None = None
+        #: called when an fsync of this log starts (the idempotent producers' table
+        #: fsyncs its journal with the log: ``_producers``); None otherwise
+        self.on_flush: Callable[[], None] | None = None
         self._open()
         self.durable_end = self.end
 
@@ -277,6 +280,8 @@ class PartitionLog:
         target = self.end
         self.unflushed = 0
         self.last_flush = time.monotonic()
+        if self.on_flush is not None:  # hook: the producer table's journal (_producers)
+            self.on_flush()
         cf = self.storage.executor.submit(_fsync_job, sealed, self.segments[-1].wfd, dir_path)
         return cf, target
 
@@ -741,7 +746,8 @@ class PartitionLog:
 
 
 #: Files beside the segments that are the broker's own (not stray).
-_KNOWN_SUFFIXES = (".meta.damaged", timeindex.SUFFIX)
+_KNOWN_SUFFIXES = (".meta.damaged", timeindex.SUFFIX,
+                   "producers.jnl", "producers.jnl.tmp")  # the producer table (_producers)
 
 
 class Storage:

@@ -17,6 +17,8 @@ One concept per module:
                    pick, connection, attempts, the retry step and its thread
 ``_batch``         batches: encoded in one pass, written in chunks to one
                    partition, one future (:class:`BatchResults`)
+``_idempotence``   the idempotent producer's id and per-partition sequence
+                   numbers (``ProducerConfig.idempotent``)
 ``_transaction``   transactional sends: :class:`LocalTransaction` and the
                    :class:`XAResource` of a two-phase commit (:class:`Xid`)
 ``_producer``      the :class:`Producer` facade: arguments, payloads, lifecycle

@@ -15,6 +15,10 @@ Every message still gets its own outcome.  One the broker refuses with a
 code a retry may fix, or one whose connection fails before it is answered,
 becomes a :class:`_BatchItem` (a one-message send) and is retried on another
 partition by the send path's usual rule (retries, backoff, ``send_timeout``).
+An idempotent producer's chunk, on a connection that offers it, takes ``n``
+consecutive seqs of its partition's sequence (``_idempotence``) and goes with one
+``idem`` mark; a message of it retried alone keeps its seq (and its partition).
+
 The :class:`BatchFuture` completes when every message has its outcome: with
 the :class:`BatchResults` in batch order, or with
 :class:`~metaq.BatchSendError` naming each message that was not stored and
@@ -50,7 +54,7 @@ from metaq.producer._message import MessageEncoder
 from metaq.producer._path import SendPath
 from metaq.producer._router import TopicRoute
 from metaq.producer._send import NO_RETRY, Send, SendResult, make_result, partition_names
-from metaq.protocol import CHECKSUM_MASK, FLAG_HAS_ATTRIBUTE
+from metaq.protocol import CHECKSUM_MASK, FLAG_HAS_ATTRIBUTE, encode_idem_mark
 from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 from zk_layout import Partition
 
@@ -236,7 +240,8 @@ class _BatchItem(Send):
 class _Chunk:
     """The request one connection completes for one chunk of a batch (by index)."""
 
-    __slots__ = ("path", "batch", "base", "payloads", "flag", "checksums", "part", "deadline")
+    __slots__ = ("path", "batch", "base", "payloads", "flag", "checksums", "part", "deadline",
+                 "pid", "seq")
 
     def __init__(self, path: SendPath, batch: BatchFuture, base: int, payloads: list[bytes],
                  flag: int, checksums: list[int], part: Partition, deadline: float) -> None:
@@ -248,6 +253,9 @@ class _Chunk:
         self.checksums = checksums
         self.part = part
         self.deadline = deadline
+        #: the idempotent producer's id and first seq of this chunk (seq None: plain puts)
+        self.pid = 0
+        self.seq: int | None = None
 
     def on_acks(self, first: int, msg_ids: list[bytes], partitions: list[bytes],
                 offsets: list[bytes]) -> None:
@@ -268,6 +276,8 @@ class _Chunk:
         err = BrokerError(code, body.decode("utf-8", "replace"),
                           broker=f"broker {bid}, partition {self.part}")
         if code in NO_RETRY:
+            if self.seq is not None:  # later seqs must not wait for this one
+                self.path.sequences.restart(self.part, self.pid)  # type: ignore[union-attr]
             self.batch._outcome(self.base + index, None, err)
         else:
             self.path.attempt_failed(self.item(index), err)
@@ -277,9 +287,13 @@ class _Chunk:
 
     def item(self, index: int) -> _BatchItem:
         """Message ``index`` of this chunk as a one-message send (for its retries)."""
-        return _BatchItem(self.path, self.batch.topic, self.payloads[index], self.flag,
+        item = _BatchItem(self.path, self.batch.topic, self.payloads[index], self.flag,
                           self.checksums[index], self.deadline, self.batch, self.base + index,
                           self.part)
+        if self.seq is not None:  # a resend carries the same (pid, seq)
+            item.pid = self.pid
+            item.seq = self.seq + index
+        return item
 
 
 # --------------------------------------------------------------------------- sending
@@ -351,8 +365,21 @@ class BatchSender:
             chunk = _Chunk(path, batch, a, payloads[a:b], flag, checksums[a:b], part, deadline)
             try:
                 conn = path.connection(part, route, deadline)
-                conn.put_many(topic, part.index, chunk.payloads, flag, chunk.checksums, chunk,
-                              deadline, True)
+                if path.sequences is not None and conn.idempotent:  # type: ignore[attr-defined]
+                    sequence = path.sequences.of(part)
+                    with sequence.lock:  # puts leave in seq order; seqs used once queued
+                        pid, seq = chunk.pid, chunk.seq = sequence.take()
+                        try:
+                            conn.put_many(topic, part.index, chunk.payloads, flag,
+                                          chunk.checksums, chunk, deadline, True,
+                                          encode_idem_mark(pid, seq, b - a))
+                        except BaseException:
+                            chunk.seq = None
+                            raise
+                        sequence.taken(pid, seq, b - a)
+                else:
+                    conn.put_many(topic, part.index, chunk.payloads, flag, chunk.checksums,
+                                  chunk, deadline, True)
             except ConnectionClosedError as e:
                 path.broker_failed(bid)
                 for a2, b2 in bounds[k:]:

@@ -86,6 +86,14 @@ class ProducerConfig:
     retry_backoff: float = 0.05
     #: How long ``close()`` waits for messages in flight, seconds.
     close_timeout: float = 10.0
+    #: Idempotent sends (metaq-py brokers listing ``+idempotent``): each message carries
+    #: this producer's id and a per-partition sequence number, and a retry goes to the
+    #: *same* partition with the same number, so a resend whose first answer was lost
+    #: is stored once (the broker answers it with the original msgId and offset).
+    #: Retries then wait for that partition's broker (within ``send_timeout``) rather
+    #: than moving on.  To brokers without the extension (Java Metaq) plain puts go,
+    #: retried as usual.  Off by default.
+    idempotent: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -103,6 +111,8 @@ class ProducerConfig:
                               f"{type(self.zk_security).__name__}")
         if self.request_timeout is not None:
             _number("request_timeout", self.request_timeout)
+        if not isinstance(self.idempotent, bool):
+            raise ConfigError(f"idempotent must be true or false, got {self.idempotent!r}")
         _integer("retries", self.retries, 0, 100)
         _integer("max_message_size", self.max_message_size, 1, MAX_PAYLOAD_SIZE)
         _integer("max_in_flight", self.max_in_flight, 1, 1 << 24)

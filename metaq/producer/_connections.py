@@ -10,6 +10,12 @@ prefers other brokers meanwhile); a new connection to it clears that.
 :attr:`~BrokerConnections.by_broker` and :attr:`~BrokerConnections.faults`
 are read once per message by the send path, without a call; only this
 object writes them.
+
+An idempotent producer (``ProducerConfig.idempotent``) asks each broker's
+``version`` before it makes the connection, and marks the connection
+``idempotent`` when the answer lists ``+idempotent``: only then do its puts carry
+the ``idem`` mark (a Java broker gets plain puts).  Every connection made here
+has the attribute (False unless asked and offered).
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ import logging
 import threading
 import time
 
-from metaq._errors import ConnectionClosedError
-from metaq.net import PipelinedConnection
+from metaq._errors import BrokerUnavailableError, ConnectionClosedError, MetaqError
+from metaq.net import BrokerConnection, PipelinedConnection
 from metaq.producer._config import ProducerConfig
 from metaq.producer._router import TopicRoute
+from metaq.protocol import IDEMPOTENT_CAPABILITY
 
 __all__ = ["BrokerConnections"]
 
@@ -66,6 +73,7 @@ class BrokerConnections:
             if self._refusing:
                 raise ConnectionClosedError("the producer is closing")
             cfg = self._config
+            offers = cfg.idempotent and self._offers_idempotence(bid, addr, deadline)
             new = PipelinedConnection(
                 addr[0], addr[1], name=f"{bid}@{addr[0]}:{addr[1]}",
                 connect_timeout=max(0.05, min(cfg.connect_timeout, deadline - _monotonic())),
@@ -73,11 +81,33 @@ class BrokerConnections:
                 stale_timeout=max(cfg.send_timeout, 4 * cfg.attempt_timeout),
                 max_in_flight=cfg.max_in_flight,
                 max_in_flight_bytes=cfg.max_in_flight_bytes)
+            #: whether puts on it may carry the idempotent producer's mark
+            new.idempotent = offers  # type: ignore[attr-defined]
             self.by_broker[bid] = new
             self.faults.pop(bid, None)
         if conn is not None and not conn.closed:
             conn.close()  # the broker moved: what was in flight there is retried
         return new
+
+    def _offers_idempotence(self, bid: int, addr: tuple[str, int], deadline: float) -> bool:
+        """Whether the broker at ``addr`` lists ``+idempotent`` in its ``version`` answer
+        (asked on a short connection of its own; ConnectionClosedError when it cannot
+        be asked)."""
+        timeout = max(0.05, min(self._config.connect_timeout, deadline - _monotonic()))
+        try:
+            with BrokerConnection(addr[0], addr[1], timeout=timeout) as c:
+                text = c.version()
+        except (BrokerUnavailableError, ConnectionClosedError) as e:
+            raise ConnectionClosedError(f"cannot ask broker {bid} at {addr[0]}:{addr[1]} "
+                                        f"its version: {e}") from e
+        except MetaqError as e:  # answered, but not with a version: no extensions
+            log.info("broker %d did not answer 'version' (%s): plain puts", bid, e)
+            return False
+        offers = IDEMPOTENT_CAPABILITY in text.split()
+        if not offers:
+            log.info("broker %d (%s) does not offer idempotent puts: plain puts, retried as "
+                     "usual", bid, text.strip()[:80])
+        return offers
 
     def broker_failed(self, broker_id: int) -> None:
         """A connection to ``broker_id`` failed: avoid it for ``broker_backoff``."""

@@ -18,6 +18,15 @@ Shared by single sends and batches (:mod:`metaq.producer._batch`):
 - :meth:`SendPath.attempt_failed`: where a connection's reader hands a
   failed attempt; the ``metaq-producer-retry`` thread takes it from there,
   so that a reader never blocks.
+
+An idempotent producer (``ProducerConfig.idempotent``) dispatches with
+:meth:`SendPath.dispatch_idempotent` instead: on a connection that offers it, the
+first attempt takes the message's ``(pid, seq)`` for its partition
+(:mod:`metaq.producer._idempotence`) and every put carries them in an ``idem``
+mark; a failed attempt of such a message is retried on the *same* partition with
+the same pair (the broker drops it if the first attempt was stored after all),
+waiting for its broker within ``send_timeout``.  A gap refusal (409: a message
+before it has not arrived yet) is retried at once and costs no attempt.
 """
 
 from __future__ import annotations
@@ -41,10 +50,11 @@ from metaq._errors import (
 from metaq.net import PipelinedConnection
 from metaq.producer._config import ProducerConfig
 from metaq.producer._connections import BrokerConnections
+from metaq.producer._idempotence import Sequences
 from metaq.producer._partitioner import make_partitioner
 from metaq.producer._router import Router, TopicRoute
 from metaq.producer._send import Send
-from metaq.protocol import check_topic
+from metaq.protocol import GAP_CODE, check_topic, encode_idem_mark
 from zk_layout import Layout, Partition
 
 __all__ = ["SendPath"]
@@ -52,6 +62,9 @@ __all__ = ["SendPath"]
 log = logging.getLogger(__name__)
 
 _monotonic = time.monotonic
+#: ``encode_idem_mark(pid, seq, 1)`` for this producer's own (valid) pid and seq, formatted
+#: without its checks: once per idempotent single send.
+_MARK1 = b"idem %d %d 1\r\n"
 
 
 class SendPath:
@@ -78,6 +91,11 @@ class SendPath:
         self._stopping = False
         #: True once :meth:`close` began: topics are no longer read
         self.closed = False
+        #: the idempotent producer's sequences (None when it is not idempotent)
+        self.sequences: Sequences | None = None
+        if config.idempotent:
+            self.sequences = Sequences()
+            self.dispatch = self.dispatch_idempotent  # type: ignore[method-assign]
         self._retry_thread = threading.Thread(target=self._retry_loop, daemon=True,
                                               name="metaq-producer-retry")
         self._retry_thread.start()
@@ -182,6 +200,60 @@ class SendPath:
                 return
             route, part = nxt
 
+    def dispatch_idempotent(self, send: Send, route: TopicRoute, part: Partition) -> None:
+        """:meth:`dispatch` of an idempotent producer: on a connection that offers it,
+        the put carries the message's ``(pid, seq)`` (taken on its first attempt)."""
+        seqs = self.sequences
+        assert seqs is not None
+        while True:
+            bid = part.broker_id
+            try:
+                conn = self._conns.get(bid)
+                if conn is None or not conn.usable or conn.address != route.addresses.get(bid):
+                    conn = self._connections.connect(bid, route, send.deadline)
+                seq = getattr(send, "seq", None)
+                if seq is None and not conn.idempotent:  # type: ignore[attr-defined]
+                    send.part = part  # a broker without the extension: a plain put
+                    send.attempts += 1
+                    conn.put(send.topic, part.index, send.payload, send.flag, send.checksum,
+                             send, send.deadline, send.flush)
+                    return
+                if seq is None:
+                    sequence = seqs.of(part)
+                    with sequence.lock:  # puts leave in seq order; a seq used once queued
+                        send.part = part
+                        send.attempts += 1
+                        pid, seq = send.pid, send.seq = sequence.take()
+                        try:
+                            conn.put_marked(_MARK1 % (pid, seq), send.topic,
+                                            part.index, send.payload, send.flag,
+                                            send.checksum, send, send.deadline, send.flush)
+                        except BaseException:
+                            send.seq = None
+                            raise
+                        sequence.taken(pid, seq, 1)
+                    return
+                send.part = part
+                send.attempts += 1
+                if conn.idempotent:  # type: ignore[attr-defined]
+                    conn.put_marked(encode_idem_mark(send.pid, seq, 1), send.topic, part.index,
+                                    send.payload, send.flag, send.checksum, send,
+                                    send.deadline, send.flush)
+                else:  # the broker lost the extension (replaced by another): best effort
+                    conn.put(send.topic, part.index, send.payload, send.flag, send.checksum,
+                             send, send.deadline, send.flush)
+                return
+            except ConnectionClosedError as e:
+                self._connections.broker_failed(bid)
+                err: BaseException = e
+            except (SendTimeoutError, ProtocolError) as e:
+                self.fail(send, e)
+                return
+            nxt = self.retry_step(send, err)
+            if nxt is None:
+                return
+            route, part = nxt
+
     def attempt_failed(self, send: Send, err: BaseException) -> None:
         """An attempt failed (called from a connection's reader): retry elsewhere.
         Never blocks: the retry thread does the rest."""
@@ -200,6 +272,9 @@ class SendPath:
         """Complete ``send`` with ``err`` (its final outcome; a late second one is ignored)."""
         if cause is not None:
             err.__cause__ = cause
+        if self.sequences is not None and getattr(send, "seq", None) is not None:
+            # the broker may or may not hold it: later seqs must not wait for it
+            self.sequences.restart(send.part, send.pid)  # type: ignore[arg-type]
         send.payload = b""
         try:
             send.set_exception(err)
@@ -229,6 +304,10 @@ class SendPath:
         topic = send.topic
         if isinstance(err, BrokerError) and err.code == 404:
             self._router.refresh(topic)  # the broker does not know it: our route is stale
+        pinned = self.sequences is not None and getattr(send, "seq", None) is not None
+        gap = pinned and isinstance(err, BrokerError) and err.code == GAP_CODE
+        if gap:
+            send.attempts -= 1  # not stored; waiting for the messages before it
         if send.attempts > cfg.retries:
             self.fail(send, SendTimeoutError(
                 f"sending to topic {topic!r} failed after {send.attempts} attempt(s) "
@@ -246,6 +325,8 @@ class SendPath:
                 f"{cfg.send_timeout:g}s passed after {send.attempts} attempt(s); last error: "
                 f"{err}"), err)
             return None
+        if pinned:
+            return self._same_partition(send, gap)
         route = self._router.get(topic)
         parts = route.partitions if route is not None else ()
         if not parts:  # its broker is re-registering, maybe: wait within the send timeout
@@ -276,6 +357,35 @@ class SendPath:
             if candidates:
                 return route, candidates[0], delay
         return None  # unreachable: parts is not empty
+
+    def _same_partition(self, send: Send, gap: bool) -> tuple[TopicRoute, Partition, float]:
+        """The next attempt of an idempotent message: its partition again, with its
+        ``(pid, seq)``; at once after a gap refusal (the first in a row) or while its
+        broker's connection is up, else after ``retry_backoff``."""
+        part = send.part
+        assert part is not None and self.sequences is not None
+        delay = self._config.retry_backoff
+        if gap:
+            send.gaps = getattr(send, "gaps", 0) + 1
+            if send.pid != self.sequences.current(part):
+                # the sequence restarted after a message before it failed for good; a
+                # gap refusal means this one was not stored: it takes a new place
+                send.seq = None
+            if send.gaps == 1:
+                delay = 0.0
+        else:
+            send.gaps = 0
+            conn = self._conns.get(part.broker_id)
+            if conn is not None and conn.usable:
+                delay = 0.0
+        # (its broker away, restarting: connecting fails and this comes back, every
+        # retry_backoff, until it is back or the send timeout is over)
+        route = self._router.get(send.topic)
+        if route is None or not route.partitions:
+            route = self._router.wait_for_partitions(send.topic, send.deadline) or route
+        if route is None:
+            route = self._router.load(send.topic)
+        return route, part, delay
 
     def _pause(self, delay: float, deadline: float) -> bool:
         """Wait ``delay`` (interrupted by close); False when it would pass ``deadline``."""

@@ -17,8 +17,9 @@ from zk_layout import Partition
 
 __all__ = ["NO_RETRY", "Retrier", "Send", "SendResult", "make_result", "partition_names"]
 
-#: Result codes a retry cannot fix: the same bytes would be refused anywhere.
-NO_RETRY = frozenset((400, 401))
+#: Result codes a retry cannot fix: the same bytes would be refused anywhere (410: an
+#: idempotent resend of a message stored so long ago the broker forgot where).
+NO_RETRY = frozenset((400, 401, 410))
 _new_tuple = tuple.__new__
 
 
@@ -40,6 +41,9 @@ class Retrier(Protocol):
     def attempt_failed(self, send: Send, err: BaseException) -> None:
         """An attempt failed (called from a connection's reader): retry elsewhere; never blocks."""
 
+    def fail(self, send: Send, err: BaseException, cause: BaseException | None = None) -> None:
+        """Complete ``send`` with its final failure ``err``."""
+
 
 class Send(LightFuture):
     """One message on its way: the future the user holds, and the request the
@@ -51,13 +55,19 @@ class Send(LightFuture):
     # class defaults either: every field a reader may look at is set in __init__.
     __slots__ = ("path", "topic", "payload", "flag", "checksum", "deadline", "attempts",
                  "part", "tried", "flush", "_ack_id", "_ack_index", "_ack_offset",
-                 "_pipe_sent", "_pipe_size")
+                 "_pipe_sent", "_pipe_size", "pid", "seq", "gaps")
 
     #: Set per attempt.
     attempts: int
     part: Partition | None
     tried: set[Partition] | None
     flush: bool  # write from the sending thread (a blocking send waits anyway)
+    #: The idempotent producer's (``_idempotence``) id and seq of this message, once its
+    #: first attempt took them, and how many gap refusals (409) in a row it met.  Not
+    #: set in ``__init__`` (a plain send never touches them): read with ``getattr``.
+    pid: int
+    seq: int | None
+    gaps: int
     #: The broker's answer as decimal bytes, when completed in bulk (see ``on_acks``);
     #: set before the state becomes FINISHED, read only after it.
     _ack_id: bytes
@@ -120,7 +130,7 @@ class Send(LightFuture):
         err = BrokerError(code, body.decode("utf-8", "replace"),
                           broker=f"broker {part.broker_id}, partition {part}")
         if code in NO_RETRY:
-            self.set_exception(err)
+            self.path.fail(self, err)  # (an idempotent one restarts its sequence there)
         else:
             self.path.attempt_failed(self, err)
 

@@ -8,6 +8,8 @@ One concept per module:
 ``_commands``             request and reply types, name checks, encoders
 ``_parsers``              incremental parsers: requests (broker), replies (clients)
 ``_codec``                body codecs (a library convention over opaque bytes)
+``_idempotence``          metaq-py's idempotent puts: the ``idem`` mark, the
+                          ``producers`` command, producer records
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``
@@ -51,6 +53,7 @@ from metaq.protocol._constants import (
     FLAG_HAS_ATTRIBUTE,
     HEADER_SIZE,
     HOLD_CAPABILITY,
+    IDEMPOTENT_CAPABILITY,
     INT32_MAX,
     MAX_LINE,
     MAX_MESSAGE_SIZE,
@@ -82,6 +85,18 @@ from metaq.protocol._fast import (
     prepare,
     scan,
     take,
+)
+from metaq.protocol._idempotence import (
+    GAP_CODE,
+    RECORD_SIZE,
+    TOO_OLD_CODE,
+    IdemMark,
+    ProducerRecord,
+    ProducersRequest,
+    decode_producer_records,
+    encode_idem_mark,
+    encode_producer_records,
+    encode_producers,
 )
 from metaq.protocol._message import (
     HEADER,
@@ -141,4 +156,8 @@ __all__ = [
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",
+    # idempotent puts
+    "IDEMPOTENT_CAPABILITY", "IdemMark", "ProducersRequest", "ProducerRecord", "RECORD_SIZE",
+    "GAP_CODE", "TOO_OLD_CODE", "encode_idem_mark", "encode_producers",
+    "encode_producer_records", "decode_producer_records",
 ]

@@ -32,6 +32,7 @@ __all__ = [
     "HOLD_CAPABILITY",
     "TIME_INDEX_CAPABILITY",
     "BOUNDARY_CAPABILITY",
+    "IDEMPOTENT_CAPABILITY",
     "unwritten_partition_text",
     "is_unwritten_partition",
 ]
@@ -116,3 +117,8 @@ def is_unwritten_partition(text: str) -> bool:
     """Whether a 404's text is Java Metaq's "never written" answer: such a partition
     is empty (log start = log end = 0), as Metaq's own client takes it."""
     return _UNWRITTEN.search(text) is not None
+
+
+#: Token in a broker's ``version`` answer saying it reads the ``idem`` mark before puts
+#: and stores a resent put once (metaq-py's idempotent producer; ``_idempotence``).
+IDEMPOTENT_CAPABILITY = "+idempotent"

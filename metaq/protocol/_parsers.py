@@ -8,6 +8,8 @@ Requests (client → broker), space separated, lines end in CRLF::
     stats [<item>] <opaque>\\r\\n
     version <opaque>\\r\\n
     quit\\r\\n
+    idem <pid> <seq> <count>\\r\\n                    (metaq-py, before puts)
+    producers <topic> <part> <fromOffset> <opaque>\\r\\n   (metaq-py)
 
 and every other form Java's decoder (``MetamorphosisWireFormatType``, Metaq 1.4) reads,
 as it reads them: the legacy puts ``put <topic> <part> <len> <flag> <opaque>`` (no
@@ -34,6 +36,7 @@ and return every complete request or reply.  Bad input raises
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -67,6 +70,7 @@ from metaq.protocol._constants import (
     INT64_MIN,
     MAX_LINE,
 )
+from metaq.protocol._idempotence import IdemMark, idem_request, producers_request
 from metaq.protocol._transaction import MAX_TRANSACTION_KEY, transaction_request
 
 __all__ = ["RequestParser", "ReplyParser"]
@@ -77,7 +81,9 @@ _NUMERIC = b"-0123456789 "
 #: (``Integer.MAX_VALUE``), which its broker echoes.
 _NO_OPAQUE = INT32_MAX
 #: Which field holds a command's opaque, to answer a bad one with (else its last field).
-_OPAQUE_FIELD = {b"get": 6, b"offset": 5, b"version": 1, b"stats": 2}
+#: (``idem`` has none: a bad one is answered with opaque 0, never a put's opaque.)
+_OPAQUE_FIELD: dict[bytes, int | None] = {
+    b"get": 6, b"offset": 5, b"version": 1, b"stats": 2, b"producers": 4, b"idem": None}
 
 
 def _opaque_of(tok: bytes) -> int | None:
@@ -148,6 +154,10 @@ class _Buffered:
 # --------------------------------------------------------------------------- requests
 
 _new_tuple = tuple.__new__  # a NamedTuple from a tuple, without its __new__'s argument handling
+#: The well-formed ``idem <pid> <seq> <count>`` line, read at once (one per idempotent
+#: single send); anything else starting with ``idem`` goes to ``_command``, which says
+#: what is wrong with it.
+_IDEM = re.compile(rb"idem ([1-9][0-9]{0,17}) (0|[1-9][0-9]{0,17}) ([1-9][0-9]{0,8})\r\n").match
 
 
 class RequestParser(_Buffered):
@@ -254,6 +264,12 @@ class RequestParser(_Buffered):
                     pos = put_loop(buf, pos, fast, max_payload, out)
                     if pos >= end:
                         break
+                m = _IDEM(buf, pos)  # an idempotent put's mark (``_idempotence``)
+                if m is not None:
+                    pid, seq, count = m.groups()
+                    out.append(_new_tuple(IdemMark, (int(pid), int(seq), int(count))))
+                    pos = m.end()
+                    continue
                 eol = buf.find(b"\r\n", pos, pos + max_line + 2)
                 if eol < 0:
                     self._unframed(buf, pos, out, strict)
@@ -471,7 +487,7 @@ class RequestParser(_Buffered):
             n = len(parts)
             k = _OPAQUE_FIELD.get(cmd, -1)
             self._bad(out, strict, e, _opaque_of(parts[k if 0 < k < n else -1])
-                      if n > 1 else None, False)
+                      if n > 1 and k is not None else None, False)
         return pos
 
 
@@ -555,6 +571,10 @@ _COMMANDS: dict[bytes, Callable[[list], NamedTuple]] = {
     b"stats": _stats_request,
     b"quit": _quit_request,
     b"transaction": transaction_request,
+    # metaq-py's idempotent producer (``_idempotence``): the mark before a run of puts
+    # (no opaque, no answer but a refusal's) and the read of a partition's producer table
+    b"idem": idem_request,
+    b"producers": producers_request,
 }
 
 
