@@ -56,6 +56,7 @@ from metaq.protocol import (
     HOLD_CAPABILITY,
     OPAQUE_MASK,
     ReplyParser,
+    Result,
     Value,
     encode_get,
     encode_offset,
@@ -288,7 +289,11 @@ class Follower:
                 if checked is not link:  # once per connection: does the master's log reach us?
                     ans = await link.request(lambda o, t=topic, p=p, off=offset: encode_offset(
                         t, self.group, p, off, o))
-                    if type(ans) is Value and not self._check_master_end(copy, ans.body, offset):
+                    # a Java master answers the start of a position's segment, not of
+                    # its message: only an exact (+boundary) answer can be checked
+                    if (type(ans) is Result and ans.code == 200
+                            and BOUNDARY_CAPABILITY in link.capabilities
+                            and not self._check_master_end(copy, ans.body, offset)):
                         return
                     checked = link
                 hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
