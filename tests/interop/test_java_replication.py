@@ -11,7 +11,9 @@ every test skips, naming what is missing, where Java or the jars are not there).
   is what it flushed and lags what its gets serve, so the slave is told ``301`` with a
   max offset below its own end: it must wait for the flush, not give up), a topic never
   written until then (the Java broker answers ``404 ... is not exists`` for it), and
-  what was put while the slave was stopped.
+  what was put while the slave was stopped; under both of the Java broker's flush
+  policies (group commit, and Metaq's periodic flush, where the lag lasts up to
+  ``unflushInterval``).
 - A real Java consumer reading from our slave: our master copied by our slave, then the
   master stopped; Java's ``Cluster.getBrokerRandom(brokerId)`` finds no ``ids/0/master``
   and picks ``ids/0/slave1`` (``meta://host:port?slaveId=1``), and its partition list
@@ -21,6 +23,7 @@ every test skips, naming what is missing, where Java or the jars are not there).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import pytest
 from helpers.java_broker import TELL_MAX_OFFSET, JavaBroker, JavaServer, java_server
@@ -97,8 +100,17 @@ def send_concurrently(producer: Producer, topic: str, prefix: str, threads: int,
     return [b for bodies in out for b in bodies]
 
 
+#: the Java master's flush policies: group commit (each put answered once fsynced, the
+#: harness's default), and Metaq's periodic flush (every ``unflushThreshold`` messages
+#: and every ``unflushInterval`` ms; puts are answered before), where its max offset
+#: lags what its gets serve by up to the interval
+FLUSH = {"group-commit": {},
+         "periodic-flush": {"unflushThreshold": 100, "unflushInterval": 2000}}
+
+
+@pytest.mark.parametrize("flush", sorted(FLUSH))
 def test_our_slave_follows_a_java_master(server, zk_connect, broker_factory, tmp_path,
-                                         request):
+                                         request, flush):
     sent: dict[str, list[bytes]] = {TOPIC: [], LATE: []}
 
     def start_slave() -> Broker:
@@ -107,26 +119,31 @@ def test_our_slave_follows_a_java_master(server, zk_connect, broker_factory, tmp
         assert slave.role == "slave"
         return slave
 
-    def same_messages(slave: Broker) -> None:
-        """Wait until the slave has every partition of the Java master up to its max
-        offset, then compare both partitions' messages."""
-        def caught_up() -> bool:
-            return (all(slave.topics.get(t) == n for t, n in TOPICS.items())
-                    and ends(slave.port, TOPICS) == ends(jb.port, TOPICS))
+    def wait(predicate: Callable[[], bool], what: str, slave: Broker) -> None:
         try:
-            wait_until(caught_up, 20, what="the slave to copy the Java master's partitions")
+            wait_until(predicate, 20, 0.1, what=what)
         except WaitTimeout as e:
             raise AssertionError(f"{e}\nJava master: {ends(jb.port, TOPICS)}\nslave: "
                                  f"{slave.replication_status()}") from None
-        for t, n in TOPICS.items():
-            bodies = []
-            for p in range(n):
-                theirs = messages(jb.port, t, p)
-                assert messages(slave.port, t, p) == theirs, f"{t}-{p}: the copy differs"
-                bodies += [payload for _o, _i, payload in theirs]
-            assert sorted(bodies) == sorted(sent[t]), f"{t}: not what was sent"
 
-    with JavaBroker(server, zk_connect, tmp_path / "jb", TOPICS) as jb, \
+    def same_messages(slave: Broker) -> None:
+        """Wait until the Java master serves every message sent (it flushed them), the
+        slave holds the same messages at the same offsets, and its ends are the Java
+        master's max offsets."""
+        def java_serves_all() -> bool:
+            return all(sorted(m[2] for p in range(n) for m in messages(jb.port, t, p))
+                       == sorted(sent[t]) for t, n in TOPICS.items())
+
+        def same() -> bool:
+            return (all(slave.topics.get(t) == n for t, n in TOPICS.items())
+                    and all(messages(slave.port, t, p) == messages(jb.port, t, p)
+                            for t, n in TOPICS.items() for p in range(n)))
+        wait(java_serves_all, "the Java master to serve every message sent", slave)
+        wait(same, "the slave to hold the Java master's messages at the same offsets", slave)
+        wait(lambda: ends(slave.port, TOPICS) == ends(jb.port, TOPICS),
+             "the slave's ends to be the Java master's max offsets", slave)
+
+    with JavaBroker(server, zk_connect, tmp_path / "jb", TOPICS, system=FLUSH[flush]) as jb, \
             jb.attach_log(request), Producer(zk_connect) as producer:
         sent[TOPIC] += send(producer, TOPIC, "before", 400)
         slave = start_slave()
