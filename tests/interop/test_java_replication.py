@@ -13,7 +13,8 @@ every test skips, naming what is missing, where Java or the jars are not there).
   written until then (the Java broker answers ``404 ... is not exists`` for it), and
   what was put while the slave was stopped; under both of the Java broker's flush
   policies (group commit, and Metaq's periodic flush, where the lag lasts up to
-  ``unflushInterval``).
+  ``unflushInterval``), and with Metaq's default ``updateConsumerOffsets=false`` (a
+  get past the max offset answered 404 "Could not find message", not 301).
 - A real Java consumer reading from our slave: our master copied by our slave, then the
   master stopped; Java's ``Cluster.getBrokerRandom(brokerId)`` finds no ``ids/0/master``
   and picks ``ids/0/slave1`` (``meta://host:port?slaveId=1``), and its partition list
@@ -100,17 +101,22 @@ def send_concurrently(producer: Producer, topic: str, prefix: str, threads: int,
     return [b for bodies in out for b in bodies]
 
 
-#: the Java master's flush policies: group commit (each put answered once fsynced, the
-#: harness's default), and Metaq's periodic flush (every ``unflushThreshold`` messages
-#: and every ``unflushInterval`` ms; puts are answered before), where its max offset
-#: lags what its gets serve by up to the interval
-FLUSH = {"group-commit": {},
-         "periodic-flush": {"unflushThreshold": 100, "unflushInterval": 2000}}
+#: the Java master's configurations: group commit (each put answered once fsynced, the
+#: harness's default, with ``updateConsumerOffsets=true``: a get past the max offset is
+#: answered 301 with it), Metaq's periodic flush (every ``unflushThreshold`` messages
+#: and every ``unflushInterval`` ms; puts are answered before), where the max offset lags
+#: what gets serve by up to the interval, and Metaq's default
+#: ``updateConsumerOffsets=false``, where a get past the max offset is answered 404
+JAVA_CONFIGS: dict[str, dict] = {
+    "group-commit": {},
+    "periodic-flush": {"system": {"unflushThreshold": 100, "unflushInterval": 2000}},
+    "no-tell-max-offset": {"update_consumer_offsets": False},
+}
 
 
-@pytest.mark.parametrize("flush", sorted(FLUSH))
+@pytest.mark.parametrize("config", sorted(JAVA_CONFIGS))
 def test_our_slave_follows_a_java_master(server, zk_connect, broker_factory, tmp_path,
-                                         request, flush):
+                                         request, config):
     sent: dict[str, list[bytes]] = {TOPIC: [], LATE: []}
 
     def start_slave() -> Broker:
@@ -143,7 +149,7 @@ def test_our_slave_follows_a_java_master(server, zk_connect, broker_factory, tmp
         wait(lambda: ends(slave.port, TOPICS) == ends(jb.port, TOPICS),
              "the slave's ends to be the Java master's max offsets", slave)
 
-    with JavaBroker(server, zk_connect, tmp_path / "jb", TOPICS, system=FLUSH[flush]) as jb, \
+    with JavaBroker(server, zk_connect, tmp_path / "jb", TOPICS, **JAVA_CONFIGS[config]) as jb, \
             jb.attach_log(request), Producer(zk_connect) as producer:
         sent[TOPIC] += send(producer, TOPIC, "before", 400)
         slave = start_slave()
