@@ -23,7 +23,11 @@ naming topic, partition and offset):
   lag what its gets already served: a 301 below the slave's end from such a
   master is first taken as "not flushed yet" and asked again every
   ``poll_delay``; only when it stays below for ``flush_grace`` seconds (longer
-  than Java's default ``unflushInterval``) is the copy ``diverged``;
+  than Java's default ``unflushInterval``) is the copy ``diverged``.  (Its
+  ``offset`` answers the start of a position's segment, so the check on
+  connecting is for ``+boundary`` masters only; a Java master with
+  ``updateConsumerOffsets=false`` answers a get past its max offset 404, so one
+  whose log was cut below this slave's end is not noticed);
 - a write that fails (a full disk): copying pauses, ``stopped``, and is tried
   again every ``retry_delay``.
 
