@@ -18,6 +18,16 @@ naming topic, partition and offset):
   the partition stops copying, ``diverged`` (never silently different);
 - a master log that starts above the slave's end (retention removed what the
   slave never copied): the slave's copy restarts there (``reset``), logged;
+- a Java master (no ``+boundary`` in its ``version``) answers a get past its max
+  offset with ``301`` and that max offset, which is what it has flushed and may
+  lag what its gets already served: a 301 below the slave's end from such a
+  master is first taken as "not flushed yet" and asked again every
+  ``poll_delay``; only when it stays below for ``flush_grace`` seconds (longer
+  than Java's default ``unflushInterval``) is the copy ``diverged``.  (Its
+  ``offset`` answers the start of a position's segment, so the check on
+  connecting is for ``+boundary`` masters only; a Java master with
+  ``updateConsumerOffsets=false`` answers a get past its max offset 404, so one
+  whose log was cut below this slave's end is not noticed);
 - a write that fails (a full disk): copying pauses, ``stopped``, and is tried
   again every ``retry_delay``.
 
@@ -45,10 +55,12 @@ from metaq._errors import (
 )
 from metaq._types import BrokerAddress
 from metaq.protocol import (
+    BOUNDARY_CAPABILITY,
     HEADER_SIZE,
     HOLD_CAPABILITY,
     OPAQUE_MASK,
     ReplyParser,
+    Result,
     Value,
     encode_get,
     encode_offset,
@@ -125,7 +137,7 @@ class PartitionCopy:
     """One partition's copy: its state and counters (``Follower.status``)."""
 
     __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
-                 "caught_up_at", "task", "max_size")
+                 "caught_up_at", "task", "max_size", "below_since")
 
     def __init__(self, plog: PartitionLog, max_size: int) -> None:
         self.plog = plog
@@ -136,6 +148,8 @@ class PartitionCopy:
         self.caught_up_at: float | None = None
         self.task: asyncio.Task | None = None
         self.max_size = max_size
+        #: when an unflushed Java master's max offset was first seen below this end
+        self.below_since: float | None = None
 
     def lag_seconds(self, now: float) -> float | None:
         """Seconds since this copy last reached the master's end (None: never)."""
@@ -155,7 +169,7 @@ class Follower:
     def __init__(self, storage: Storage, *, replica: int, add_topic: Callable[[str, int], None],
                  max_size: int, group_commit: bool, stats: collections.Counter,
                  hold_ms: int = 500, poll_delay: float = 0.1, retry_delay: float = 1.0,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, flush_grace: float = 15.0) -> None:
         self.storage = storage
         self.replica = replica
         self.group = replica_group(replica)
@@ -167,6 +181,7 @@ class Follower:
         self.poll_delay = poll_delay
         self.retry_delay = retry_delay
         self.connect_timeout = connect_timeout
+        self.flush_grace = flush_grace
         self.master: BrokerAddress | None = None
         self.copies: dict[tuple[str, int], PartitionCopy] = {}
         self._link: _MasterLink | None = None
@@ -278,7 +293,11 @@ class Follower:
                 if checked is not link:  # once per connection: does the master's log reach us?
                     ans = await link.request(lambda o, t=topic, p=p, off=offset: encode_offset(
                         t, self.group, p, off, o))
-                    if type(ans) is Value and not self._check_master_end(copy, ans.body, offset):
+                    # a Java master answers the start of a position's segment, not of
+                    # its message: only an exact (+boundary) answer can be checked
+                    if (type(ans) is Result and ans.code == 200
+                            and BOUNDARY_CAPABILITY in link.capabilities
+                            and not self._check_master_end(copy, ans.body, offset)):
                         return
                     checked = link
                 hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
@@ -290,6 +309,8 @@ class Follower:
                     self._linked.clear()
                 await asyncio.sleep(0)
                 continue
+            if type(reply) is Value or reply.code != 301:
+                copy.below_since = None
             if type(reply) is Value:
                 if not await self._append(copy, reply.body, offset):
                     if copy.state == "diverged":
@@ -303,8 +324,10 @@ class Follower:
                 if not hold:
                     await asyncio.sleep(self.poll_delay)
             elif code == 301:
-                if not self._moved(copy, body, offset):
+                if not self._moved(copy, body, offset, BOUNDARY_CAPABILITY in link.capabilities):
                     return
+                if copy.below_since is not None:  # not flushed yet: ask again soon
+                    await asyncio.sleep(self.poll_delay)
             else:  # unknown to the master yet, closed partition, ...
                 copy.problem = f"master answered {code}: {body}"
                 await asyncio.sleep(self.retry_delay)
@@ -354,7 +377,7 @@ class Follower:
             return False
         return True
 
-    def _moved(self, copy: PartitionCopy, body: str, offset: int) -> bool:
+    def _moved(self, copy: PartitionCopy, body: str, offset: int, exact: bool) -> bool:
         plog = copy.plog
         try:
             to = int(body)
@@ -369,6 +392,14 @@ class Follower:
             self.stats["replication_resets"] += 1
             plog.reset(to)
             return True
+        if not exact:  # a Java master's max offset is what it flushed: wait for the flush
+            now = time.monotonic()
+            if copy.below_since is None:
+                copy.below_since = now
+            if now - copy.below_since < self.flush_grace:
+                copy.problem = (f"the master's max offset {to} is below this slave's end "
+                                f"{offset}: waiting for the master to flush")
+                return True
         self._diverged(copy, f"{plog.topic}-{plog.partition}: the master's log ends at {to}, "
                              f"below this slave's end {offset}")
         return False
