@@ -58,12 +58,15 @@ from metaq.protocol import (
     BOUNDARY_CAPABILITY,
     HEADER_SIZE,
     HOLD_CAPABILITY,
+    IDEMPOTENT_CAPABILITY,
     OPAQUE_MASK,
     ReplyParser,
     Result,
     Value,
+    decode_producer_records,
     encode_get,
     encode_offset,
+    encode_producers,
     encode_version,
     replica_group,
 )
@@ -168,12 +171,15 @@ class Follower:
 
     def __init__(self, storage: Storage, *, replica: int, add_topic: Callable[[str, int], None],
                  max_size: int, group_commit: bool, stats: collections.Counter,
+                 apply_records: Callable[[str, int, list], int] | None = None,
                  hold_ms: int = 500, poll_delay: float = 0.1, retry_delay: float = 1.0,
                  connect_timeout: float = 5.0, flush_grace: float = 15.0) -> None:
         self.storage = storage
         self.replica = replica
         self.group = replica_group(replica)
         self.add_topic = add_topic
+        #: stores a master's producer records (``Producers.apply_producer_records``)
+        self.apply_records = apply_records
         self.max_size = max_size
         self.group_commit = group_commit
         self.stats = stats
@@ -301,8 +307,9 @@ class Follower:
                         return
                     checked = link
                 hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
-                reply = await link.request(lambda o, t=topic, p=p, off=offset, h=hold: encode_get(
-                    t, self.group, p, off, copy.max_size, o, h))
+                reply = await link.request(lambda o, t=topic, p=p, off=offset, h=hold:
+                                           encode_get(t, self.group, p, off, copy.max_size,
+                                                      o, h))
             except BrokerUnavailableError:
                 if self._link is link:  # the connector reconnects; wait for it
                     self._link = None
@@ -316,6 +323,13 @@ class Follower:
                     if copy.state == "diverged":
                         return
                     await asyncio.sleep(self.retry_delay)
+                elif self.apply_records is not None \
+                        and IDEMPOTENT_CAPABILITY in link.capabilities:
+                    # the idempotent producers' records of what we just copied (asked
+                    # after the data: a master stores a run's record before its messages,
+                    # so every run ending in what we copied is in the answer)
+                    await self._apply_records(copy, link.request(
+                        lambda o, t=topic, p=p, off=offset: encode_producers(t, p, off, o)))
                 continue
             code, body = reply.code, reply.body.decode("utf-8", "replace")
             if code == 404 and "not found" not in body:  # nothing new
@@ -331,6 +345,29 @@ class Follower:
             else:  # unknown to the master yet, closed partition, ...
                 copy.problem = f"master answered {code}: {body}"
                 await asyncio.sleep(self.retry_delay)
+
+    async def _apply_records(self, copy: PartitionCopy, records: asyncio.Future) -> None:
+        """Store the master's producer records whose messages this log now holds (a
+        promoted slave then still answers a resent idempotent put with its first place)."""
+        plog = copy.plog
+        try:
+            reply = await records
+        except BrokerUnavailableError:
+            return  # asked again from the same offset on the next round
+        if type(reply) is not Result or reply.code != 200:
+            return
+        found, used = decode_producer_records(reply.body)
+        if used != len(reply.body):
+            log.error("replica %d: %s-%d: the master's producer records are damaged after "
+                      "%d bytes; the rest is asked for again", self.replica, plog.topic,
+                      plog.partition, used)
+        if found:
+            try:
+                self.stats["replication_producer_records"] += self.apply_records(
+                    plog.topic, plog.partition, found)
+            except StorageError as e:
+                log.error("replica %d: %s-%d: storing producer records failed: %s",
+                          self.replica, plog.topic, plog.partition, e)
 
     async def _append(self, copy: PartitionCopy, data: bytes, offset: int) -> bool:
         plog = copy.plog
@@ -421,3 +458,4 @@ class Follower:
                         "lag_seconds": None if lag is None else round(lag, 3),
                         "problem": c.problem})
         return out
+

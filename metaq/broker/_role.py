@@ -115,7 +115,8 @@ class Role:
                  add_topic: Callable[[str, int], None], stats: collections.Counter,
                  write_in_sync: Callable[[tuple[int, ...]], Future],
                  accept_sync: Callable[[bool], None] = lambda on: None,
-                 on_master: Callable[[], None] = lambda: None) -> None:
+                 on_master: Callable[[], None] = lambda: None,
+                 producers: Any = None) -> None:
         self.config = config
         self.storage = storage
         self.stats = stats
@@ -125,6 +126,8 @@ class Role:
         self._write_in_sync = write_in_sync
         self._accept_sync = accept_sync
         self._on_master = on_master
+        #: the broker's idempotent-producer tables (``_producers.Producers``), or None
+        self.producers = producers
         self.name = RoleName.FENCED
         self.epoch: int | None = None
         self.why = "starting"
@@ -235,6 +238,8 @@ class Role:
                 nbytes, count = old - plog.min_offset, None
             else:
                 nbytes, count = plog.truncate(end)
+            if self.producers is not None:  # resent puts of the cut runs are new again
+                self.producers.truncate(topic, p, end)
             report.append({"topic": topic, "partition": p, "offset": end, "bytes": nbytes,
                            "messages": count})
             self.stats["replication_truncated_bytes"] += nbytes
@@ -257,6 +262,8 @@ class Role:
         if self.follower is None and cfg.copy_by == "fetch":
             self.follower = Follower(self.storage, replica=self.replica,
                                      add_topic=self._add_topic,
+                                     apply_records=None if self.producers is None else
+                                     self.producers.apply_producer_records,
                                      max_size=cfg.max_transfer_size,
                                      group_commit=cfg.unflush_threshold == 0, stats=self.stats)
         self.epoch = epoch

@@ -45,10 +45,10 @@ def read_all(proc, topics: dict[str, int]) -> dict[tuple[int, int], bytes]:
 
 
 def steady_producer(zk_connect: str, topic: str, acked: list, errors: list,
-                    stop: threading.Event) -> threading.Thread:
+                    stop: threading.Event, *, idempotent: bool = False) -> threading.Thread:
     def run() -> None:
-        with Producer(zk_connect, send_timeout=30.0, retries=100,
-                      retry_backoff=0.1) as producer:
+        with Producer(zk_connect, send_timeout=30.0, retries=100, retry_backoff=0.1,
+                      idempotent=idempotent) as producer:
             i = 0
             while not stop.is_set():
                 body = b"m%06d" % i
@@ -80,7 +80,7 @@ def test_sync_failover_loses_nothing_acknowledged(zk_connect, broker_factory, tm
     acked: list = []
     errors: list = []
     stop = threading.Event()
-    t = steady_producer(zk_connect, "f", acked, errors, stop)
+    t = steady_producer(zk_connect, "f", acked, errors, stop, idempotent=True)
     try:
         wait_until(lambda: len(acked) > 300, 20, what="sends before the kill")
         master.kill()
@@ -101,6 +101,8 @@ def test_sync_failover_loses_nothing_acknowledged(zk_connect, broker_factory, tm
     served = read_all(slave, topics)
     lost = [(p, o, b) for p, o, b in acked if served.get((p, o)) != b]
     assert not lost, f"{len(lost)} acknowledged messages lost, first {lost[:3]}"
+    bodies = list(served.values())  # the idempotent producer: resent puts stored once
+    assert len(bodies) == len(set(bodies)), "a message is in the log twice"
 
     # the old master returns (its disk replaced): it copies from the new master
     master.start(wait=False)

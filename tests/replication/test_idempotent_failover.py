@@ -1,0 +1,57 @@
+"""The idempotent producer across a failover (issue 26): a slave copies its
+master's producer records with the messages, so a put resent to the promoted
+slave (same producer id and sequence: its answer was lost when the master died)
+is answered with its first place and stored once."""
+
+from __future__ import annotations
+
+import socket
+
+from metaq.protocol import (
+    CHECKSUM_MASK,
+    ReplyParser,
+    crc32,
+    encode_idem_mark,
+    encode_put,
+    parse_put_result,
+)
+from metaq.testing import wait_until
+
+
+def idem_put(port: int, pid: int, seq: int, body: bytes) -> tuple[int, bytes]:
+    """One idempotent put on a fresh connection: ``(code, body)`` of its answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(encode_idem_mark(pid, seq, 1)
+                  + encode_put("i", 0, body, 0, crc32(body) & CHECKSUM_MASK, 7))
+        parser = ReplyParser()
+        while True:
+            got = parser.feed(s.recv(65536))
+            if got:
+                return got[0].code, bytes(got[0].body)
+
+
+def test_resent_put_is_stored_once_by_the_promoted_slave(zk_connect, broker_factory,
+                                                         tmp_path):
+    master = broker_factory({"i": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m",
+                            replication="sync")
+    slave = broker_factory({}, zk_connect=zk_connect, slave_of=0, auto_promote=True,
+                           replication="sync", data_dir=tmp_path / "s")
+    wait_until(lambda: master.replication_status().get("in_sync") == [1], 20,
+               what="the slave in sync")
+    pid = 4242
+    first = {}
+    for seq in range(10):
+        code, body = idem_put(master.port, pid, seq, b"m%d" % seq)
+        assert code == 200, body
+        first[seq] = parse_put_result(body)
+    end = master.offsets("i", 0)[1]
+    wait_until(lambda: len(slave.producer_records("i", 0, 0)) > 0, 10,
+               what="the producer records on the slave")
+    master.stop()
+    wait_until(lambda: slave.role == "master", 20, what="the slave to take over")
+    code, body = idem_put(slave.port, pid, 9, b"m9")  # the answer to seq 9 was "lost"
+    assert code == 200, body
+    assert parse_put_result(body) == first[9]
+    assert slave.offsets("i", 0)[1] == end  # stored once
+    code, body = idem_put(slave.port, pid, 10, b"m10")  # the next one is new
+    assert code == 200 and slave.offsets("i", 0)[1] > end
