@@ -216,9 +216,28 @@ def send_latencies(producer: Producer, topic: str, body: bytes, count: int) -> l
     return out
 
 
+def raw_puts(pair: Pair, body: bytes, count: int) -> tuple[list[float], float, float]:
+    """One ``put`` at a time over a plain connection to the master (partition ``i % N``):
+    each round trip in ms (the broker's part of ``send``, without the producer), and the
+    CPU microseconds per put of the master and of the slave (until it has caught up)."""
+    check = zlib.crc32(body) & 0x7FFFFFFF
+    spid = pair.slave.pid if pair.slave is not None else None
+    m0, s0 = proc_cpu(pair.master.pid), proc_cpu(spid)
+    out = []
+    with pair.master.connection() as c:
+        for i in range(count):
+            t = time.perf_counter()
+            c.read_result(c.send_put(pair.topic, i % pair.partitions, body, 0, check))
+            out.append((time.perf_counter() - t) * 1e3)
+    pair.wait_caught_up()
+    return (out, (proc_cpu(pair.master.pid) - m0) / count * 1e6,
+            (proc_cpu(spid) - s0) / count * 1e6)
+
+
 def throughput_section(zk_connect: str, admin: KazooClient, tmp: Path,
                        args: argparse.Namespace) -> list[tuple]:
-    """Rows: (policy, size, mode, batch rates, send p50s, send p99s, batch CPU) per run."""
+    """Rows: (policy, size, mode, batch rates, send p50s, send p99s, batch CPU, raw put
+    p50s, raw put CPU) per run."""
     rows = []
     for pi, policy in enumerate(args.policies.split(",")):
         gc = policy == "group-commit"
@@ -237,7 +256,7 @@ def throughput_section(zk_connect: str, admin: KazooClient, tmp: Path,
                 for size in SIZES:
                     body = b"x" * size
                     count = args.count_100 if size == 100 else args.count_1k
-                    got = {m: ([], [], [], []) for m in MODES}
+                    got = {m: ([], [], [], [], [], []) for m in MODES}
                     print(f" {policy} {size} B, {loadavg()}", flush=True)
                     for run in range(args.runs):
                         order = MODES[run % 3:] + MODES[:run % 3]
@@ -246,10 +265,13 @@ def throughput_section(zk_connect: str, admin: KazooClient, tmp: Path,
                             rate, cpu = batch_rate(producer, pair, body, count, args.batch)
                             lat = send_latencies(producer, pair.topic, body, args.sync_count)
                             pair.wait_caught_up()
+                            raw, mcpu, scpu = raw_puts(pair, body, args.sync_count)
                             got[mode][0].append(rate)
                             got[mode][1].append(pct(lat, 0.5))
                             got[mode][2].append(pct(lat, 0.99))
                             got[mode][3].append(cpu)
+                            got[mode][4].append(pct(raw, 0.5))
+                            got[mode][5].append((mcpu, scpu))
                         print(f"  run {run + 1}: " + "; ".join(
                             f"{m} {got[m][0][-1]:,.0f}/s p50 {got[m][1][-1]:.3f} p99 "
                             f"{got[m][2][-1]:.3f} ms" for m in MODES), flush=True)
@@ -487,7 +509,8 @@ def main() -> None:
     ap.add_argument("--count-100", type=int, default=100_000, help="send_batch messages, 100 B")
     ap.add_argument("--count-1k", type=int, default=30_000, help="send_batch messages, 1 KiB")
     ap.add_argument("--batch", type=int, default=100, help="messages per send_batch")
-    ap.add_argument("--sync-count", type=int, default=1000, help="timed sends per run")
+    ap.add_argument("--sync-count", type=int, default=2000,
+                    help="timed sends (and raw puts) per run")
     ap.add_argument("--policies", default="default,group-commit")
     ap.add_argument("--lag-rate", type=int, default=20_000)
     ap.add_argument("--lag-seconds", type=float, default=5.0)
@@ -548,7 +571,7 @@ def main() -> None:
         med = {(pol, size, mode): (statistics.median(r), statistics.median(p50),
                                    statistics.median(p99),
                                    [statistics.median(c[i] for c in cpu) for i in range(3)])
-               for pol, size, mode, r, p50, p99, cpu in rows}
+               for pol, size, mode, r, p50, p99, cpu, _raw, _rcpu in rows}
         for (pol, size, mode), (rate, p50, p99, cpu) in med.items():
             base = med[(pol, size, "none")]
             print(f"| {pol} | {size} B | {mode} | {rate:,.0f} | {rate / base[0]:.2f} | "
@@ -560,6 +583,19 @@ def main() -> None:
                                f"{lat:.2f}x {verdict(lat <= 2.0)}")
                 targets.append(f"target {pol} {size} B: sync send_batch >= 50% of none: "
                                f"{thr * 100:.0f}% {verdict(thr >= 0.5)}")
+    if rows:
+        print(f"\nwhere a put's time goes: one put at a time on a plain connection to the "
+              f"master ({args.sync_count} a run; no producer), medians of {args.runs} runs")
+        print("| flush | body | replication | raw put p50 ms | vs none | CPU us/put: master "
+              "| slave |")
+        print("|---|---|---|---:|---:|---:|---:|")
+        raw = {(pol, size, mode): (statistics.median(r),
+                                   [statistics.median(c[i] for c in rc) for i in range(2)])
+               for pol, size, mode, _r, _p50, _p99, _cpu, r, rc in rows}
+        for (pol, size, mode), (p50, (mcpu, scpu)) in raw.items():
+            base = raw[(pol, size, "none")][0]
+            print(f"| {pol} | {size} B | {mode} | {p50:.3f} | {p50 / base:.2f}x | {mcpu:.1f} | "
+                  f"{'-' if mode == 'none' else f'{scpu:.1f}'} |")
     if lags:
         print(f"\nasync replication lag at {args.lag_rate:,} msg/s (100 B, "
               f"{args.partitions} partitions), medians of {args.runs} runs; ms from the "
