@@ -24,7 +24,12 @@ the next measurement (and checks that the copy is complete).
    ``--batch`` messages at a time (all batches queued, then every ``SendResult``
    read, as ``bench_producer.py``), msgs/s; then ``Producer.send`` one at a time,
    ``--sync-count`` of them, each timed: p50 and p99.  Medians over ``--runs``;
-   beside each, the ratio of the median to none's (the in-run baseline).
+   beside each, the ratio of the median to none's (the in-run baseline).  Where
+   the time goes: the CPU per message of this process, the master and the slave
+   (``/proc/<pid>/stat``; the slave's until it has caught up) during ``send_batch``;
+   and as many ``put`` requests one at a time on a plain connection to the master
+   (no producer: the broker's part of a ``send``), their round trip p50 and the
+   master's and slave's CPU per put.
 2. **Replication lag** of the async setup under a steady 20,000 msg/s
    (``--lag-rate``, 100 B, ``send_async`` on 1 ms ticks, as ``bench_latency.py``) for
    ``--lag-seconds``: every 20th message's acknowledgement time is recorded (its

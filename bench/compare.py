@@ -111,7 +111,7 @@ PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # Replication (issue 26): send_batch / send with sync and async replication against a
     # lone master (the baseline), default flush and group commit, 100 B and 1 KiB; async lag
     # at 20,000 msg/s; failover after a SIGKILL, session timeout excluded (3 repeats).
-    "replication": ("bench_replication.py", ["--runs", "3"], ["--quick"], 300, 60),
+    "replication": ("bench_replication.py", ["--runs", "3"], ["--quick"], 240, 20),
 }
 
 #: What each benchmark's figures mean (printed under the table).
