@@ -63,6 +63,8 @@ from pathlib import Path
 #        costs measured in quick runs (ZooKeeper, brokers, Spark); the quick ones were measured
 #        (load average 4-8: the whole --quick comparison took about 5 minutes).  A run gets 5
 #        times its expected seconds (at least 3 minutes) before it is stopped as timed out.
+#        "replication" (issue 26) adds 4 runs of about 2 minutes (measured: 119 s full at load
+#        average 2.5-5, 16 s quick), so about 30 minutes in all.
 PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # MessageConsumer draining a loaded broker (1M x 100 B, 200k x 1 KiB), per-message and batch
     # listener, as % of the in-run raw client's rate and CPU efficiency; the in-memory
@@ -111,7 +113,7 @@ PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # Replication (issue 26): send_batch / send with sync and async replication against a
     # lone master (the baseline), default flush and group commit, 100 B and 1 KiB; async lag
     # at 20,000 msg/s; failover after a SIGKILL, session timeout excluded (3 repeats).
-    "replication": ("bench_replication.py", ["--runs", "3"], ["--quick"], 240, 20),
+    "replication": ("bench_replication.py", ["--runs", "3"], ["--quick"], 120, 16),
 }
 
 #: What each benchmark's figures mean (printed under the table).
