@@ -63,6 +63,8 @@ from pathlib import Path
 #        costs measured in quick runs (ZooKeeper, brokers, Spark); the quick ones were measured
 #        (load average 4-8: the whole --quick comparison took about 5 minutes).  A run gets 5
 #        times its expected seconds (at least 3 minutes) before it is stopped as timed out.
+#        "replication" (issue 26) adds 4 runs of about 2 minutes (measured: 119 s full at load
+#        average 2.5-5, 16 s quick), so about 30 minutes in all.
 PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # MessageConsumer draining a loaded broker (1M x 100 B, 200k x 1 KiB), per-message and batch
     # listener, as % of the in-run raw client's rate and CPU efficiency; the in-memory
@@ -108,6 +110,10 @@ PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # 20,000 messages of 100 B.
     "transactions": ("bench_transactions.py", ["--runs", "5", "--messages", "20000"],
                      ["--runs", "1", "--messages", "1000"], 15, 2),
+    # Replication (issue 26): send_batch / send with sync and async replication against a
+    # lone master (the baseline), default flush and group commit, 100 B and 1 KiB; async lag
+    # at 20,000 msg/s; failover after a SIGKILL, session timeout excluded (3 repeats).
+    "replication": ("bench_replication.py", ["--runs", "3"], ["--quick"], 120, 16),
 }
 
 #: What each benchmark's figures mean (printed under the table).
@@ -128,6 +134,9 @@ KEY = {
     "seek_time": "seek ms (median over the seeks); scan / index = full scan time / median "
                  "indexed seek",
     "transactions": "tx vs batch = transaction rate / send_batch's; batch in msgs/s",
+    "replication": "repl vs none = rate or latency / the in-run lone master's; lag in ms from "
+                   "the master's ack to readable on the slave; failover ms after the session "
+                   "timeout",
 }
 
 Figures = list[tuple[str, str]]
@@ -249,11 +258,33 @@ def parse_transactions(out: str) -> Figures:
     return figs
 
 
+def parse_replication(out: str) -> Figures:
+    figs: Figures = []
+    for policy, size, mode, rate, ratio, p50, p50r, _p99, p99r in re.findall(
+            r"^\| ([\w-]+) \| (\d+) B \| (none|async|sync) \| ([\d,]+) \| ([\d.]+) \| "
+            r"([\d.]+) \| ([\d.]+)x \| ([\d.]+) \| ([\d.]+)x \|", out, re.M):
+        name = f"repl {policy} {size} B"
+        if mode == "none":
+            figs += [(f"{name} none batch msgs/s", rate), (f"{name} none send p50 ms", p50)]
+        else:
+            figs += [(f"{name} {mode} batch vs none", ratio),
+                     (f"{name} {mode} send p50 vs none", p50r),
+                     (f"{name} {mode} send p99 vs none", p99r)]
+    for policy, p50, p99 in re.findall(r"^\| ([\w-]+) \| [\d,]+ \| ([\d.]+) \| ([\d.]+) \| "
+                                       r"[\d.]+ \| [\d,]+ \| [\d,]+ \| [\d.]+ \|", out, re.M):
+        figs += [(f"repl lag {policy} p50 ms", p50), (f"repl lag {policy} p99 ms", p99)]
+    m = re.search(r"session timeout (\d+) ms \(kill.*?broker (\d+) ms, producer (\d+) ms", out)
+    if m:
+        figs += [("repl session timeout ms", m.group(1)), ("repl failover broker ms", m.group(2)),
+                 ("repl failover producer ms", m.group(3))]
+    return figs
+
+
 PARSERS: dict[str, Callable[[str], Figures]] = {
     "consumer": parse_consumer, "producer": parse_producer, "latency": parse_latency,
     "rebalance": parse_rebalance, "spark": parse_spark, "concurrent": parse_concurrent,
     "group_scale": parse_group_scale, "seek_time": parse_seek_time,
-    "transactions": parse_transactions,
+    "transactions": parse_transactions, "replication": parse_replication,
 }
 
 

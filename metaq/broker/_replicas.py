@@ -7,9 +7,13 @@ partition it holds (everything below it; durably when the slave uses group
 commit, because it asks again only after its fsync).  :meth:`ReplicaSet.fetched`
 records that, from the server's ``get`` path.
 
-**In sync.**  A slave is in sync while, on every partition, it has reached the
-log's end within the last ``replication_max_lag`` seconds and is never more than
-``replication_max_lag_bytes`` behind.  A slave out of sync that has caught up on
+**In sync.**  A slave is in sync while, on every partition, it has caught up
+within the last ``replication_max_lag`` seconds and is never more than
+``replication_max_lag_bytes`` behind.  It caught up when it asked from the log's
+end, or from at least where the log could be read up to when it asked before (as
+Kafka's ``lastCaughtUpTime``, then as of that earlier get): under a steady stream of
+puts a slave that keeps up is almost never exactly at the end, and with group
+commit it can read only up to the fsync.  A slave out of sync that has caught up on
 every partition rejoins.  The set is written to ZooKeeper (the replication
 state node, ``zk_layout.ReplicationState``) through ``write_in_sync``, one write
 at a time, because it decides who may be promoted:
@@ -54,12 +58,14 @@ class NotReplicatedError(MetaqError):
 
 
 class _Replica:
-    __slots__ = ("number", "positions", "caught_up_at", "joined", "last_fetch")
+    __slots__ = ("number", "positions", "caught_up_at", "asked", "joined", "last_fetch")
 
     def __init__(self, number: int, now: float) -> None:
         self.number = number
         self.positions: dict[PartitionLog, int] = {}
         self.caught_up_at: dict[PartitionLog, float] = {}
+        #: per log, this replica's last get: (when, the log's readable end then)
+        self.asked: dict[PartitionLog, tuple[float, int]] = {}
         self.joined = now
         self.last_fetch = now
 
@@ -118,6 +124,12 @@ class ReplicaSet:
             rep.caught_up_at[plog] = now
             if replica not in self.in_sync and self._caught_up(rep):
                 self._join(rep)
+        else:  # caught up as of its previous get if it holds all that was readable then
+            asked = rep.asked.get(plog)
+            if asked is not None and offset >= asked[1] and \
+                    asked[0] > rep.caught_up_at.get(plog, rep.joined):
+                rep.caught_up_at[plog] = asked[0]
+        rep.asked[plog] = (now, plog.readable_end)
         if replica in self.in_sync and (old is None or offset > old):
             self._release(plog)
 
