@@ -289,28 +289,30 @@ class Follower:
         plog = copy.plog
         topic, p = plog.topic, plog.partition
         checked: _MasterLink | None = None
+        ahead: asyncio.Future | None = None   # the next get, sent before records were read
         while not self._stopped:
             await self._linked.wait()
             link = self._link
             if link is None:
                 continue
             offset = plog.end
+            hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
             try:
-                if checked is not link:  # once per connection: does the master's log reach us?
-                    ans = await link.request(lambda o, t=topic, p=p, off=offset: encode_offset(
-                        t, self.group, p, off, o))
-                    # a Java master answers the start of a position's segment, not of
-                    # its message: only an exact (+boundary) answer can be checked
-                    if (type(ans) is Result and ans.code == 200
-                            and BOUNDARY_CAPABILITY in link.capabilities
-                            and not self._check_master_end(copy, ans.body, offset)):
-                        return
-                    checked = link
-                hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
-                reply = await link.request(lambda o, t=topic, p=p, off=offset, h=hold:
-                                           encode_get(t, self.group, p, off, copy.max_size,
-                                                      o, h))
+                if ahead is None:
+                    if checked is not link:  # once per connection: does the master reach us?
+                        ans = await link.request(lambda o, t=topic, p=p, off=offset:
+                                                 encode_offset(t, self.group, p, off, o))
+                        # a Java master answers the start of a position's segment, not of
+                        # its message: only an exact (+boundary) answer can be checked
+                        if (type(ans) is Result and ans.code == 200
+                                and BOUNDARY_CAPABILITY in link.capabilities
+                                and not self._check_master_end(copy, ans.body, offset)):
+                            return
+                        checked = link
+                    ahead = self._get(link, copy, offset, hold)
+                reply, ahead = await ahead, None
             except BrokerUnavailableError:
+                ahead = None
                 if self._link is link:  # the connector reconnects; wait for it
                     self._link = None
                     self._linked.clear()
@@ -325,11 +327,15 @@ class Follower:
                     await asyncio.sleep(self.retry_delay)
                 elif self.apply_records is not None \
                         and IDEMPOTENT_CAPABILITY in link.capabilities:
-                    # the idempotent producers' records of what we just copied (asked
-                    # after the data: a master stores a run's record before its messages,
-                    # so every run ending in what we copied is in the answer)
-                    await self._apply_records(copy, link.request(
-                        lambda o, t=topic, p=p, off=offset: encode_producers(t, p, off, o)))
+                    # the idempotent producers' records of what we just copied (a master
+                    # stores a run's record before its messages, so every run ending in
+                    # what we copied is in the answer), asked BEFORE the next get, which
+                    # tells the master we hold the copy: it is answered first, in order
+                    records = link.request(lambda o, t=topic, p=p, off=offset:
+                                           encode_producers(t, p, off, o))
+                    ahead = self._get(link, copy, plog.end, hold)
+                    ahead.add_done_callback(_retrieved)
+                    await self._apply_records(copy, records)
                 continue
             code, body = reply.code, reply.body.decode("utf-8", "replace")
             if code == 404 and "not found" not in body:  # nothing new
@@ -345,6 +351,12 @@ class Follower:
             else:  # unknown to the master yet, closed partition, ...
                 copy.problem = f"master answered {code}: {body}"
                 await asyncio.sleep(self.retry_delay)
+
+    def _get(self, link: _MasterLink, copy: PartitionCopy, offset: int,
+             hold: int) -> asyncio.Future:
+        plog = copy.plog
+        return link.request(lambda o: encode_get(plog.topic, self.group, plog.partition,
+                                                 offset, copy.max_size, o, hold))
 
     async def _apply_records(self, copy: PartitionCopy, records: asyncio.Future) -> None:
         """Store the master's producer records whose messages this log now holds (a
@@ -459,3 +471,9 @@ class Follower:
                         "problem": c.problem})
         return out
 
+
+
+def _retrieved(fut: asyncio.Future) -> None:
+    """A request sent ahead whose failure may go unread (the loop stopped)."""
+    if not fut.cancelled():
+        fut.exception()

@@ -120,8 +120,8 @@ class ReplicaSet:
         rep.last_fetch = now
         old = rep.positions.get(plog)
         rep.positions[plog] = offset
-        if offset >= plog.end:
-            rep.caught_up_at[plog] = now
+        if offset >= plog.readable_end:  # with group commit: all it may read (and all
+            rep.caught_up_at[plog] = now   # that can have been acknowledged)
             if replica not in self.in_sync and self._caught_up(rep):
                 self._join(rep)
         else:  # caught up as of its previous get if it holds all that was readable then
@@ -137,9 +137,9 @@ class ReplicaSet:
         for plog in self.storage.logs():
             pos = rep.positions.get(plog)
             if pos is None:
-                if plog.end > plog.min_offset:
+                if plog.readable_end > plog.min_offset:
                     return False
-            elif pos < plog.end:
+            elif pos < plog.readable_end:
                 return False
         return True
 
