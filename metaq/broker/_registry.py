@@ -118,6 +118,8 @@ class BrokerRegistry:
         self._master_uri: bytes | None = None
         self._state: zk_layout.ReplicationState | None = None
         self._pending: str | None = None      # a step waiting for ZooKeeper ("take-over", ...)
+        self._watches: dict[str, Callable[..., None]] = {}
+        self.beats = 0                        # heartbeats done (lease renewals, topic reads)
         self.registrations = 0            # completed full registrations (1 after start)
         self.error: Exception | None = None  # last failure, None once registered again
 
@@ -211,8 +213,13 @@ class BrokerRegistry:
             self._queue.put(("register", None))
 
     def _watch(self, kind: str) -> Callable[..., None]:
-        def w(event: object = None) -> None:  # kazoo's event thread: only queue
-            self._queue.put((kind, None))
+        """The watch that queues ``kind``: one function per kind, so that re-arming it
+        (every heartbeat reads the node again) adds nothing to kazoo's watcher set."""
+        w = self._watches.get(kind)
+        if w is None:
+            def w(event: object = None) -> None:  # kazoo's event thread: only queue
+                self._queue.put((kind, None))
+            self._watches[kind] = w
         return w
 
     def _run(self) -> None:
@@ -589,6 +596,7 @@ class BrokerRegistry:
         self._follow_master()
 
     def _beat(self) -> None:
+        self.beats += 1
         if self._pending is not None:
             self._replication_changed()
             return

@@ -127,3 +127,17 @@ def test_promoted_slave_continues_msg_ids_after_what_it_copied(zk_connect, broke
         after = producer.send("i", b"after").msg_id
     assert after > max(copied)
     assert msg_id_parts(after)[0] >= msg_id_parts(max(copied))[0]
+
+
+def test_heartbeats_do_not_pile_up_zookeeper_watches(zk_connect, broker_factory, tmp_path):
+    """Every heartbeat reads the replication node with its watch: the same watch, so
+    kazoo keeps one, however long the broker runs."""
+    import zk_layout
+
+    master = broker_factory({"w": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m",
+                            zk_session_timeout=1.0)
+    reg = master.registry
+    wait_until(lambda: reg.beats >= 8, 20, what="heartbeats")
+    path = zk_layout.Layout().replication(0)
+    watched = {k: v for k, v in reg.client._data_watchers.items() if k.endswith(path)}
+    assert [len(v) for v in watched.values()] == [1], watched  # (kazoo keys them chrooted)
