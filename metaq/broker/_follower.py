@@ -140,7 +140,7 @@ class PartitionCopy:
     """One partition's copy: its state and counters (``Follower.status``)."""
 
     __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
-                 "caught_up_at", "task", "max_size", "below_since")
+                 "caught_up_at", "task", "max_size", "below_since", "records_to")
 
     def __init__(self, plog: PartitionLog, max_size: int) -> None:
         self.plog = plog
@@ -151,6 +151,9 @@ class PartitionCopy:
         self.caught_up_at: float | None = None
         self.task: asyncio.Task | None = None
         self.max_size = max_size
+        #: with a master that has idempotent producers' records: the log end up to which
+        #: this copy holds them (None: records not tracked, the master has none)
+        self.records_to: int | None = None
         #: when an unflushed Java master's max offset was first seen below this end
         self.below_since: float | None = None
 
@@ -240,6 +243,12 @@ class Follower:
         await asyncio.gather(*tasks, return_exceptions=True)
         return self.ends()
 
+    def unrecorded(self) -> dict[tuple[str, int], int]:
+        """Partitions holding messages whose producer records did not come (the master
+        went first): ``(topic, partition) -> the end up to which records are held``."""
+        return {key: c.records_to for key, c in self.copies.items()
+                if c.records_to is not None and c.records_to < c.plog.end}
+
     def ends(self) -> dict[str, tuple[int, ...]]:
         return {topic: tuple(self.storage.get(topic, p).end for p in range(n))
                 for topic, n in sorted(self.storage.topics.items())}
@@ -290,11 +299,14 @@ class Follower:
         topic, p = plog.topic, plog.partition
         checked: _MasterLink | None = None
         ahead: asyncio.Future | None = None   # the next get, sent before records were read
+        ahead_on: _MasterLink | None = None   # ... on this connection
         while not self._stopped:
             await self._linked.wait()
             link = self._link
             if link is None:
                 continue
+            if ahead_on is not link:  # sent on a connection since replaced: drop it
+                ahead = ahead_on = None
             offset = plog.end
             hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
             try:
@@ -309,10 +321,18 @@ class Follower:
                                 and not self._check_master_end(copy, ans.body, offset)):
                             return
                         checked = link
-                    ahead = self._get(link, copy, offset, hold)
+                        # a new connection: the records of everything held (a copy cut
+                        # short before its records came gets them now)
+                        if self.apply_records is not None \
+                                and IDEMPOTENT_CAPABILITY in link.capabilities \
+                                and await self._apply_records(copy, link.request(
+                                    lambda o, t=topic, p=p, off=plog.min_offset:
+                                    encode_producers(t, p, off, o))):
+                            copy.records_to = offset
+                    ahead, ahead_on = self._get(link, copy, offset, hold), link
                 reply, ahead = await ahead, None
             except BrokerUnavailableError:
-                ahead = None
+                ahead = ahead_on = None
                 if self._link is link:  # the connector reconnects; wait for it
                     self._link = None
                     self._linked.clear()
@@ -333,9 +353,11 @@ class Follower:
                     # tells the master we hold the copy: it is answered first, in order
                     records = link.request(lambda o, t=topic, p=p, off=offset:
                                            encode_producers(t, p, off, o))
-                    ahead = self._get(link, copy, plog.end, hold)
+                    upto = plog.end
+                    ahead, ahead_on = self._get(link, copy, upto, hold), link
                     ahead.add_done_callback(_retrieved)
-                    await self._apply_records(copy, records)
+                    if await self._apply_records(copy, records):
+                        copy.records_to = upto
                 continue
             code, body = reply.code, reply.body.decode("utf-8", "replace")
             if code == 404 and "not found" not in body:  # nothing new
@@ -358,16 +380,17 @@ class Follower:
         return link.request(lambda o: encode_get(plog.topic, self.group, plog.partition,
                                                  offset, copy.max_size, o, hold))
 
-    async def _apply_records(self, copy: PartitionCopy, records: asyncio.Future) -> None:
+    async def _apply_records(self, copy: PartitionCopy, records: asyncio.Future) -> bool:
         """Store the master's producer records whose messages this log now holds (a
-        promoted slave then still answers a resent idempotent put with its first place)."""
+        promoted slave then still answers a resent idempotent put with its first place);
+        False when they did not come."""
         plog = copy.plog
         try:
             reply = await records
         except BrokerUnavailableError:
-            return  # asked again from the same offset on the next round
+            return False  # asked again on the next connection
         if type(reply) is not Result or reply.code != 200:
-            return
+            return False
         found, used = decode_producer_records(reply.body)
         if used != len(reply.body):
             log.error("replica %d: %s-%d: the master's producer records are damaged after "
@@ -380,6 +403,8 @@ class Follower:
             except StorageError as e:
                 log.error("replica %d: %s-%d: storing producer records failed: %s",
                           self.replica, plog.topic, plog.partition, e)
+                return False
+        return used == len(reply.body)
 
     async def _append(self, copy: PartitionCopy, data: bytes, offset: int) -> bool:
         plog = copy.plog

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from metaq.protocol import GetRequest
+from metaq.protocol import GetRequest, replica_of_group
 
 if TYPE_CHECKING:
     from metaq.broker._connection import Connection
@@ -40,13 +40,16 @@ Answer = Callable[["Connection", GetRequest], None]
 
 
 class _Held:
-    __slots__ = ("conn", "req", "plog", "timer")
+    __slots__ = ("conn", "req", "plog", "timer", "replica")
 
     def __init__(self, conn: Connection, req: GetRequest, plog: PartitionLog) -> None:
         self.conn = conn
         self.req = req
         self.plog = plog
         self.timer: asyncio.TimerHandle | None = None
+        #: a slave's get reads up to the readable end; a consumer's below the master's
+        #: high watermark too (``_replicas``)
+        self.replica = replica_of_group(req.group) is not None
 
 
 class HeldGets:
@@ -105,7 +108,10 @@ class HeldGets:
         if not waiting:
             return
         end = plog.readable_end
-        woken = [held for held in waiting if held.req.offset < end]
+        hw = plog.high_watermark
+        visible = end if hw is None else min(end, hw)
+        woken = [held for held in waiting
+                 if held.req.offset < (end if held.replica else visible)]
         for held in woken:  # (a get past an fsync still running waits on)
             del waiting[held]
         if not waiting:

@@ -98,12 +98,14 @@ class ReplicaSet:
         self.write_in_sync = write_in_sync
         now = time.monotonic()
         self.replicas: dict[int, _Replica] = {}
-        #: who every acknowledgement waits for (sync mode)
-        self.in_sync: set[int] = set()
+        #: who every acknowledgement waits for (sync mode), and whose copies bound
+        #: what consumers may read (the high watermark)
+        self.in_sync: set[int] = set(in_sync)
         #: the in-sync set ZooKeeper holds (who may be promoted)
         self.written: tuple[int, ...] = tuple(sorted(in_sync))
-        for r in in_sync:  # listed at our start: they must prove it again to count
-            self.replicas[r] = _Replica(r, now)
+        for r in in_sync:  # listed in ZooKeeper: they may be promoted, so they count
+            self.replicas[r] = _Replica(r, now)  # until the lag check (ZooKeeper first)
+        self._update_watermarks()               # moves them out
         self._writing: Future | None = None
         self._leaving: set[int] = set()   # leave memory once ZooKeeper no longer lists them
         self._waiters: dict[PartitionLog, collections.deque] = {}
@@ -132,6 +134,7 @@ class ReplicaSet:
         rep.asked[plog] = (now, plog.readable_end)
         if replica in self.in_sync and (old is None or offset > old):
             self._release(plog)
+            self._update_watermark(plog)
 
     def _caught_up(self, rep: _Replica) -> bool:
         for plog in self.storage.logs():
@@ -145,6 +148,7 @@ class ReplicaSet:
 
     def _join(self, rep: _Replica) -> None:
         self.in_sync.add(rep.number)
+        self._update_watermarks()
         self.stats["replication_joins"] += 1
         log.info("replica %d caught up on every partition: in sync", rep.number)
         self._sync_written()
@@ -191,6 +195,25 @@ class ReplicaSet:
             _end, fut = q.popleft()
             if not fut.done():
                 fut.set_result(None)
+
+    # -- the high watermark ----------------------------------------------------------------
+    def _update_watermark(self, plog: PartitionLog) -> None:
+        """Consumers read ``plog`` only below what every in-sync slave holds: a
+        message a failover can lose (it was on the master alone) is never delivered,
+        so no consumer's committed position can point past the new master's log."""
+        if not self.in_sync:
+            hw = None
+        else:
+            hw = min(self.replicas[r].positions.get(plog, plog.min_offset)
+                     for r in self.in_sync)
+        old = plog.high_watermark
+        plog.high_watermark = hw
+        if plog.on_readable is not None and (hw is None or (old is not None and hw > old)):
+            plog.on_readable(plog)  # held consumer gets may go on
+
+    def _update_watermarks(self) -> None:
+        for plog in self.storage.logs():
+            self._update_watermark(plog)
 
     def _release_all(self) -> None:
         for plog in list(self._waiters):
@@ -268,6 +291,7 @@ class ReplicaSet:
             self.stats["replication_leaves"] += len(gone)
             self._leaving -= gone
             self._release_all()
+            self._update_watermarks()
 
     # -- reporting -------------------------------------------------------------------------
     def status(self, now: float | None = None) -> list[dict]:

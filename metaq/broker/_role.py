@@ -215,9 +215,23 @@ class Role:
         """Stop copying (before a promotion); the log ends."""
         self.name, self.why = RoleName.FENCED, "taking over"
         if self.follower is not None:
-            ends = await self.follower.stop()
+            await self.follower.stop()
+            unrecorded = self.follower.unrecorded()
             self.follower = None
-            return ends
+            if unrecorded and self.config.replication == "sync":
+                # messages copied without their producer records: never acknowledged
+                # (a master answers a slave's records before it takes the slave's next
+                # get as holding them); kept, a resent idempotent put would be stored
+                # twice, so they go and the producer's resend stores them once
+                for (topic, p), end in sorted(unrecorded.items()):
+                    plog = self.storage.get(topic, p)
+                    nbytes, count = plog.truncate(end)
+                    if self.producers is not None:
+                        self.producers.truncate(topic, p, end)
+                    log.warning("broker %d replica %d: %s-%d: %d bytes (%d messages) copied "
+                                "without their producer records are dropped before taking "
+                                "over (never acknowledged; their producers send them again)",
+                                self.config.broker_id, self.replica, topic, p, nbytes, count)
         return {t: tuple(self.storage.get(t, p).end for p in range(n))
                 for t, n in sorted(self.storage.topics.items())}
 
@@ -266,6 +280,8 @@ class Role:
                                      self.producers.apply_producer_records,
                                      max_size=cfg.max_transfer_size,
                                      group_commit=cfg.unflush_threshold == 0, stats=self.stats)
+        for plog in self.storage.logs():  # a slave serves what it holds
+            plog.high_watermark = None
         self.epoch = epoch
         self.name, self.why = RoleName.SLAVE, why
         log.info("broker %d replica %d is a slave (%s)", self.config.broker_id,

@@ -387,10 +387,13 @@ class BrokerServer:
         if plog.closed:
             conn.send(result(403, f"partition {topic}-{partition} is closed", opaque))
             return
+        hw = None
         if self.role is not None:
             replica = replica_of_group(_group)
             if replica is not None:
                 self.role.fetched(replica, plog, offset)
+            else:
+                hw = plog.high_watermark
         if offset < plog.min_offset:
             conn.send(result(301, str(plog.min_offset), opaque))
             return
@@ -412,6 +415,14 @@ class BrokerServer:
                 need = 20 + int.from_bytes(head, "big", signed=True)
                 if cap < need <= max_size:
                     cap = need
+        if hw is not None:  # a consumer reads what every in-sync slave holds
+            if offset >= hw:
+                if hold_ms and offset <= end and self.held.hold(conn, r, plog):
+                    return
+                self.stats["get_miss"] += 1
+                conn.send(result(404, f"no message at offset {offset} (end {end})", opaque))
+                return
+            cap = min(cap, hw - offset)
         s = plog.read(offset, cap)
         if s is None:
             if self.config.java_tell_max_offset and offset > plog.durable_end:

@@ -97,6 +97,9 @@ class PartitionLog:
         self._retired: list[Segment] = []
         self.segments: list[Segment] = []
         self._starts: list[int] = []
+        #: a master's high watermark (``_replicas``): consumers' gets read below it only
+        #: (what every in-sync slave holds); None: no cap
+        self.high_watermark: int | None = None
         #: called (with this log) when :attr:`readable_end` moves, while someone waits
         #: for it (the broker's held gets); None otherwise
         self.on_readable: Callable[[PartitionLog], None] | None = None

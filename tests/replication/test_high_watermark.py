@@ -1,0 +1,47 @@
+"""Consumers read a master only below its high watermark (issue 26): what every
+in-sync slave holds.  A message on the master alone can be lost by a failover,
+so no consumer may have it (its committed position would then point past the
+new master's log); once the slave has it, or has left the in-sync set, it is
+served."""
+
+from __future__ import annotations
+
+from metaq import BrokerError, Producer
+from metaq.net import BrokerConnection
+from metaq.testing import wait_until
+
+
+def readable(port: int, offset: int) -> bool:
+    with BrokerConnection("127.0.0.1", port) as conn:
+        try:
+            return len(conn.get("h", "consumers", 0, offset, 65536)) > 0
+        except BrokerError as e:
+            if e.code == 404:
+                return False
+            raise
+
+
+def test_a_message_only_the_master_holds_is_not_served(zk_connect, broker_factory,
+                                                       tmp_path):
+    master = broker_factory({"h": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m",
+                            replication_max_lag=2.0)
+    slave = broker_factory({}, zk_connect=zk_connect, process=True, data_dir=tmp_path / "s",
+                           extra_args=["--slave-of", "0"])
+    with Producer(zk_connect) as producer:
+        first = producer.send("h", b"copied")
+        wait_until(lambda: master.replication_status().get("in_sync") == [1], 20,
+                   what="the slave in sync")
+        wait_until(lambda: readable(master.port, first.offset), 10, what="the first message")
+        slave.pause()
+        second = producer.send("h", b"on the master alone")  # async: acknowledged
+        assert not readable(master.port, second.offset)
+        slave.resume()
+        wait_until(lambda: readable(master.port, second.offset), 10,
+                   what="the message, once the slave has it")
+        slave.pause()
+        third = producer.send("h", b"the slave is gone")
+        assert not readable(master.port, third.offset)
+        wait_until(lambda: master.replication_status()["in_sync"] == [], 20,
+                   what="the stopped slave to leave the in-sync set")
+        assert readable(master.port, third.offset)  # nobody in sync: no cap
+        slave.resume()
