@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default="default", choices=sorted(STRATEGIES))
     p.add_argument("--start", default="earliest", choices=["earliest", "latest"],
                    help="where a group with no committed offset starts")
+    p.add_argument("--read-from", default="master", choices=["master", "slave-preferred"],
+                   help="read each broker id from its master when registered, else a slave "
+                        "(master, as Java) or from a slave when one is registered")
     p.add_argument("--session-timeout", type=float, default=30.0, metavar="SECONDS")
     p.add_argument("--commit-period", type=float, default=5.0, metavar="SECONDS")
     p.add_argument("--fetch-runners", type=int, default=None, metavar="N")
@@ -59,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     options = dict(consumer_id=args.consumer_id, instance_id=args.instance_id,
                    static_grace=args.static_grace, zk_root=args.zk_root, strategy=args.strategy,
                    start_position=args.start, zk_session_timeout=args.session_timeout,
-                   commit_period=args.commit_period, zk_security=security_from_args(args))
+                   commit_period=args.commit_period, zk_security=security_from_args(args),
+                   read_from=args.read_from)
     if args.fetch_runners is not None:
         options["fetch_runner_count"] = args.fetch_runners
     if args.count is not None and args.count < 1:

@@ -264,8 +264,9 @@ class BrokerRegistry:
             except (KazooException, KazooTimeoutError, CoordinationError) as e:
                 self.error = e
                 pending_register = True
-                log.error("broker %d: ZooKeeper registration failed, retrying in %gs: %s",
-                          self.broker_id, _RETRY_SECONDS, e)
+                log.error("broker %d: ZooKeeper registration failed, retrying in %gs: %s%s",
+                          self.broker_id, _RETRY_SECONDS, type(e).__name__,
+                          f": {e}" if str(e) else "")
             except Exception as e:  # a bug; keep serving, keep retrying
                 self.error = e
                 pending_register = True
