@@ -239,7 +239,11 @@ class BrokerServer:
                 j = i + 1
                 while j < n and type(reqs[j]) is PutRequest and reqs[j].tx_key is not None:
                     j += 1
-                self.tx.puts(conn, reqs[i:j])
+                why = None if self.role is None else self.role.put_refusal()
+                if why is not None:  # a slave (or a master without its lease) keeps none
+                    self._refuse_puts(conn, reqs[i:j], why)
+                else:
+                    self.tx.puts(conn, reqs[i:j])
                 i = j
                 continue
             if t is tuple or t is PutRequest:  # a run of puts (tuple: see RequestParser)
@@ -278,7 +282,13 @@ class BrokerServer:
                 self.stats["cmd_stats"] += 1
                 conn.send(answer(self.stats_text(r.item).encode(), r.opaque))
             elif t is TransactionRequest:
-                self.tx.handle(conn, r)
+                why = None if self.role is None or r.type in ("END", "RECOVER") \
+                    else self.role.put_refusal()
+                if why is not None:  # transactions are a master's (and not replicated)
+                    self.stats["tx_errors"] += 1
+                    conn.send(result(503, why, r.opaque))
+                else:
+                    self.tx.handle(conn, r)
             elif t is SyncRequest:
                 self._sync(conn, r)
             elif t is QuitRequest:

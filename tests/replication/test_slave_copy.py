@@ -141,3 +141,36 @@ def test_heartbeats_do_not_pile_up_zookeeper_watches(zk_connect, broker_factory,
     path = zk_layout.Layout().replication(0)
     watched = {k: v for k, v in reg.client._data_watchers.items() if k.endswith(path)}
     assert [len(v) for v in watched.values()] == [1], watched  # (kazoo keys them chrooted)
+
+
+def test_a_slave_refuses_puts_and_transactions_and_stores_nothing(zk_connect, broker_factory,
+                                                                  tmp_path):
+    """A slave's log is its master's: plain puts, transactional puts and transaction
+    commands are answered 503 naming the master, and nothing is written."""
+    import pytest
+
+    from metaq import BrokerError
+    from metaq.net import BrokerConnection
+    from metaq.protocol import CHECKSUM_MASK, crc32, local_key
+
+    master = broker_factory({"q": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m")
+    slave = broker_factory({}, zk_connect=zk_connect, slave_of=0, data_dir=tmp_path / "s")
+    with Producer(zk_connect) as producer:
+        producer.send("q", b"one")
+    wait_until(lambda: slave.topics.get("q") == 1
+               and slave.offsets("q", 0) == master.offsets("q", 0), 20, what="the copy")
+    end = slave.offsets("q", 0)
+    body = b"not here"
+    with BrokerConnection("127.0.0.1", slave.port) as conn:
+        with pytest.raises(BrokerError) as e:
+            conn.read_result(conn.send_put("q", 0, body, 0, crc32(body) & CHECKSUM_MASK))
+        assert e.value.code == 503 and "slave" in str(e.value)
+        key = local_key("s1", 1)
+        with pytest.raises(BrokerError) as e:
+            conn.transaction(key, "s1", "BEGIN")
+        assert e.value.code == 503
+        with pytest.raises(BrokerError) as e:
+            conn.read_result(conn.send_put("q", 0, body, 0, crc32(body) & CHECKSUM_MASK,
+                                           tx_key=key))
+        assert e.value.code == 503
+    assert slave.offsets("q", 0) == end
