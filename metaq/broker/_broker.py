@@ -24,12 +24,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from metaq._errors import ConfigError, MetaqError, ProtocolError, StorageError
 from metaq.broker._config import BrokerConfig
 from metaq.broker._registry import BrokerRegistry
-from metaq.broker._role import Role
+from metaq.broker._role import MARKER, Role
 from metaq.broker._server import VERSION, BrokerServer
 from metaq.broker._storage import Storage
 from metaq.protocol import MsgIdGenerator, ProducerRecord, check_topic
@@ -155,6 +156,13 @@ class Broker:
         try:
             for topic, n in cfg.topics.items():
                 storage.open_topic(topic, n)
+            if cfg.zk_connect is not None and (cfg.slave_of is not None
+                                               or (Path(cfg.data_dir) / MARKER).exists()):
+                # a replica serves what it holds from the start (a slave learns its
+                # master's topics later; a promoted slave was started without --topic)
+                for topic, n in storage.on_disk().items():
+                    if storage.topics.get(topic, 0) < n:
+                        storage.open_topic(topic, n)
             self._topics = dict(storage.topics)
             server = self._server = BrokerServer(cfg, storage, self.ids,
                                                  on_topic_added=self._topic_added,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from metaq._durable import fsync_dir
-from metaq._errors import ReplicaDivergedError, StorageError
+from metaq._errors import ProtocolError, ReplicaDivergedError, StorageError
 from metaq.broker import _timeindex as timeindex
 from metaq.broker._segment import (
     Segment,
@@ -42,7 +42,7 @@ from metaq.broker._segment import (
     parse_segment_name,
     segment_name,
 )
-from metaq.protocol import MAX_PAYLOAD, scan
+from metaq.protocol import MAX_PAYLOAD, check_topic, scan
 
 __all__ = ["Storage", "PartitionLog", "LogSlice"]
 
@@ -792,6 +792,26 @@ class Storage:
                 self.last_time = t
         self.topics[topic] = max(have, partitions)
         return [self._logs[(topic, p)] for p in range(self.topics[topic])]
+
+    def on_disk(self) -> dict[str, int]:
+        """The topics whose partition directories (``<topic>-<n>``) are in the data
+        directory, with the partition count they imply (the greatest ``n`` + 1)."""
+        found: dict[str, int] = {}
+        try:
+            names = os.listdir(self.data_dir)
+        except OSError as e:
+            raise StorageError(f"cannot list {self.data_dir}: {e}") from e
+        for name in names:
+            topic, sep, part = name.rpartition("-")
+            if not sep or not part.isdigit() or not part.isascii() or \
+                    not (self.data_dir / name).is_dir():
+                continue
+            try:
+                check_topic(topic)
+            except ProtocolError:
+                continue
+            found[topic] = max(found.get(topic, 0), int(part) + 1)
+        return found
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
         return self._logs.get((topic, partition))

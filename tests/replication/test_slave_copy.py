@@ -174,3 +174,27 @@ def test_a_slave_refuses_puts_and_transactions_and_stores_nothing(zk_connect, br
                                            tx_key=key))
         assert e.value.code == 503
     assert slave.offsets("q", 0) == end
+
+
+def test_a_restarted_slave_serves_what_it_holds_before_its_master_is_back(
+        zk_connect, broker_factory, tmp_path):
+    """Started with --slave-of and no topics, a slave opens the partitions on its disk at
+    once (registered, readable) instead of waiting to hear its master's topics."""
+    from metaq.broker import Broker, BrokerConfig
+    from metaq.testing import free_port
+
+    master = broker_factory({"o": 2}, zk_connect=zk_connect, data_dir=tmp_path / "m")
+    cfg = BrokerConfig(broker_id=0, slave_of=0, data_dir=tmp_path / "s", port=free_port(),
+                       zk_connect=zk_connect)
+    with Producer(zk_connect) as producer:
+        for i in range(20):
+            producer.send("o", b"o%d" % i)
+    with Broker(cfg) as slave:
+        wait_until(lambda: slave.topics.get("o") == 2 and all(
+            slave.offsets("o", p) == master.offsets("o", p) for p in range(2)), 20,
+            what="the copy")
+        held = [slave.offsets("o", p) for p in range(2)]
+    master.stop()
+    with Broker(cfg) as slave:  # no master now
+        assert slave.topics == {"o": 2}
+        assert [slave.offsets("o", p) for p in range(2)] == held
