@@ -275,12 +275,14 @@ class ChaosRun:
             proc.kill()
 
     def _taken_over(self, f: Fault, timeout: float) -> bool:
-        """Whether the other replica of ``f``'s broker id leads in a later epoch (waits)."""
+        """Whether the replica ``f`` did not hit (promote: the one it named) leads in a
+        later epoch (waits)."""
         b = int(f.target)
+        leader = f.replica if f.kind == "promote" else 1 - (f.replica or 0)
         try:
             wait_until(lambda: (st := self._state(b)) is not None and st.epoch > (f.epoch or 0)
-                       and st.master != f.replica, timeout=timeout, interval=0.1,
-                       what=f"broker {b}: replica {1 - (f.replica or 0)} to take over")
+                       and st.master == leader, timeout=timeout, interval=0.1,
+                       what=f"broker {b}: replica {leader} to take over")
         except WaitTimeout:
             return False
         return True
@@ -592,6 +594,8 @@ class ChaosRun:
                            extra_args=("--slave-of", str(b), "--slave-id", "1",
                                        *_REPLICA_ARGS))]
         self.brokers = [p for b in sorted(self.replicas) for p in self.replicas[b]]
+        for p in self.brokers:  # INFO lines: every role change and cut is in the log
+            p.args[3:3] = ["-v"]
         for r in (0, 1):  # the masters registered before their slaves look for them
             for b in self.replicas:
                 self.replicas[b][r].start(wait=False)
