@@ -793,6 +793,11 @@ class ChaosRun:
                 f"{m.get('max_unmarked_s')}s claims checked "
                 f"against holds={m.get('held_claims_checked')} duplicates refused="
                 f"{m.get('duplicates_refused')} of {m.get('duplicate_procs')}")
+        if p is not None and p.failed:  # not acknowledged: no promise to check, but shown
+            why = Counter(e.split("(", 1)[0] + ": " + e.split("(", 1)[-1][:90]
+                          for e in p.failed.values())
+            lines.append("  failed sends: " + "; ".join(f"{n} x {e}"
+                                                         for e, n in why.most_common(3)))
         if self.s.replicated:
             by_role = Counter(f.role for f in executed if f.kind == "broker_kill")
             lines.append(
