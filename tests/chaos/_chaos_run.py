@@ -794,7 +794,7 @@ class ChaosRun:
                 f"against holds={m.get('held_claims_checked')} duplicates refused="
                 f"{m.get('duplicates_refused')} of {m.get('duplicate_procs')}")
         if p is not None and p.failed:  # not acknowledged: no promise to check, but shown
-            why = Counter(e.split("(", 1)[0] + ": " + e.split("(", 1)[-1][:90]
+            why = Counter(e.split("(", 1)[0] + ": " + e.split("(", 1)[-1][:200]
                           for e in p.failed.values())
             lines.append("  failed sends: " + "; ".join(f"{n} x {e}"
                                                          for e, n in why.most_common(3)))
