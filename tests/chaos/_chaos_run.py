@@ -243,15 +243,19 @@ class ChaosRun:
     def _in_sync(self, b: int, timeout: float = 40.0) -> ReplicationState:
         """Wait until both replicas of broker id ``b`` run and its slave is in sync."""
         procs = self.replicas[b]
+        last: list[ReplicationState | None] = [None]
 
         def both() -> ReplicationState | None:
-            st = self._state(b)
+            st = last[0] = self._state(b)
             ok = (st is not None and all(p.alive for p in procs)
                   and (1 - st.master) in st.in_sync)
             return st if ok else None
-        return wait_until(both, timeout=timeout, interval=0.2,
-                          what=f"broker {b}: both replicas running, the slave in sync "
-                               f"(last state {self._state(b)})")
+        try:
+            return wait_until(both, timeout=timeout, interval=0.2,
+                              what=f"broker {b}: both replicas running, the slave in sync")
+        except WaitTimeout as e:
+            alive = [p.alive for p in procs]
+            raise WaitTimeout(f"{e} (last state {last[0]}, replicas alive {alive})") from None
 
     def _inject_replica(self, f: Fault) -> None:
         b = int(f.target)
