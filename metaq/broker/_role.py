@@ -244,6 +244,11 @@ class Role:
         report = []
         for (topic, p), end in sorted(cut.items()):
             plog = self.storage.get(topic, p)
+            if plog is None and (self.storage.data_dir / f"{topic}-{p}").is_dir():
+                # a slave opens the topics it copied only when it hears of them from its
+                # master, after this: open what is on disk now, or its cut is skipped
+                self._add_topic(topic, p + 1)
+                plog = self.storage.get(topic, p)
             if plog is None or plog.end <= end:
                 continue
             if end < plog.min_offset:

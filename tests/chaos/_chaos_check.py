@@ -52,6 +52,13 @@ Checks (each failure is a line in :attr:`Verdict.violations`):
    anything (``duplicate-owned``, ``duplicate-not-refused``); a member's own
    incarnation is never refused as a duplicate (``refused-not-duplicate``).
    Two owners stay impossible: 5 and 6 apply to static members unchanged.
+
+:func:`check_replicas` (replicated runs, issue 26) audits the final logs of both
+replicas of every broker id: 11. every acknowledged message is in the log of its
+broker id's final master at its acknowledged offset with its body (``acked-lost``);
+12. no body is twice in one partition's log (``log-duplicate``: the producer is
+idempotent); 13. both replicas hold the same messages, byte for byte
+(``replicas-differ``).
 """
 
 from __future__ import annotations
@@ -658,3 +665,66 @@ def check_dump(path: str, **bounds: float) -> Verdict:
     options.update(bounds)
     return check(acked=acked, events=events, commits=commits, samples=samples, faults=faults,
                  partitions=partitions, group="chaos-g", **options)
+
+
+def check_replicas(v: Verdict, *, acked: dict[int, tuple[str, int]],
+                   logs: dict[int, dict[int, dict[str, list[tuple]]]],
+                   masters: dict[int, int]) -> None:
+    """Checks 11-13 into ``v``.  ``logs``: broker id -> replica id -> partition
+    (``<id>-<n>``) -> its messages as ``(offset, msg_id, flag, payload, next_offset)``;
+    ``masters``: broker id -> the replica id leading at the end."""
+    lost = duplicates = total = 0
+    identical = True
+    bodies: dict[tuple[str, int], bytes] = {}
+    seen: Counter = Counter()  # body -> partitions holding it
+    for b in sorted(set(logs) | set(masters)):
+        replicas = logs.get(b, {})
+        master = masters.get(b)
+        if master is None or master not in replicas:
+            v.fail("replicas-differ", f"broker {b}: no final master's log was read "
+                                      f"(master {master}, read {sorted(replicas)})")
+            identical = False
+            continue
+        for part, msgs in sorted(replicas[master].items()):
+            total += len(msgs)
+            counts = Counter(m[3] for m in msgs)
+            for body, n in counts.items():
+                seen[body] += 1
+                if n > 1:
+                    duplicates += n - 1
+                    at = [m[0] for m in msgs if m[3] == body]
+                    v.fail("log-duplicate", f"{part}: {bytes(body)!r} is in the log {n} times "
+                                            f"(offsets {at})")
+            bodies.update(((part, m[0]), bytes(m[3])) for m in msgs)
+        for r, log in sorted(replicas.items()):
+            if r == master:
+                continue
+            if log != replicas[master]:
+                identical = False
+                where = _first_difference(replicas[master], log)
+                v.fail("replicas-differ", f"broker {b}: replica {r} differs from the master "
+                                          f"(replica {master}): {where}")
+        if len(replicas) < 2:
+            identical = False
+            v.fail("replicas-differ", f"broker {b}: only replica(s) {sorted(replicas)} read")
+    for seq, (part, off) in sorted(acked.items()):
+        got = bodies.get((part, off))
+        if got != b"seq-%d" % seq:
+            lost += 1
+            v.fail("acked-lost", f"seq {seq} acknowledged at {part}@{off}; the final master's "
+                                 f"log has " + ("nothing there" if got is None else repr(got)))
+    v.metrics.update(log_messages=total, acked_lost=lost, log_duplicates=duplicates,
+                     cross_partition_duplicates=sum(n - 1 for n in seen.values() if n > 1),
+                     replicas_identical=identical)
+
+
+def _first_difference(a: dict[str, list[tuple]], b: dict[str, list[tuple]]) -> str:
+    for part in sorted(set(a) | set(b)):
+        ma, mb = a.get(part, []), b.get(part, [])
+        for x, y in zip(ma, mb, strict=False):
+            if x != y:
+                return f"{part}@{x[0]}: {x[:4]!r} vs {y[:4]!r}"
+        if len(ma) != len(mb):
+            return (f"{part}: {len(ma)} messages (end {ma[-1][4] if ma else 0}) vs {len(mb)} "
+                    f"(end {mb[-1][4] if mb else 0})")
+    return "(none found)"

@@ -16,6 +16,19 @@ without it once the grace runs out) and ``duplicate_instance`` (a second
 process with a live static member's instance id, run until it is refused, then
 stopped).  Plans without static slots are what they were (same draws).
 
+With replicas (issue 26: each broker id a master and a slave, sync replication,
+``--auto-promote``), three more kinds join the rounds (:data:`REPLICA_KINDS`):
+``master_kill`` (SIGKILL the current master of a broker id: its in-sync slave
+takes over; the killed one is restarted and must rejoin as a slave),
+``master_pause`` (SIGSTOP the master past its ZooKeeper session, then SIGCONT:
+it must step down and follow) and ``promote`` (``metaq broker promote`` names
+the in-sync slave while the master lives).  A ``broker_kill`` then hits either
+role (:attr:`Fault.role`, drawn only in these plans), and ``disk_flip`` leaves
+the rounds: a replica whose own disk is damaged is not repaired by copying (its
+slave reports the damage and stops), which is not what this variant audits.
+Broker faults of different broker ids may overlap (each id keeps one replica
+serving); faults of one id never do.  Plans without replicas draw what they did.
+
 :class:`FaultRunner` starts each fault on its own thread at its time.  A
 fault first takes its target's lock (one fault per member, broker or the
 ensemble at a time) and, for member faults, one of two "impaired member"
@@ -41,6 +54,10 @@ KINDS = ("consumer_kill", "broker_kill", "zk_stop", "session_expire", "consumer_
          "zk_garbage", "disk_flip")
 #: with static slots only (see the module doc)
 STATIC_KINDS = ("consumer_restart", "static_away", "duplicate_instance")
+#: with replicas only (see the module doc)
+REPLICA_KINDS = ("master_kill", "master_pause", "promote")
+#: faults of a broker id (one at a time per id)
+BROKER_KINDS = ("broker_kill", "disk_flip", *REPLICA_KINDS)
 #: faults that impair their member (one of the impaired slots, a new session after)
 MEMBER_KINDS = ("consumer_kill", "session_expire", "consumer_sigstop", "consumer_restart",
                 "static_away")
@@ -69,15 +86,24 @@ class Fault:
     who: str | None = None
     # static_away: whether the member's grace had run out when it was restarted
     held_out: bool | None = None
+    # replicated broker_kill: the role hit ("master" or "slave"); replica faults: the
+    # replica id hit (promote: the one promoted) and the epoch before the fault
+    role: str | None = None
+    replica: int | None = None
+    epoch: int | None = None
 
     def describe(self) -> str:
         target = self.target if self.node is None else f"{self.target}=node{self.node}"
+        if self.role is not None or self.replica is not None:
+            target = f"{target}/{self.role or 'r'}" + (
+                "" if self.replica is None else f"{self.replica}")
         return f"t+{self.at:5.1f}s {self.kind:<18} {target!s:<12} hold {self.hold:.1f}s"
 
 
 def make_plan(seed: int, window: float, *, members: int, brokers: int,
               session_timeout: float, max_impaired_members: int = 2,
-              static_slots: tuple[int, ...] = (), static_grace: float = 8.0) -> list[Fault]:
+              static_slots: tuple[int, ...] = (), static_grace: float = 8.0,
+              replicas: bool = False, broker_session_timeout: float = 3.0) -> list[Fault]:
     """A seeded plan whose faults fit the window.
 
     Rounds of the kinds in a seeded order; each fault starts at the first moment
@@ -87,9 +113,13 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
     overlap session faults or duplicates (a leader election restarts session timers,
     so it could save a session held past its timeout).  ``static_slots``: the members
     run as static members with ``static_grace``; the static kinds join the rounds.
+    ``replicas``: every broker id has a slave (see the module doc); ``master_pause``
+    holds past ``broker_session_timeout``.
     """
     rng = random.Random(seed)
     all_kinds = KINDS + STATIC_KINDS if static_slots else KINDS
+    if replicas:
+        all_kinds = tuple(k for k in all_kinds if k != "disk_flip") + REPLICA_KINDS
     busy: dict[tuple, float] = {}  # target key -> planned free again at
     plan: list[Fault] = []
     t = 1.0
@@ -110,11 +140,17 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
                 return []
             return [i for i in static_slots
                     if not is_busy(("member", i)) and not is_busy(("dup", i))]
+        if replicas and kind in BROKER_KINDS:  # one fault per broker id at a time
+            if kind == "master_pause" and is_busy(("zk",)):
+                return []  # an election restarts session timers: it could save the master
+            return [b for b in range(brokers) if not is_busy(("broker", b))]
         if kind in ("broker_kill", "disk_flip"):
             down = any(k[0] == "broker" and until > at for k, until in busy.items())
             return [] if down else list(range(brokers))
         if kind == "zk_garbage":  # any partition's offset node, at any time
             return list(range(brokers * 4))
+        if replicas and is_busy(("broker-session",)):
+            return []  # nor a broker held past its session
         return [] if is_busy(("zk",)) or is_busy(("session",)) else ["zk"]
 
     while True:
@@ -147,6 +183,18 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
                     "static_away": session_timeout + static_grace + rng.uniform(2.0, 4.0),
                     "duplicate_instance": rng.uniform(1.0, 3.0),  # runs on once refused
                 }[kind]
+            if kind in REPLICA_KINDS:  # (drawn only here: plans without them stay the same)
+                hold = {
+                    "master_kill": rng.uniform(0.5, 2.0),  # down before the restart
+                    # stopped past its session: its slave takes over meanwhile
+                    "master_pause": broker_session_timeout + rng.uniform(1.0, 2.0),
+                    "promote": 0.0,
+                }[kind]
+                # the session to end, a takeover, a restart, the rejoin in sync
+                recovery = {"master_kill": broker_session_timeout + 7.0,
+                            "master_pause": 6.0, "promote": 5.0}[kind]
+            elif replicas and kind == "broker_kill":
+                recovery = broker_session_timeout + 7.0
             if kind == "zk_stop":
                 target: int | str = "leader" if first_zk or rng.random() < 0.5 else "follower"
                 first_zk = False
@@ -163,7 +211,13 @@ def make_plan(seed: int, window: float, *, members: int, brokers: int,
                     t + hold + recovery)
             if kind in ("session_expire", "consumer_sigstop"):
                 busy[("session",)] = max(busy.get(("session",), 0.0), t + hold + 1.0)
-            plan.append(Fault(round(t, 2), kind, target, round(hold, 2)))
+            fault = Fault(round(t, 2), kind, target, round(hold, 2))
+            if replicas and kind == "broker_kill":
+                fault.role = rng.choice(("master", "slave"))
+            if kind == "master_pause":
+                busy[("broker-session",)] = max(busy.get(("broker-session",), 0.0),
+                                                t + hold + 1.0)
+            plan.append(fault)
             t += rng.uniform(0.8, 2.0)
 
 
@@ -188,7 +242,7 @@ class FaultRunner:
     def _lock_for(self, fault: Fault) -> threading.Lock:
         if fault.kind == "zk_stop":
             key: object = "zk"
-        elif fault.kind in ("broker_kill", "disk_flip"):
+        elif fault.kind in BROKER_KINDS:
             key = ("broker", fault.target)
         elif fault.kind == "zk_garbage":
             key = ("offsets", fault.target)

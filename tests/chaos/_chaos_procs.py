@@ -10,7 +10,9 @@
   :meth:`Member.start_duplicate` runs a second process of a static slot (same
   instance id) beside the live one, which must be refused.
 - :class:`ProducerLoop`: a thread sending ``seq-<n>`` bodies at a steady rate
-  and recording, per sequence number, the acknowledged (partition, offset).
+  and recording, per sequence number, the acknowledged (partition, offset);
+  ``idempotent`` (replicated runs): an idempotent producer that keeps retrying
+  on the same partition through a failover (within 20 s).
 - :func:`child_pids`: live children of this process (leak check).
 """
 
@@ -263,7 +265,8 @@ class Member:
 class ProducerLoop:
     """Send ``seq-<n>`` at ``rate`` messages/s in batches; record acks and failures."""
 
-    def __init__(self, zk_connect: str, topic: str, rate: float, batch: int = 10) -> None:
+    def __init__(self, zk_connect: str, topic: str, rate: float, batch: int = 10, *,
+                 idempotent: bool = False) -> None:
         self.topic = topic
         self.acked: dict[int, tuple[str, int]] = {}   # seq -> (partition, offset)
         self.failed: dict[int, str] = {}              # seq -> error
@@ -272,7 +275,11 @@ class ProducerLoop:
         self._batch = batch
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.producer = Producer(zk_connect, zk_session_timeout=10.0)
+        # idempotent: a resent put whose answer was lost (its broker died, or was replaced)
+        # is stored once; retries wait for the partition's broker id to have a master
+        options = dict(idempotent=True, send_timeout=20.0, retries=100,
+                       retry_backoff=0.1) if idempotent else {}
+        self.producer = Producer(zk_connect, zk_session_timeout=10.0, **options)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="chaos-producer", daemon=True)
 

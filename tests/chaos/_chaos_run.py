@@ -9,6 +9,15 @@ producer thread sending sequence-numbered messages.
 :meth:`ChaosRun.execute` never raises for a failed expectation: it collects
 every problem in :attr:`ChaosRun.problems` (plus the :class:`Verdict`'s
 violations) so that the report is always complete; the test asserts on them.
+
+With ``replicated`` (issue 26), 2 broker ids serve the topic, each as a master
+and a slave process (``--replication sync --group-commit --auto-promote``, a
+3 s ZooKeeper session), the producer is idempotent, and the replica faults join
+the plan (``_chaos_faults``).  At the end, with the members stopped, the run
+reads every partition from both replicas of each broker id (once the slave is
+back in sync and both hold the same log) and ``_chaos_check.check_replicas``
+audits them: every acknowledged message in the final master's log at its
+acknowledged offset, no body twice in a partition, both replicas identical.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,11 +34,19 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from _chaos_check import Verdict, check
-from _chaos_faults import KINDS, MEMBER_KINDS, STATIC_KINDS, Fault, FaultRunner, make_plan
+from _chaos_check import Verdict, check, check_replicas
+from _chaos_faults import (
+    KINDS,
+    MEMBER_KINDS,
+    REPLICA_KINDS,
+    STATIC_KINDS,
+    Fault,
+    FaultRunner,
+    make_plan,
+)
 from _chaos_procs import Event, Member, ProducerLoop, child_pids
 from _chaos_zk import ZkAudit
-from helpers.procs import BrokerProc, stop_all
+from helpers.procs import BrokerProc, read_partition, stop_all
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 
@@ -36,7 +55,13 @@ from metaq._admin import describe_group
 from metaq._zk import ZooKeeperEnsemble
 from metaq.protocol import iter_messages, scan_messages
 from metaq.testing import WaitTimeout, wait_until
-from zk_layout import Layout, NodeDataError, decode_static_member
+from zk_layout import (
+    Layout,
+    NodeDataError,
+    ReplicationState,
+    decode_static_member,
+    read_replication,
+)
 
 TOPIC = "chaos"
 GROUP = "chaos-g"
@@ -45,6 +70,11 @@ PARTS_PER_BROKER = 4
 MEMBERS = 4
 #: what zk_garbage writes into an offset node (issue 13's examples)
 _GARBAGE = (b"garbage", b"", b"\xff\xfe\x00", b"1--5")
+#: replicated runs: broker ids (each a master and a slave process) and their session
+REPLICATED_BROKERS = 2
+BROKER_SESSION = 3.0
+_REPLICA_ARGS = ("--replication", "sync", "--auto-promote",
+                 "--zk-session-timeout", f"{BROKER_SESSION:g}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +93,11 @@ class ChaosSettings:
     #: their grace: shorter than the fault window, so members both come back within it
     #: and stay away past it (static_away)
     static_grace: float = 8.0
+    #: each broker id a master and a slave (issue 26): see the module doc
+    replicated: bool = False
+
+    def broker_ids(self) -> int:
+        return REPLICATED_BROKERS if self.replicated else BROKERS
 
     def static_slots(self) -> tuple[int, ...]:
         n = self.static_members
@@ -77,16 +112,26 @@ class ChaosRun:
         self.ensemble = ensemble
         self.workdir = workdir
         self.s = settings
-        self.partitions = [f"{b}-{i}" for b in range(BROKERS) for i in range(PARTS_PER_BROKER)]
+        self.broker_ids = settings.broker_ids()
+        self.partitions = [f"{b}-{i}" for b in range(self.broker_ids)
+                           for i in range(PARTS_PER_BROKER)]
         self.static_slots = settings.static_slots()
-        self.plan = make_plan(seed, settings.window, members=MEMBERS, brokers=BROKERS,
+        self.plan = make_plan(seed, settings.window, members=MEMBERS, brokers=self.broker_ids,
                               session_timeout=settings.session_timeout,
                               static_slots=self.static_slots,
-                              static_grace=settings.static_grace)
+                              static_grace=settings.static_grace,
+                              replicas=settings.replicated,
+                              broker_session_timeout=BROKER_SESSION)
         self.problems: list[str] = []
         self.events: list[Event] = []
         self.events_lock = threading.Lock()
         self.brokers: list[BrokerProc] = []
+        #: replicated runs: broker id -> its processes by replica id (0 started as master)
+        self.replicas: dict[int, list[BrokerProc]] = {}
+        #: replicated runs, at the end: broker id -> replica id -> partition -> messages
+        self.logs: dict[int, dict[int, dict[str, list]]] = {}
+        self.final_masters: dict[int, int] = {}
+        self.takeovers = 0
         self.members: list[Member] = []
         self.producer: ProducerLoop | None = None
         self.audit: ZkAudit | None = None
@@ -97,10 +142,14 @@ class ChaosRun:
         self.broker_refusals = 0
         self.unowned_detail = ""
         self._zk: KazooClient | None = None  # on the run's chroot, for data faults
+        self._zk_connect = ""
 
     # -- faults ----------------------------------------------------------------------------
 
     def _inject(self, f: Fault) -> None:
+        if f.kind in REPLICA_KINDS or f.role is not None:
+            self._inject_replica(f)
+            return
         if f.kind in MEMBER_KINDS or f.kind == "duplicate_instance":
             assert self.audit is not None
             f.session = self.audit.session_of(self.members[int(f.target)].consumer_id)
@@ -176,7 +225,113 @@ class ChaosRun:
             return False
         return until is not None and until <= time.time() * 1000
 
+    # -- replica faults (replicated runs) ----------------------------------------------------
+
+    def _state(self, b: int) -> ReplicationState | None:
+        """Broker id ``b``'s replication node (asked again through ZooKeeper elections)."""
+        assert self._zk is not None
+
+        def read() -> list | None:
+            try:
+                got = read_replication(self._zk, Layout(), b)
+            except KazooException:
+                return None
+            return [None if got is None else got[0]]
+        return wait_until(read, timeout=30, interval=0.2,
+                          what=f"broker {b}'s replication node")[0]
+
+    def _in_sync(self, b: int, timeout: float = 40.0) -> ReplicationState:
+        """Wait until both replicas of broker id ``b`` run and its slave is in sync."""
+        procs = self.replicas[b]
+        last: list[ReplicationState | None] = [None]
+
+        def both() -> ReplicationState | None:
+            st = last[0] = self._state(b)
+            ok = (st is not None and all(p.alive for p in procs)
+                  and (1 - st.master) in st.in_sync)
+            return st if ok else None
+        try:
+            return wait_until(both, timeout=timeout, interval=0.2,
+                              what=f"broker {b}: both replicas running, the slave in sync")
+        except WaitTimeout as e:
+            alive = [p.alive for p in procs]
+            raise WaitTimeout(f"{e} (last state {last[0]}, replicas alive {alive})") from None
+
+    def _inject_replica(self, f: Fault) -> None:
+        b = int(f.target)
+        st = self._in_sync(b)  # a failover loses nothing only towards an in-sync slave
+        f.epoch = st.epoch
+        if f.kind == "promote":
+            f.replica = 1 - st.master
+            out = subprocess.run(
+                [sys.executable, "-m", "metaq", "broker", "promote", str(b), "--replica",
+                 str(f.replica), "--zk", self._zk_connect],
+                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            if out.returncode != 0:
+                raise AssertionError(f"metaq broker promote {b} --replica {f.replica} "
+                                     f"exited with {out.returncode}: {out.stderr.strip()}")
+            return
+        f.replica = 1 - st.master if f.role == "slave" else st.master
+        proc = self.replicas[b][f.replica]
+        if f.kind == "master_pause":
+            proc.pause()
+        else:
+            proc.kill()
+
+    def _taken_over(self, f: Fault, timeout: float) -> bool:
+        """Whether the replica ``f`` did not hit (promote: the one it named) leads in a
+        later epoch (waits)."""
+        b = int(f.target)
+        leader = f.replica if f.kind == "promote" else 1 - (f.replica or 0)
+        try:
+            wait_until(lambda: (st := self._state(b)) is not None and st.epoch > (f.epoch or 0)
+                       and st.master == leader, timeout=timeout, interval=0.1,
+                       what=f"broker {b}: replica {leader} to take over")
+        except WaitTimeout:
+            return False
+        return True
+
+    def _repair_replica(self, f: Fault) -> None:
+        """Undo a replica fault and judge it: the slave took over (a killed or paused
+        master; the promoted slave leads), the replica hit came back and rejoined as an
+        in-sync slave."""
+        b = int(f.target)
+        if f.replica is None:
+            return  # failed before it hit anything (the error is recorded)
+        proc = self.replicas[b][f.replica]
+        if f.kind == "promote":
+            if not self._taken_over(f, 20):
+                raise AssertionError(f"broker {b}: replica {f.replica} was promoted but "
+                                     f"does not lead (state {self._state(b)})")
+            self.takeovers += 1
+        elif f.role == "slave":
+            self._restart_broker(proc)
+        elif f.kind == "master_pause":
+            took = self._taken_over(f, 10)  # still stopped: its session must end first
+            proc.resume()
+            if not took:
+                f.effective = None if self._election_during(f) else False
+                self._in_sync(b)
+                return
+            self.takeovers += 1
+        else:  # master_kill, broker_kill of the master: the slave takes over, then restart
+            took = self._taken_over(f, BROKER_SESSION + 15)
+            self._restart_broker(proc)
+            if not took:
+                raise AssertionError(f"broker {b}: the slave did not take over after its "
+                                     f"master (replica {f.replica}) was killed (state "
+                                     f"{self._state(b)})")
+            self.takeovers += 1
+        st = self._in_sync(b)
+        if f.kind != "promote" and f.role != "slave" and st.master == f.replica:
+            raise AssertionError(f"broker {b}: replica {f.replica} leads again after it "
+                                 f"was replaced ({st}): it should follow")
+        f.effective = True
+
     def _repair(self, f: Fault) -> None:
+        if f.kind in REPLICA_KINDS or f.role is not None:
+            self._repair_replica(f)
+            return
         if f.kind == "duplicate_instance":
             self._repair_duplicate(f)
             return
@@ -353,18 +508,21 @@ class ChaosRun:
         admin = KazooClient(hosts=self.ensemble.hosts, timeout=30.0)
         admin.start(timeout=30)
         admin.ensure_path(chroot)
-        zk = self.ensemble.hosts + chroot
+        zk = self._zk_connect = self.ensemble.hosts + chroot
         group_client = self._zk = KazooClient(hosts=zk, timeout=30.0)
         runner: FaultRunner | None = None
         try:
             group_client.start(timeout=30)
-            self.brokers = [BrokerProc(zk, b, self.workdir / f"broker{b}",
-                                       {TOPIC: PARTS_PER_BROKER}) for b in range(BROKERS)]
-            for b in self.brokers:
-                b.start(wait=False)
-            for b in self.brokers:
-                b.wait_serving()
-                b.wait_registered()
+            if self.s.replicated:
+                self._start_replicas(zk)
+            else:
+                self.brokers = [BrokerProc(zk, b, self.workdir / f"broker{b}",
+                                           {TOPIC: PARTS_PER_BROKER}) for b in range(BROKERS)]
+                for b in self.brokers:
+                    b.start(wait=False)
+                for b in self.brokers:
+                    b.wait_serving()
+                    b.wait_registered()
             self.audit = ZkAudit(zk, GROUP, TOPIC, self.partitions).start()
             node_hosts = [self.ensemble.node_hosts(i) for i in range(3)]
             self.members = [
@@ -380,7 +538,8 @@ class ChaosRun:
                               lambda: self._settled(group_client), 60):
                 return
             self.audit.start_sampling()
-            self.producer = ProducerLoop(zk, TOPIC, self.s.rate).start()
+            self.producer = ProducerLoop(zk, TOPIC, self.s.rate,
+                                         idempotent=self.s.replicated).start()
             self.timings["setup"] = time.monotonic() - t_start
             t_faults = time.monotonic()
             runner = FaultRunner(self.plan, self._inject, self._repair).start()
@@ -403,6 +562,8 @@ class ChaosRun:
             self.timings["settle"] = time.monotonic() - t_settle
             self.audit.stop_sampling()
             self._stop_members(group_client)
+            if self.s.replicated:
+                self._read_replicas()
         finally:
             if runner is not None:
                 runner.abort()
@@ -416,10 +577,74 @@ class ChaosRun:
             partitions=self.partitions, group=GROUP, late_bytes=2 * self.s.max_size,
             idle_bound=self.s.idle_bound, unowned_bound=self.s.unowned_bound,
             static={f"{GROUP}_c{i}": self.s.static_grace for i in self.static_slots})
+        if self.s.replicated:
+            check_replicas(self.verdict, acked=self.producer.acked if self.producer else {},
+                           logs=self.logs, masters=self.final_masters)
         for f in self.plan:
             if f.started is not None and f.error is None and f.effective is False:
                 self.problems.append(f"fault had no effect: {f.describe()}")
         self.timings["total"] = time.monotonic() - t_start
+
+    def _start_replicas(self, zk: str) -> None:
+        """Each broker id: replica 0 starts as its master, then replica 1 as its slave;
+        both sync, with group commit and ``--auto-promote``; the slaves in sync."""
+        for b in range(self.broker_ids):
+            self.replicas[b] = [
+                BrokerProc(zk, b, self.workdir / f"broker{b}r0", {TOPIC: PARTS_PER_BROKER},
+                           group_commit=True, zk_session_timeout=BROKER_SESSION,
+                           extra_args=_REPLICA_ARGS),
+                BrokerProc(zk, b, self.workdir / f"broker{b}r1", {}, group_commit=True,
+                           zk_session_timeout=BROKER_SESSION,
+                           extra_args=("--slave-of", str(b), "--slave-id", "1",
+                                       *_REPLICA_ARGS))]
+        self.brokers = [p for b in sorted(self.replicas) for p in self.replicas[b]]
+        for p in self.brokers:  # INFO lines: every role change and cut is in the log
+            p.args[3:3] = ["-v"]
+        for r in (0, 1):  # the masters registered before their slaves look for them
+            for b in self.replicas:
+                self.replicas[b][r].start(wait=False)
+            for b in self.replicas:
+                self.replicas[b][r].wait_serving()
+                self.replicas[b][r].wait_registered()
+        for b in self.replicas:
+            self._in_sync(b)
+
+    def _read_log(self, proc: BrokerProc, b: int) -> dict[str, list] | None:
+        """Every message of broker id ``b``'s partitions as ``proc`` serves them
+        (None: it could not be read now)."""
+        try:
+            with proc.connection() as conn:
+                return {f"{b}-{i}": [tuple(m) for m in read_partition(conn, TOPIC, i)]
+                        for i in range(PARTS_PER_BROKER)}
+        except Exception:  # noqa: BLE001 - not serving yet: read again
+            return None
+
+    def _read_replicas(self) -> None:
+        """The final logs of both replicas of every broker id, once the slave is in sync
+        and both hold the same messages (or the last ones read, when they never do: the
+        audit names the difference)."""
+        for b, procs in self.replicas.items():
+            try:
+                st = self._in_sync(b)
+            except WaitTimeout as e:
+                self.problems.append(str(e))
+                st = self._state(b)
+                if st is None:
+                    continue
+            self.final_masters[b] = st.master
+            last: dict[int, dict[str, list] | None] = {}
+
+            def same(procs: list[BrokerProc] = procs, b: int = b,
+                     last: dict = last) -> bool:
+                for r, p in enumerate(procs):
+                    last[r] = self._read_log(p, b)
+                return last[0] is not None and last[0] == last[1]
+            try:
+                wait_until(same, timeout=30, interval=0.5,
+                           what=f"both replicas of broker {b} to hold the same log")
+            except WaitTimeout:
+                pass  # judged by check_replicas
+            self.logs[b] = {r: log for r, log in last.items() if log is not None}
 
     def dump(self) -> Path:
         """Everything the audit saw, as JSON lines in the run's directory (for failures)."""
@@ -528,6 +753,8 @@ class ChaosRun:
         m = self.verdict.metrics
         executed = [f for f in self.plan if f.started is not None]
         kinds = KINDS + STATIC_KINDS if self.static_slots else KINDS
+        if self.s.replicated:
+            kinds = tuple(k for k in kinds if k != "disk_flip") + REPLICA_KINDS
         by_kind = Counter(f.kind for f in executed)
         effective = Counter(f.kind for f in executed if f.effective)
         masked = sum(1 for f in executed if f.effective is None)
@@ -535,6 +762,8 @@ class ChaosRun:
         p = self.producer
         lines = [
             f"chaos seed={self.seed} window={self.s.window:g}s " + (
+                f"replicated (reproduce: METAQ_CHAOS_REPLICA_SEEDS={self.seed} pytest "
+                f"tests/chaos -k replicated)" if self.s.replicated else
                 f"static members={self.s.static_members} (reproduce: "
                 f"METAQ_CHAOS_STATIC_SEEDS={self.seed} pytest tests/chaos -k static)"
                 if self.static_slots else f"(reproduce: METAQ_CHAOS_SEEDS={self.seed})"),
@@ -568,6 +797,21 @@ class ChaosRun:
                 f"{m.get('max_unmarked_s')}s claims checked "
                 f"against holds={m.get('held_claims_checked')} duplicates refused="
                 f"{m.get('duplicates_refused')} of {m.get('duplicate_procs')}")
+        if p is not None and p.failed:  # not acknowledged: no promise to check, but shown
+            why = Counter(e.split("(", 1)[0] + ": " + e.split("(", 1)[-1][:200]
+                          for e in p.failed.values())
+            lines.append("  failed sends: " + "; ".join(f"{n} x {e}"
+                                                         for e, n in why.most_common(3)))
+        if self.s.replicated:
+            by_role = Counter(f.role for f in executed if f.kind == "broker_kill")
+            lines.append(
+                f"  replicas: {self.broker_ids} broker ids x (master + slave), sync, group "
+                f"commit, auto-promote; broker kills of a master={by_role['master']} of a "
+                f"slave={by_role['slave']}; takeovers={self.takeovers}; final masters "
+                f"{self.final_masters}; log messages={m.get('log_messages')} acked lost="
+                f"{m.get('acked_lost')} duplicates in logs={m.get('log_duplicates')} "
+                f"(across partitions={m.get('cross_partition_duplicates')}) replicas "
+                f"identical={m.get('replicas_identical')}")
         lines.append("  time: " + " ".join(f"{k}={v:.1f}s" for k, v in self.timings.items()))
         if self.problems or self.verdict.violations:
             lines.append("  FAILED:")

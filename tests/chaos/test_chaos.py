@@ -26,12 +26,23 @@ for its grace on top of the bound.  A separate test, so that the regular runs
 keep all four members dynamic (every member fault is a handover) and their
 seeded plans stay what they were.
 
+``test_chaos_replicated`` runs with replicated brokers (issue 26): 2 broker
+ids, each a master and a slave process (sync replication, group commit,
+``--auto-promote``), an idempotent producer, and the replica faults in the plan
+(``master_kill``, ``master_pause``, ``promote``; a ``broker_kill`` hits either
+role; no ``disk_flip``).  Its window is shorter (25 s), so that one seed takes
+about a minute.  The audit adds, from both replicas' final logs: every
+acknowledged message in the final master's log at its acknowledged offset, no
+body twice in a partition's log, both replicas byte-identical.
+
 Every run prints its report (seed, faults by kind, messages, duplicates, max
 unowned time) in the terminal summary.  Knobs (environment):
 
 - ``METAQ_CHAOS_SEEDS=1,2,3``: these seeds (default: 3 random ones, printed),
   for both tests unless ``METAQ_CHAOS_STATIC_SEEDS`` is given;
 - ``METAQ_CHAOS_STATIC_SEEDS=4,5``: the static variant's seeds (default: 1
+  random one; 3 with ``METAQ_SOAK``);
+- ``METAQ_CHAOS_REPLICA_SEEDS=6,7``: the replicated variant's seeds (default: 1
   random one; 3 with ``METAQ_SOAK``);
 - ``METAQ_SOAK=1``: 10 seeds of 120 s each;
 - ``METAQ_CHAOS_SECONDS=N``: the fault window of each seed;
@@ -62,10 +73,12 @@ def _seeds(*names: str, random_ones: int) -> list[int]:
     return [rng.randrange(1, 2**31) for _ in range(random_ones)]
 
 
-def _settings(static_members: int = 0) -> ChaosSettings:
+def _settings(static_members: int = 0, replicated: bool = False) -> ChaosSettings:
     window = os.environ.get("METAQ_CHAOS_SECONDS", "").strip()
-    return ChaosSettings(window=float(window) if window else (120.0 if SOAK else 40.0),
-                         static_members=static_members, static_grace=8.0)
+    default = 120.0 if SOAK else (25.0 if replicated else 40.0)
+    return ChaosSettings(window=float(window) if window else default,
+                         static_members=static_members, static_grace=8.0,
+                         replicated=replicated)
 
 
 @pytest.mark.timeout(_settings().window + 300)
@@ -82,6 +95,15 @@ def test_chaos(seed: int, zk_ensemble, tmp_path, request: pytest.FixtureRequest)
 def test_chaos_static(seed: int, zk_ensemble, tmp_path,
                       request: pytest.FixtureRequest) -> None:
     _run(seed, zk_ensemble, tmp_path, request, _settings(static_members=2))
+
+
+@pytest.mark.timeout(_settings(replicated=True).window + 300)
+@pytest.mark.parametrize("seed", _seeds("METAQ_CHAOS_REPLICA_SEEDS", "METAQ_CHAOS_SEEDS",
+                                        random_ones=3 if SOAK else 1),
+                         ids=lambda s: f"seed{s}")
+def test_chaos_replicated(seed: int, zk_ensemble, tmp_path,
+                          request: pytest.FixtureRequest) -> None:
+    _run(seed, zk_ensemble, tmp_path, request, _settings(replicated=True))
 
 
 def _run(seed: int, zk_ensemble, tmp_path, request: pytest.FixtureRequest,  # noqa: ANN001

@@ -467,3 +467,85 @@ def test_static_faults_join_only_plans_with_static_slots() -> None:
     kinds = {f.kind for seed in range(1, 6)
              for f in make_plan(seed, 40.0, **kw, static_slots=(0, 2), static_grace=8.0)}
     assert set(STATIC_KINDS) <= kinds
+
+
+def test_replica_faults_join_only_replicated_plans() -> None:
+    from _chaos_faults import REPLICA_KINDS, make_plan
+
+    kw = dict(members=4, session_timeout=3.0)
+    for seed in range(1, 6):
+        plain = make_plan(seed, 40.0, brokers=3, **kw)
+        assert not {f.kind for f in plain} & set(REPLICA_KINDS)
+        assert all(f.role is None for f in plain)
+    plans = [make_plan(seed, 25.0, brokers=2, **kw, replicas=True) for seed in range(1, 6)]
+    kinds = {f.kind for plan in plans for f in plan}
+    assert set(REPLICA_KINDS) <= kinds and "disk_flip" not in kinds
+    for plan in plans:
+        busy: dict[int, float] = {}  # one fault per broker id at a time (planned)
+        for f in plan:
+            if f.kind == "broker_kill":
+                assert f.role in ("master", "slave"), f.describe()
+            if f.kind == "master_pause":
+                assert f.hold > 3.0  # past the brokers' session
+            if f.kind in ("broker_kill", *REPLICA_KINDS):
+                assert busy.get(f.target, 0.0) <= f.at, f.describe()
+                busy[f.target] = f.at + f.hold + 3.0
+
+
+def _msgs(*bodies: bytes, msg_id: int = 1) -> list[tuple]:
+    out, offset = [], 0
+    for body in bodies:
+        out.append((offset, msg_id, 0, body, offset + 20 + len(body)))
+        offset += 20 + len(body)
+    return out
+
+
+def _replicas(master_log: dict, slave_log: dict) -> dict:
+    return {0: {0: master_log, 1: slave_log}}
+
+
+def _check_replicas(logs: dict, acked: dict, masters: dict | None = None):  # noqa: ANN202
+    from _chaos_check import Verdict, check_replicas
+
+    v = Verdict()
+    check_replicas(v, acked=acked, logs=logs, masters={0: 0} if masters is None else masters)
+    return v, {x.split("]")[0][1:] for x in v.violations}
+
+
+def test_replicas_clean_logs_pass() -> None:
+    log = {"0-0": _msgs(b"seq-0", b"seq-1")}
+    v, kinds = _check_replicas(_replicas(log, dict(log)), {0: ("0-0", 0), 1: ("0-0", 25)})
+    assert kinds == set()
+    assert v.metrics["acked_lost"] == 0 and v.metrics["replicas_identical"] is True
+    assert v.metrics["log_messages"] == 2
+
+
+def test_replicas_acked_message_not_in_the_final_masters_log() -> None:
+    log = {"0-0": _msgs(b"seq-0", b"seq-1")}
+    # acknowledged at an offset the final master's log does not have, or with another body
+    v, kinds = _check_replicas(_replicas(log, dict(log)), {0: ("0-0", 0), 2: ("0-0", 25),
+                                                           3: ("0-0", 50)})
+    assert kinds == {"acked-lost"} and v.metrics["acked_lost"] == 2
+
+
+def test_replicas_a_body_twice_in_a_partition() -> None:
+    log = {"0-0": _msgs(b"seq-0", b"seq-1", b"seq-0")}
+    v, kinds = _check_replicas(_replicas(log, dict(log)), {0: ("0-0", 0)})
+    assert kinds == {"log-duplicate"} and v.metrics["log_duplicates"] == 1
+    # the same body in two partitions is not a duplicate in a log (counted apart)
+    log = {"0-0": _msgs(b"seq-0"), "0-1": _msgs(b"seq-0")}
+    v, kinds = _check_replicas(_replicas(log, dict(log)), {0: ("0-0", 0)})
+    assert kinds == set() and v.metrics["cross_partition_duplicates"] == 1
+
+
+def test_replicas_that_differ() -> None:
+    master = {"0-0": _msgs(b"seq-0", b"seq-1")}
+    other_id = {"0-0": _msgs(b"seq-0", b"seq-1", msg_id=2)}  # same bodies, other msgIds
+    shorter = {"0-0": _msgs(b"seq-0")}
+    for slave in (other_id, shorter):
+        v, kinds = _check_replicas(_replicas(master, slave), {0: ("0-0", 0)})
+        assert kinds == {"replicas-differ"} and v.metrics["replicas_identical"] is False
+    _v, kinds = _check_replicas({0: {0: master}}, {0: ("0-0", 0)})  # one replica unread
+    assert kinds == {"replicas-differ"}
+    _v, kinds = _check_replicas({0: {1: master}}, {0: ("0-0", 0)})  # the master's unread
+    assert "replicas-differ" in kinds and "acked-lost" in kinds
