@@ -140,7 +140,8 @@ class PartitionCopy:
     """One partition's copy: its state and counters (``Follower.status``)."""
 
     __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
-                 "caught_up_at", "task", "max_size", "below_since", "records_to")
+                 "caught_up_at", "task", "max_size", "below_since", "records_to",
+                 "applying")
 
     def __init__(self, plog: PartitionLog, max_size: int) -> None:
         self.plog = plog
@@ -154,6 +155,9 @@ class PartitionCopy:
         #: with a master that has idempotent producers' records: the log end up to which
         #: this copy holds them (None: records not tracked, the master has none)
         self.records_to: int | None = None
+        #: waiting for the producer records of what it copied (``Follower.stop`` lets
+        #: that finish: the master may already count the copy as held)
+        self.applying = False
         #: when an unflushed Java master's max offset was first seen below this end
         self.below_since: float | None = None
 
@@ -190,6 +194,8 @@ class Follower:
         self.poll_delay = poll_delay
         self.retry_delay = retry_delay
         self.connect_timeout = connect_timeout
+        #: how long :meth:`stop` waits for producer records already asked for
+        self.records_grace = 2.0
         self.flush_grace = flush_grace
         self.master: BrokerAddress | None = None
         self.copies: dict[tuple[str, int], PartitionCopy] = {}
@@ -233,6 +239,9 @@ class Follower:
     async def stop(self) -> dict[str, tuple[int, ...]]:
         """Stop copying (waits for the copy tasks); the log ends, topic -> per partition."""
         self._stopped = True
+        applying = [c.task for c in self.copies.values() if c.applying and c.task is not None]
+        if applying:  # records on their way: the master may count their messages as held
+            await asyncio.wait(applying, timeout=self.records_grace)
         self._drop_link()
         tasks = [c.task for c in self.copies.values() if c.task is not None]
         for t in tasks:
@@ -385,10 +394,13 @@ class Follower:
         promoted slave then still answers a resent idempotent put with its first place);
         False when they did not come."""
         plog = copy.plog
+        copy.applying = True
         try:
             reply = await records
         except BrokerUnavailableError:
             return False  # asked again on the next connection
+        finally:
+            copy.applying = False
         if type(reply) is not Result or reply.code != 200:
             return False
         found, used = decode_producer_records(reply.body)

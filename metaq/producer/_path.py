@@ -302,8 +302,11 @@ class SendPath:
         after failing the future (attempts exhausted, time up, no partition)."""
         cfg = self._config
         topic = send.topic
-        if isinstance(err, BrokerError) and err.code == 404:
-            self._router.refresh(topic)  # the broker does not know it: our route is stale
+        moved = isinstance(err, BrokerError) and err.code == 503
+        if isinstance(err, BrokerError) and err.code == 404 or moved:
+            # the broker does not know it, or is no master (a replica fenced or not yet
+            # leading, README "Replication"): our route is stale
+            self._router.refresh(topic)
         pinned = self.sequences is not None and getattr(send, "seq", None) is not None
         gap = pinned and isinstance(err, BrokerError) and err.code == GAP_CODE
         if gap:
@@ -326,7 +329,7 @@ class SendPath:
                 f"{err}"), err)
             return None
         if pinned:
-            return self._same_partition(send, gap)
+            return self._same_partition(send, gap, moved)
         route = self._router.get(topic)
         parts = route.partitions if route is not None else ()
         if not parts:  # its broker is re-registering, maybe: wait within the send timeout
@@ -358,10 +361,12 @@ class SendPath:
                 return route, candidates[0], delay
         return None  # unreachable: parts is not empty
 
-    def _same_partition(self, send: Send, gap: bool) -> tuple[TopicRoute, Partition, float]:
+    def _same_partition(self, send: Send, gap: bool, moved: bool = False
+                        ) -> tuple[TopicRoute, Partition, float]:
         """The next attempt of an idempotent message: its partition again, with its
         ``(pid, seq)``; at once after a gap refusal (the first in a row) or while its
-        broker's connection is up, else after ``retry_backoff``."""
+        broker's connection is up, else (and after a 503: not the master now, ``moved``)
+        after ``retry_backoff``."""
         part = send.part
         assert part is not None and self.sequences is not None
         delay = self._config.retry_backoff
@@ -376,7 +381,7 @@ class SendPath:
         else:
             send.gaps = 0
             conn = self._conns.get(part.broker_id)
-            if conn is not None and conn.usable:
+            if conn is not None and conn.usable and not moved:
                 delay = 0.0
         # (its broker away, restarting: connecting fails and this comes back, every
         # retry_backoff, until it is back or the send timeout is over)
