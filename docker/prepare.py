@@ -1,7 +1,8 @@
 """Prepare Docker for metaq-py's images and Docker tests, with no image registry if need be.
 
     python docker/prepare.py engine   # a Docker engine: use the running one, or (as root,
-                                      # with apt) install Debian's docker.io and start dockerd
+                                      # with apt) install Debian's docker.io and start dockerd;
+                                      # and Docker Compose (Debian's docker-compose) likewise
     python docker/prepare.py bases    # the base images: pulled when a registry answers, else
                                       # built locally (debootstrap bookworm | docker import)
     python docker/prepare.py images   # metaq-py:test and metaq-zookeeper:test on those bases
@@ -56,9 +57,39 @@ def engine_ok() -> bool:
         "docker", "info", check=False, quiet=True).returncode == 0
 
 
+def compose_ok() -> bool:
+    """``docker-compose`` (Debian's v1) or the ``docker compose`` plugin answers."""
+    for cmd in (("docker-compose",), ("docker", "compose")):
+        if shutil.which(cmd[0]) is not None and run(
+                *cmd, "version", check=False, quiet=True).returncode == 0:
+            return True
+    return False
+
+
+def compose() -> None:
+    """Docker Compose for tests/docker/test_compose.py: installed (Debian's
+    docker-compose) as root with apt when neither form answers; otherwise those tests
+    skip, naming what is missing."""
+    if compose_ok():
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        print("prepare.py: no Docker Compose and not root with apt: the compose tests skip",
+              file=sys.stderr)
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    if run("apt-get", "install", "-y", "docker-compose", check=False, env=env).returncode:
+        run("apt-get", "update", check=False)
+        run("apt-get", "install", "-y", "docker-compose", check=False, env=env)
+    if not compose_ok():
+        print("prepare.py: apt-get could not install docker-compose: the compose tests skip",
+              file=sys.stderr)
+
+
 def engine() -> None:
-    """A reachable engine, installing and starting one when this machine allows it."""
+    """A reachable engine, installing and starting one when this machine allows it;
+    then Docker Compose (:func:`compose`)."""
     if engine_ok():
+        compose()
         return
     if os.geteuid() != 0:
         raise Unavailable("no Docker engine is reachable and this is not root: start one "
@@ -75,6 +106,7 @@ def engine() -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if engine_ok():
+            compose()
             return
         time.sleep(0.5)  # polling the daemon's socket until it answers
     raise Unavailable(f"dockerd did not start within 60 s (see {log.name})")
