@@ -11,15 +11,14 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.raw_client import RawClient
 
 import metaq
 from metaq.broker import Broker, BrokerConfig
 from metaq.protocol import (
     QUIT,
-    ReplyParser,
     Result,
     Value,
-    build_payload,
     checksum,
     encode_get,
     encode_offset,
@@ -34,53 +33,6 @@ from metaq.protocol import (
 from metaq.testing import wait_until
 
 pytestmark = pytest.mark.broker
-
-
-class Client:
-    """A raw protocol client: send bytes, read parsed replies."""
-
-    def __init__(self, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.parser = ReplyParser(max_body=64 * 1024 * 1024)
-        self.pending: list = []
-        self.eof = False
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def replies(self, n: int) -> list:
-        while len(self.pending) < n:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                self.eof = True
-                raise ConnectionError(f"closed after {len(self.pending)} of {n} replies")
-            self.pending += self.parser.feed(data)
-        out, self.pending = self.pending[:n], self.pending[n:]
-        return out
-
-    def call(self, data: bytes):
-        self.send(data)
-        return self.replies(1)[0]
-
-    def put(self, topic: str, partition: int, body: bytes, opaque: int = 1,
-            attribute: str | None = None):
-        payload, flag = build_payload(body, attribute)
-        return self.call(encode_put(topic, partition, payload, flag, checksum(payload), opaque))
-
-    def rest_until_closed(self) -> list:
-        """Every remaining reply, until the broker closes the connection."""
-        out = list(self.pending)
-        self.pending = []
-        while True:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                self.eof = True
-                return out
-            out += self.parser.feed(data)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def make_config(tmp_path: Path, **kw) -> BrokerConfig:
@@ -105,7 +57,7 @@ def broker(tmp_path, broker_factory):
 
 @pytest.fixture
 def client(broker):
-    c = Client(broker.port)
+    c = RawClient(broker.port)
     yield c
     c.close()
 
@@ -260,7 +212,7 @@ def test_puts_of_both_parser_paths_are_one_step(broker, client):
 def test_get_result_rules(tmp_path):
     cfg = make_config(tmp_path, max_segment_size=4096)
     with Broker(cfg) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         for i in range(100):
             assert c.put("t", 0, b"%08d" % i * 12).code == 200  # 116-byte records
         end = broker.offsets("t", 0)[1]
@@ -297,7 +249,7 @@ def test_get_result_rules(tmp_path):
         assert c.put("t", 0, b"x", opaque=11).code == 200
         c.close()
     with Broker(cfg.replace(correct_offsets=True)) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         end = broker.offsets("t", 0)[1]
         r = c.call(encode_get("t", "g", 0, end + 500, 1000, 1))
         assert (r.code, r.body) == (301, b"%d" % end)
@@ -308,7 +260,7 @@ def test_get_result_rules(tmp_path):
 def test_big_gets_use_sendfile_and_are_capped(tmp_path):
     cfg = make_config(tmp_path, max_transfer_size=256 * 1024)
     with Broker(cfg) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         bodies = [os.urandom(100_000) for _ in range(5)]
         for b in bodies:
             assert c.put("t", 0, b).code == 200
@@ -460,7 +412,7 @@ def test_concurrent_producers_get_unique_offsets(broker):
     lock = threading.Lock()
 
     def produce(k: int) -> None:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         payloads = [b"%d-%d" % (k, i) for i in range(300)]
         c.send(b"".join(encode_put("t", 0, p, 0, checksum(p), i) for i, p in enumerate(payloads)))
         got = [parse_put_result(r.body) for r in c.replies(300)]
@@ -504,7 +456,7 @@ def test_put_errors_write_nothing(broker, client):
 
 def test_oversize_put_is_refused_and_skipped(tmp_path):
     with Broker(make_config(tmp_path, max_message_size=1000)) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         big = os.urandom(5000)
         c.send(encode_put("t", 0, big, 0, checksum(big), 1) + encode_version(2))
         r1, r2 = c.replies(2)
@@ -528,7 +480,7 @@ def test_oversize_put_is_refused_and_skipped(tmp_path):
     (b"sync t 0 3 0 x 7\r\nxyz", b"bad sync line"),
 ])
 def test_bad_lines_get_400_and_the_connection_goes_on(broker, client, data, what):
-    other = Client(broker.port)
+    other = RawClient(broker.port)
     r = client.call(data)
     assert r.code == 400 and what in r.body, r
     assert client.call(encode_version(42)).opaque == 42
@@ -547,14 +499,14 @@ def test_bad_lines_get_400_and_the_connection_goes_on(broker, client, data, what
     (b"get " + b"t" * 9000 + b" g 0 0 1 1\r\n", b"no CRLF within 8192 bytes"),
 ])
 def test_unrecoverable_input_closes_only_that_connection(broker, client, data, what):
-    other = Client(broker.port)
+    other = RawClient(broker.port)
     assert other.put("t", 0, b"before").code == 200
     client.send(encode_version(1) + data + encode_version(2))
     replies = client.rest_until_closed()
     assert replies[0] == Result(200, replies[0].body, 1)
     assert len(replies) == 2 and replies[1].code == 400 and what in replies[1].body
     assert other.put("t", 0, b"after").code == 200
-    assert Client(broker.port).call(encode_version(3)).opaque == 3
+    assert RawClient(broker.port).call(encode_version(3)).opaque == 3
     other.close()
     assert_logs_clean(broker.config.data_dir)
 
@@ -573,14 +525,14 @@ def test_lying_length_cannot_corrupt_the_log(broker, client):
 
 def test_client_vanishing_mid_stream_is_harmless(broker):
     for _ in range(20):
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         payload = os.urandom(200_000)
         c.send(encode_put("t", 0, payload, 0, checksum(payload), 1)[:100_000])
         c.close()
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         c.send(encode_get("t", "g", 0, 0, 1 << 20, 1))
         c.close()
-    assert Client(broker.port).call(encode_version(1)).code == 200
+    assert RawClient(broker.port).call(encode_version(1)).code == 200
     assert broker.offsets("t", 0) == (0, 0)
 
 
@@ -595,9 +547,9 @@ def stat(broker: Broker, name: str) -> int:
 def test_reader_that_never_reads_costs_bounded_memory(tmp_path, get_size):
     cfg = make_config(tmp_path, max_inflight_requests=2000, max_pending_bytes=1 << 20)
     with Broker(cfg) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         assert c.put("t", 0, os.urandom(200_000)).code == 200
-        lazy = Client(broker.port)
+        lazy = RawClient(broker.port)
         lazy.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         lazy.sock.settimeout(0.5)
         req = encode_get("t", "g", 0, 0, get_size, 1) * 1000
@@ -651,7 +603,7 @@ def test_group_commit_acks_only_synced_messages(tmp_path):
     cfg = make_config(tmp_path, unflush_threshold=0)
     assert cfg.group_commit
     with Broker(cfg) as broker:
-        clients = [Client(broker.port) for _ in range(4)]
+        clients = [RawClient(broker.port) for _ in range(4)]
         for k, c in enumerate(clients):
             c.send(b"".join(encode_put("t", k % 2, b"m%03d" % i, 0, checksum(b"m%03d" % i), i)
                             for i in range(200)))
@@ -669,7 +621,7 @@ def test_group_commit_acks_only_synced_messages(tmp_path):
 
 def test_auto_create_and_add_topic(tmp_path):
     with Broker(make_config(tmp_path, auto_create_topics=True, num_partitions=3)) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         r = c.put("fresh", 2, b"x")
         assert r.code == 200 and parse_put_result(r.body)[1] == 2
         assert broker.topics["fresh"] == 3
@@ -681,7 +633,7 @@ def test_auto_create_and_add_topic(tmp_path):
         assert "bad,name" not in broker.topics
         c.close()
     with Broker(make_config(tmp_path)) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         assert c.put("brand-new", 0, b"x").code == 404  # auto-create is off by default
         with pytest.raises(metaq.ConfigError, match="topic"):
             broker.add_topic("bad/name", 1)
@@ -691,11 +643,11 @@ def test_auto_create_and_add_topic(tmp_path):
 def test_broker_restart_keeps_data_and_ids_increase(tmp_path):
     cfg = make_config(tmp_path)
     with Broker(cfg) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         first = parse_put_result(c.put("t", 0, b"one").body)
         c.close()
     with Broker(cfg) as broker:
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         second = parse_put_result(c.put("t", 0, b"two").body)
         v = c.call(encode_get("t", "g", 0, 0, 1000, 1))
         assert [split_payload(m.payload, m.flag)[1] for m in iter_messages(v.body, 0)] == \

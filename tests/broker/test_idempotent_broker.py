@@ -5,10 +5,10 @@ unchanged, the ``producers`` command and the replication reads."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
+from helpers.raw_client import RawClient
 
 from metaq.broker import Broker, BrokerConfig
 from metaq.protocol import (
@@ -16,7 +16,6 @@ from metaq.protocol import (
     IDEMPOTENT_CAPABILITY,
     RECORD_SIZE,
     TOO_OLD_CODE,
-    ReplyParser,
     checksum,
     decode_producer_records,
     encode_idem_mark,
@@ -29,36 +28,6 @@ from metaq.protocol import (
 )
 
 pytestmark = pytest.mark.broker
-
-
-class Client:
-    """A raw protocol client: send bytes, read parsed replies."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.parser = ReplyParser()
-        self.pending: list = []
-
-    def replies(self, n: int) -> list:
-        while len(self.pending) < n:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError(f"closed after {len(self.pending)} of {n} replies")
-            self.pending += self.parser.feed(data)
-        out, self.pending = self.pending[:n], self.pending[n:]
-        return out
-
-    def puts(self, topic: str, partition: int, bodies: list[bytes], *, pid: int | None = None,
-             seq: int = 0, opaque: int = 1) -> list:
-        """Put ``bodies`` (after an idem mark when ``pid``); their replies."""
-        data = [] if pid is None else [encode_idem_mark(pid, seq, len(bodies))]
-        for k, body in enumerate(bodies):
-            data.append(encode_put(topic, partition, body, 0, checksum(body), opaque + k))
-        self.sock.sendall(b"".join(data))
-        return self.replies(len(bodies))
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def _config(tmp_path: Path, **kw) -> BrokerConfig:
@@ -80,12 +49,12 @@ def _ok(replies: list) -> list[tuple[int, int, int]]:
 
 def test_version_lists_the_capability_unless_off(tmp_path: Path) -> None:
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         c.sock.sendall(encode_version(7))
         assert IDEMPOTENT_CAPABILITY in c.replies(1)[0].body.decode().split()
         c.close()
     with Broker(_config(tmp_path, idempotent=False)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         c.sock.sendall(encode_version(7))
         assert IDEMPOTENT_CAPABILITY not in c.replies(1)[0].body.decode().split()
         c.close()
@@ -95,7 +64,7 @@ def test_a_resent_run_is_answered_with_the_original_places_and_stored_once(
         tmp_path: Path) -> None:
     bodies = [b"m%d" % i + b"x" * i for i in range(20)]
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         first = _ok(c.puts("t", 0, bodies, pid=42, seq=0))
         again = _ok(c.puts("t", 0, bodies, pid=42, seq=0, opaque=100))  # the whole run
         assert again == first
@@ -117,7 +86,7 @@ def test_a_resent_run_is_answered_with_the_original_places_and_stored_once(
 
 def test_a_gap_is_refused_naming_pid_partition_expected_and_got(tmp_path: Path) -> None:
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         _ok(c.puts("t", 1, [b"a", b"b"], pid=9, seq=0))
         r = c.puts("t", 1, [b"d"], pid=9, seq=3)[0]
         assert r.code == GAP_CODE
@@ -132,7 +101,7 @@ def test_a_gap_is_refused_naming_pid_partition_expected_and_got(tmp_path: Path) 
 
 def test_a_seq_older_than_the_window_is_refused_as_too_old(tmp_path: Path) -> None:
     with Broker(_config(tmp_path, producer_window=4)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         for i in range(10):  # singles from two producers interleaved: nothing merges
             _ok(c.puts("t", 0, [b"p%d" % i], pid=1, seq=i))
             _ok(c.puts("t", 0, [b"q%d" % i], pid=2, seq=i))
@@ -146,7 +115,7 @@ def test_a_seq_older_than_the_window_is_refused_as_too_old(tmp_path: Path) -> No
 def test_the_table_survives_a_restart_and_plain_puts_are_unchanged(tmp_path: Path) -> None:
     bodies = [b"r%d" % i for i in range(30)]
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         first = _ok(c.puts("t", 0, bodies[:10], pid=5, seq=0))
         first += _ok(c.puts("t", 0, [bodies[10]], pid=5, seq=10))
         plain = _ok(c.puts("t", 0, [b"java"]))  # a put line without a mark: as ever
@@ -154,7 +123,7 @@ def test_the_table_survives_a_restart_and_plain_puts_are_unchanged(tmp_path: Pat
         c.close()
     assert (tmp_path / "data" / "t-0" / "producers.jnl").stat().st_size == 2 * RECORD_SIZE
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         assert _ok(c.puts("t", 0, bodies[:11], pid=5, seq=0)) == first
         r = c.puts("t", 0, [b"x"], pid=5, seq=12)[0]
         assert r.code == GAP_CODE and "expected seq 11" in r.body.decode()
@@ -168,7 +137,7 @@ def test_records_past_the_log_end_are_dropped_on_open(tmp_path: Path) -> None:
     """A record journaled for messages that never reached the log (killed between the
     two writes, or the log's tail cut at recovery) is dropped; so is a torn record."""
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         _ok(c.puts("t", 0, [b"a", b"b"], pid=5, seq=0))
         c.close()
     jnl = tmp_path / "data" / "t-0" / "producers.jnl"
@@ -178,7 +147,7 @@ def test_records_past_the_log_end_are_dropped_on_open(tmp_path: Path) -> None:
                          last_start=rec.end, first_id=rec.last_id + 1, last_id=rec.last_id + 1)
     jnl.write_bytes(good + encode_producer_records([ghost]) + b"torn")
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         # seq 2 was never stored: accepted, not answered as a duplicate of the ghost
         (r,) = _ok(c.puts("t", 0, [b"c"], pid=5, seq=2))
         assert r[2] == rec.end
@@ -191,7 +160,7 @@ def test_records_past_the_log_end_are_dropped_on_open(tmp_path: Path) -> None:
 def test_producers_command_and_replication_reads(tmp_path: Path) -> None:
     other = tmp_path / "slave"
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         _ok(c.puts("t", 0, [b"a", b"b"], pid=5, seq=0))
         _ok(c.puts("t", 0, [b"c"], pid=6, seq=0))
         _ok(c.puts("t", 0, [b"d"], pid=5, seq=2))  # merges with pid 5's first run
@@ -221,7 +190,7 @@ def test_producers_command_and_replication_reads(tmp_path: Path) -> None:
     with Broker(BrokerConfig(broker_id=4, data_dir=other, port=0, topics={"t": 2})) as s:
         assert s.apply_producer_records("t", 0, records) == len(records)
         assert s.apply_producer_records("t", 0, records) == 0  # known
-        c = Client(s.port)
+        c = RawClient(s.port)
         again = _ok(c.puts("t", 0, [b"a", b"b", b"d", b"e"], pid=5, seq=0))  # promoted
         assert [o for _i, _p, o in again] == [m.offset for m in _log(tmp_path)
                                                if m.payload in (b"a", b"b", b"d", b"e")]
@@ -232,7 +201,7 @@ def test_producers_command_and_replication_reads(tmp_path: Path) -> None:
 
 def test_group_commit_answers_resends_after_the_fsync(tmp_path: Path) -> None:
     with Broker(_config(tmp_path, unflush_threshold=0)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         first = _ok(c.puts("t", 0, [b"g1", b"g2"], pid=8, seq=0))
         assert _ok(c.puts("t", 0, [b"g1", b"g2"], pid=8, seq=0)) == first
         c.close()
@@ -241,7 +210,7 @@ def test_group_commit_answers_resends_after_the_fsync(tmp_path: Path) -> None:
 
 def test_mark_split_across_reads_and_bad_marks(tmp_path: Path) -> None:
     with Broker(_config(tmp_path)) as b:
-        c = Client(b.port)
+        c = RawClient(b.port)
         body = [b"s%d" % i for i in range(3)]
         data = encode_idem_mark(11, 0, 3) + b"".join(
             encode_put("t", 0, x, 0, checksum(x), k) for k, x in enumerate(body))

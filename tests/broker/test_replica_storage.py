@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import struct
 
 import pytest
+from helpers.raw_client import RawClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import metaq
 from metaq.broker import BrokerConfig, Storage
 from metaq.protocol import (
-    ReplyParser,
     Value,
     build_payload,
     checksum,
@@ -70,27 +69,6 @@ def copy_all(slave, data: bytes, start: int, chunk: int = 777) -> None:
 
 # --------------------------------------------------------------------------- byte identity
 
-class _Client:
-    """A raw protocol client: send bytes, read parsed replies."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.parser = ReplyParser(max_body=64 << 20)
-        self.pending: list = []
-
-    def replies(self, n: int) -> list:
-        while len(self.pending) < n:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("closed")
-            self.pending += self.parser.feed(data)
-        out, self.pending = self.pending[:n], self.pending[n:]
-        return out
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def test_copy_of_a_real_brokers_log_is_byte_identical(tmp_path, tmp_path_factory,
                                                         broker_factory):
     """Puts in pipelined groups of 1..17 (bodies 0..1500 bytes, some with attributes) into
@@ -100,7 +78,7 @@ def test_copy_of_a_real_brokers_log_is_byte_identical(tmp_path, tmp_path_factory
     cfg = BrokerConfig(broker_id=1, data_dir=tmp_path / "master", port=0, topics={"t": 1},
                        max_segment_size=4096)
     master = broker_factory(config=cfg)
-    c = _Client(master.port)
+    c = RawClient(master.port)
     sent = 0
     for g, size in enumerate([1, 3, 17, 2, 9, 1, 5, 12, 4, 7] * 3):
         reqs = []

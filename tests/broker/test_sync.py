@@ -5,18 +5,15 @@ answered as a put is, only by a broker that accepts syncs (a slave)."""
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
+from helpers.raw_client import RawClient
 
 from metaq.broker import Broker, BrokerConfig
 from metaq.protocol import (
-    ReplyParser,
     Result,
-    Value,
     build_payload,
     checksum,
-    encode_get,
     encode_put,
     encode_sync,
     iter_messages,
@@ -24,42 +21,6 @@ from metaq.protocol import (
 )
 
 pytestmark = pytest.mark.broker
-
-
-class Client:
-    """A raw protocol client: send bytes, read parsed replies."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        self.parser = ReplyParser(max_body=64 << 20)
-        self.pending: list = []
-
-    def replies(self, n: int) -> list:
-        while len(self.pending) < n:
-            data = self.sock.recv(1 << 20)
-            if not data:
-                raise ConnectionError("closed")
-            self.pending += self.parser.feed(data)
-        out, self.pending = self.pending[:n], self.pending[n:]
-        return out
-
-    def call(self, data: bytes):
-        self.sock.sendall(data)
-        return self.replies(1)[0]
-
-    def log(self, topic: str, partition: int) -> bytes:
-        """The partition's whole log, read with gets."""
-        out, off = [], 0
-        while True:
-            r = self.call(encode_get(topic, "g", partition, off, 1 << 20, 1))
-            if not isinstance(r, Value):
-                assert r.code == 404, r
-                return b"".join(out)
-            out.append(r.body)
-            off += len(r.body)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def slave_broker(broker_factory, tmp_path, *, accepts_sync: bool = True, **kw) -> Broker:
@@ -78,7 +39,7 @@ def test_a_slave_stores_syncs_with_the_masters_msgids_and_answers_as_gregor(
         tmp_path, broker_factory, group_commit):
     slave = slave_broker(broker_factory, tmp_path,
                          unflush_threshold=0 if group_commit else 1000)
-    c = Client(slave.port)
+    c = RawClient(slave.port)
     payloads = [build_payload(b"body %d" % i * i, "k=v" if i % 2 else None) for i in range(6)]
     reqs = []
     for i, (payload, flag) in enumerate(payloads):
@@ -112,7 +73,7 @@ def test_a_slave_stores_syncs_with_the_masters_msgids_and_answers_as_gregor(
 
 def test_a_bad_checksum_is_refused_and_nothing_written(tmp_path, broker_factory):
     slave = slave_broker(broker_factory, tmp_path)
-    c = Client(slave.port)
+    c = RawClient(slave.port)
     r = c.call(encode_sync("t", 0, b"payload", 0, MSG_ID, checksum(b"payload") ^ 1, 3))
     assert r == Result(400, b"checksum mismatch", 3)
     assert slave.offsets("t", 0) == (0, 0)
@@ -124,7 +85,7 @@ def test_a_bad_checksum_is_refused_and_nothing_written(tmp_path, broker_factory)
 def test_sync_to_a_closed_or_missing_partition(tmp_path, broker_factory):
     slave = slave_broker(broker_factory, tmp_path)
     slave.set_partition_closed("t", 0)
-    c = Client(slave.port)
+    c = RawClient(slave.port)
     r = c.call(encode_sync("t", 0, b"p", 0, MSG_ID, checksum(b"p"), 5))
     assert (r.code, r.opaque) == (403, 5) and b"t-0 is closed" in r.body
     r = c.call(encode_sync("t", 7, b"p", 0, MSG_ID, checksum(b"p"), 6))
@@ -137,7 +98,7 @@ def test_sync_to_a_closed_or_missing_partition(tmp_path, broker_factory):
 
 def test_a_broker_that_is_not_a_slave_refuses_sync(tmp_path, broker_factory):
     b = slave_broker(broker_factory, tmp_path, accepts_sync=False)
-    c = Client(b.port)
+    c = RawClient(b.port)
     r = c.call(encode_sync("t", 0, b"p", 0, MSG_ID, checksum(b"p"), 8))
     assert r == Result(403, b"broker 5 is not a slave; sync is only accepted by a slave", 8)
     assert c.call(encode_put("t", 0, b"p", 0, checksum(b"p"), 9)).code == 200  # goes on
@@ -153,7 +114,7 @@ def test_syncs_of_a_masters_messages_make_a_byte_identical_log(tmp_path, broker_
         broker_id=4, data_dir=tmp_path / "master", port=0, topics={"t": 1},
         max_segment_size=4096))
     slave = slave_broker(broker_factory, tmp_path, topics={"t": 1}, max_segment_size=4096)
-    m, s = Client(master.port), Client(slave.port)
+    m, s = RawClient(master.port), RawClient(slave.port)
     for i in range(60):
         body = os.urandom((i * 97) % 700)
         payload, flag = build_payload(body, "a" if i % 3 == 0 else None)

@@ -5,29 +5,17 @@ is answered with its first place and stored once."""
 
 from __future__ import annotations
 
-import socket
+from helpers.raw_client import RawClient
 
-from metaq.protocol import (
-    CHECKSUM_MASK,
-    ReplyParser,
-    crc32,
-    encode_idem_mark,
-    encode_put,
-    parse_put_result,
-)
+from metaq.protocol import parse_put_result
 from metaq.testing import wait_until
 
 
 def idem_put(port: int, pid: int, seq: int, body: bytes) -> tuple[int, bytes]:
     """One idempotent put on a fresh connection: ``(code, body)`` of its answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        s.sendall(encode_idem_mark(pid, seq, 1)
-                  + encode_put("i", 0, body, 0, crc32(body) & CHECKSUM_MASK, 7))
-        parser = ReplyParser()
-        while True:
-            got = parser.feed(s.recv(65536))
-            if got:
-                return got[0].code, bytes(got[0].body)
+    with RawClient(port) as c:
+        (reply,) = c.puts("i", 0, [body], pid=pid, seq=seq, opaque=7)
+        return reply.code, bytes(reply.body)
 
 
 def test_resent_put_is_stored_once_by_the_promoted_slave(zk_connect, broker_factory,
