@@ -252,9 +252,8 @@ class Role:
             if plog is None or plog.end <= end:
                 continue
             if end < plog.min_offset:
-                old = plog.end
+                nbytes, count = plog.end - plog.min_offset, None  # all of it goes
                 plog.reset(end)
-                nbytes, count = old - plog.min_offset, None
             else:
                 nbytes, count = plog.truncate(end)
             if self.producers is not None:  # resent puts of the cut runs are new again
