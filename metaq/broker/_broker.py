@@ -374,21 +374,10 @@ class Broker:
 
     def replication_status(self) -> dict:
         """Role, epoch, and per slave (master) or per partition (slave) progress."""
-        def do() -> dict:
-            role = self._role
-            if role is None:
-                return {"role": None}
-            out: dict = {"role": role.name.value, "epoch": role.epoch,
-                         "replica": role.replica, "why": role.why,
-                         "truncated": list(role.truncated)}
-            if role.replicas is not None:
-                out["in_sync"] = sorted(role.replicas.in_sync)
-                out["slaves"] = role.replicas.status()
-            if role.follower is not None:
-                out["master"] = role.follower.master
-                out["copies"] = role.follower.status()
-            return out
-        return self._call(do)
+        role = self._role
+        if role is None:
+            return {"role": None}
+        return self._call(role.status)
 
     def promote(self, replica: int, *, force: bool = False) -> None:
         """Name ``replica`` of this broker id master of the next epoch."""

@@ -308,22 +308,35 @@ class Role:
             self.replicas = None
 
     # -- reporting -------------------------------------------------------------------------
-    def status_lines(self) -> list[str]:
-        lines = [f"replication_role {self.name.value}",
-                 f"replication_replica {self.replica}",
-                 f"replication_epoch {-1 if self.epoch is None else self.epoch}",
-                 f"replication_mode {self.config.replication}"]
+    def status(self) -> dict:
+        """Role, epoch, and per slave (master) or per partition (slave) progress
+        (``Broker.replication_status``; :meth:`status_lines` renders it for ``stats``)."""
+        out: dict = {"role": self.name.value, "epoch": self.epoch, "replica": self.replica,
+                     "why": self.why, "truncated": list(self.truncated)}
         if self.replicas is not None:
-            lines.append("replication_in_sync " + (",".join(
-                map(str, sorted(self.replicas.in_sync))) or "none"))
-            for st in self.replicas.status():
-                lines.append(f"replication_slave {st['replica']} in_sync "
-                             f"{str(st['in_sync']).lower()} lag_bytes {st['lag_bytes']} "
-                             f"lag_seconds {st['lag_seconds']}")
+            out["in_sync"] = sorted(self.replicas.in_sync)
+            out["slaves"] = self.replicas.status()
         if self.follower is not None:
-            copies = self.follower.status()
+            out["master"] = self.follower.master
+            out["copies"] = self.follower.status()
+        return out
+
+    def status_lines(self) -> list[str]:
+        st = self.status()
+        lines = [f"replication_role {st['role']}",
+                 f"replication_replica {st['replica']}",
+                 f"replication_epoch {-1 if st['epoch'] is None else st['epoch']}",
+                 f"replication_mode {self.config.replication}"]
+        if "in_sync" in st:
+            lines.append("replication_in_sync " + (",".join(map(str, st["in_sync"])) or "none"))
+            for sl in st["slaves"]:
+                lines.append(f"replication_slave {sl['replica']} in_sync "
+                             f"{str(sl['in_sync']).lower()} lag_bytes {sl['lag_bytes']} "
+                             f"lag_seconds {sl['lag_seconds']}")
+        if "copies" in st:
+            copies = st["copies"]
             lags = [c["lag_seconds"] for c in copies if c["lag_seconds"] is not None]
-            master = self.follower.master
+            master = st["master"]
             lines.append("replication_master "
                          + ("none" if master is None else f"{master[0]}:{master[1]}"))
             lines.append(f"replication_lag_seconds {max(lags, default=0)}")
@@ -337,7 +350,6 @@ class Role:
                     "put_refused_lease", "put_refused_role"):
             lines.append(f"{key} {self.stats[key]}")
         return lines
-
 
 async def _call(make: Callable[[], Awaitable[Any]]) -> Any:
     return await make()
