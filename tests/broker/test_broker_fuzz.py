@@ -6,9 +6,10 @@ import logging
 import socket
 
 import pytest
+from helpers.raw_client import RawClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_broker import Client, assert_logs_clean, make_config
+from test_broker import assert_logs_clean, make_config
 
 from metaq.broker import Broker
 from metaq.protocol import (
@@ -73,7 +74,7 @@ def test_random_streams_never_hurt_the_broker(tmp_path, caplog):
     caplog.set_level(logging.WARNING)
     cfg = make_config(tmp_path, max_message_size=100_000, max_line=512)
     with Broker(cfg) as broker:
-        witness = Client(broker.port)
+        witness = RawClient(broker.port)
 
         @settings(max_examples=400, deadline=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -105,7 +106,7 @@ def test_random_streams_never_hurt_the_broker(tmp_path, caplog):
 
         one_connection()
         # a well-formed client is still served, and the logs are whole
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         assert c.put("t", 0, b"after the storm", opaque=5).code == 200
         end = broker.offsets("t", 0)[1]
         v = c.call(encode_get("t", "g", 0, 0, 1 << 20, 6))

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from test_broker import Client
+from helpers.raw_client import RawClient
 
 import metaq
 import zk_layout
@@ -97,7 +97,7 @@ def test_reregisters_after_session_expiry(tmp_path, zk_connect, zk_client, zk_se
         assert {p: d for p, (d, _o) in found.items()} == expected_data(7, broker.port, cfg.topics)
         assert broker.registration_error is None
         # the broker kept serving throughout
-        c = Client(broker.port)
+        c = RawClient(broker.port)
         assert c.call(encode_version(5)).code == 200
         c.close()
     assert nodes_of(zk_client, 7, cfg.topics) == {}
@@ -142,7 +142,7 @@ def test_cli_start_sigterm_unregisters_and_exits_0(tmp_path, zk_connect, zk_clie
         topics = {"a": 3, "b": 1}
         found = nodes_of(zk_client, 9, topics)
         assert {p: d for p, (d, _o) in found.items()} == expected_data(9, port, topics)
-        c = Client(port)
+        c = RawClient(port)
         assert c.put("a", 2, b"hello").code == 200
         c.close()
         proc.send_signal(signal.SIGTERM)
