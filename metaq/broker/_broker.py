@@ -173,7 +173,8 @@ class Broker:
                     cfg, storage, add_topic=server.add_topic, stats=server.stats,
                     write_in_sync=lambda want: self._registry.write_in_sync(want),
                     accept_sync=lambda on: setattr(server, "accepts_sync", on),
-                    on_master=self._continue_ids, producers=server.producers)
+                    on_master=self._continue_ids, producers=server.producers,
+                    transactions=server.tx)
                 role.loop = loop
                 server.role = role
                 reg = self._registry = BrokerRegistry(

@@ -60,6 +60,7 @@ from metaq.protocol import (
     HOLD_CAPABILITY,
     IDEMPOTENT_CAPABILITY,
     OPAQUE_MASK,
+    TXLOG_CAPABILITY,
     ReplyParser,
     Result,
     Value,
@@ -73,6 +74,7 @@ from metaq.protocol import (
 
 if TYPE_CHECKING:
     from metaq.broker._storage import PartitionLog, Storage
+    from metaq.broker._txfeed import TxCopy
 
 __all__ = ["Follower", "PartitionCopy"]
 
@@ -179,14 +181,18 @@ class Follower:
     def __init__(self, storage: Storage, *, replica: int, add_topic: Callable[[str, int], None],
                  max_size: int, group_commit: bool, stats: collections.Counter,
                  apply_records: Callable[[str, int, list], int] | None = None,
-                 hold_ms: int = 500, poll_delay: float = 0.1, retry_delay: float = 1.0,
-                 connect_timeout: float = 5.0, flush_grace: float = 15.0) -> None:
+                 tx: TxCopy | None = None, hold_ms: int = 500, poll_delay: float = 0.1,
+                 retry_delay: float = 1.0, connect_timeout: float = 5.0,
+                 flush_grace: float = 15.0) -> None:
         self.storage = storage
         self.replica = replica
         self.group = replica_group(replica)
         self.add_topic = add_topic
         #: stores a master's producer records (``Producers.apply_producer_records``)
         self.apply_records = apply_records
+        #: copies the master's transaction feed into this broker's journal (``_txfeed``)
+        self.tx = tx
+        self._tx_task: asyncio.Task | None = None
         self.max_size = max_size
         self.group_commit = group_commit
         self.stats = stats
@@ -271,6 +277,9 @@ class Follower:
         if self._connector is not None:
             self._connector.cancel()
             self._connector = None
+        if self._tx_task is not None:
+            self._tx_task.cancel()
+            self._tx_task = None
         if self._link is not None:
             self._link.close()
             self._link = None
@@ -285,6 +294,10 @@ class Follower:
                 reply = await asyncio.wait_for(link.request(encode_version),
                                                self.connect_timeout)
                 link.capabilities = frozenset(reply.body.decode("utf-8", "replace").split())
+                if self.tx is not None and TXLOG_CAPABILITY in link.capabilities:
+                    # the feed first: the master counts this slave's acknowledgements
+                    # before any get of this connection can put it in the in-sync set
+                    await asyncio.wait_for(self.tx.step(link, 0), self.connect_timeout)
             except (TimeoutError, OSError, BrokerUnavailableError) as e:
                 self.stats["replication_connect_failed"] += 1
                 log.warning("replica %d: cannot reach master %s:%d (%s); retrying",
@@ -292,12 +305,18 @@ class Follower:
                 await asyncio.sleep(self.retry_delay)
                 continue
             self._link = link
+            if self.tx is not None and TXLOG_CAPABILITY in link.capabilities:
+                self._tx_task = loop.create_task(self.tx.run(link),
+                                                 name=f"metaq-follower-{self.replica}-tx")
             self._linked.set()
             log.info("replica %d: copying from %s:%d", self.replica, master[0], master[1])
             err = await link.closed
             if self._link is link:
                 self._link = None
                 self._linked.clear()
+                if self._tx_task is not None:
+                    self._tx_task.cancel()
+                    self._tx_task = None
                 log.warning("replica %d: connection to master lost (%s); reconnecting",
                             self.replica, err)
             await asyncio.sleep(min(self.retry_delay, 0.2))

@@ -110,6 +110,9 @@ class ReplicaSet:
         self._leaving: set[int] = set()   # leave memory once ZooKeeper no longer lists them
         self._waiters: dict[PartitionLog, collections.deque] = {}
         self.failed: BaseException | None = None
+        #: the transactions' feed (``_txfeed.TxFeed``): its waits follow the in-sync
+        #: set, and a slave that lags on it leaves the set
+        self.feed = None
 
     # -- what slaves report ----------------------------------------------------------------
     def fetched(self, replica: int, plog: PartitionLog, offset: int) -> None:
@@ -252,6 +255,8 @@ class ReplicaSet:
             if nbytes and secs > self.max_lag:
                 return (f"not caught up with {plog.topic}-{plog.partition} for {secs:.1f} s "
                         f"({nbytes} bytes behind)")
+        if self.feed is not None:
+            return self.feed.lagging(rep.number, now, self.max_lag)
         return None
 
     def _sync_written(self, without: set[int] | None = None) -> None:
@@ -292,6 +297,8 @@ class ReplicaSet:
             self._leaving -= gone
             self._release_all()
             self._update_watermarks()
+            if self.feed is not None:
+                self.feed.in_sync_changed()
 
     # -- reporting -------------------------------------------------------------------------
     def status(self, now: float | None = None) -> list[dict]:

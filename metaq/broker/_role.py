@@ -47,6 +47,7 @@ from metaq._durable import write_durably
 from metaq._errors import StorageError
 from metaq.broker._follower import Follower
 from metaq.broker._replicas import NotReplicatedError, ReplicaSet
+from metaq.broker._txfeed import TxCopy
 
 if TYPE_CHECKING:
     import collections
@@ -116,7 +117,7 @@ class Role:
                  write_in_sync: Callable[[tuple[int, ...]], Future],
                  accept_sync: Callable[[bool], None] = lambda on: None,
                  on_master: Callable[[], None] = lambda: None,
-                 producers: Any = None) -> None:
+                 producers: Any = None, transactions: Any = None) -> None:
         self.config = config
         self.storage = storage
         self.stats = stats
@@ -128,6 +129,9 @@ class Role:
         self._on_master = on_master
         #: the broker's idempotent-producer tables (``_producers.Producers``), or None
         self.producers = producers
+        #: the broker's transactions (``_transactions.Transactions``), or None: a master
+        #: feeds its prepared branches to its slaves, a slave copies them (``_txfeed``)
+        self.transactions = transactions
         self.name = RoleName.FENCED
         self.epoch: int | None = None
         self.why = "starting"
@@ -153,6 +157,11 @@ class Role:
         if self.name is RoleName.MASTER and epoch == self.epoch:
             self.lease_until = max(self.lease_until, sent_at + self.lease_seconds)
             self.lease_needed = lease_needed
+
+    @property
+    def leads(self) -> bool:
+        """Master (whatever its lease)."""
+        return self.name is RoleName.MASTER
 
     # -- the put gate (event loop, once per read of puts) -----------------------------------
     def put_refusal(self) -> str | None:
@@ -191,6 +200,9 @@ class Role:
                                    max_lag_bytes=cfg.replication_max_lag_bytes,
                                    no_in_sync=cfg.no_in_sync, stats=self.stats,
                                    write_in_sync=self._write_in_sync, in_sync=in_sync)
+        if self.transactions is not None:  # a slave's copied branches become its own
+            self.transactions.lead(self.replicas, in_sync)
+            self.replicas.feed = self.transactions.feed
         self.epoch = epoch
         self.lease_needed = bool(in_sync)
         self.lease_until = time.monotonic() + self.lease_seconds
@@ -209,6 +221,8 @@ class Role:
         if self.replicas is not None:
             self.replicas.fail(NotReplicatedError(why))
             self.replicas = None
+        if self.transactions is not None:
+            self.transactions.step_down(why)
         log.warning("broker %d replica %d fenced: %s", self.config.broker_id, self.replica, why)
 
     async def stop_following(self) -> dict[str, tuple[int, ...]]:
@@ -275,10 +289,16 @@ class Role:
         if self.replicas is not None:
             self.replicas.fail(NotReplicatedError(why))
             self.replicas = None
+        tx = self.transactions
+        if tx is not None and not tx.following:
+            tx.step_down(why)
         cfg = self.config
         self._accept_sync(cfg.copy_by == "sync")
         if self.follower is None and cfg.copy_by == "fetch":
             self.follower = Follower(self.storage, replica=self.replica,
+                                     tx=None if tx is None else TxCopy(
+                                         tx.journal, replica=self.replica, stats=self.stats,
+                                         executor=self.storage.executor),
                                      add_topic=self._add_topic,
                                      apply_records=None if self.producers is None else
                                      self.producers.apply_producer_records,
@@ -319,6 +339,10 @@ class Role:
         if self.follower is not None:
             out["master"] = self.follower.master
             out["copies"] = self.follower.status()
+            if self.follower.tx is not None:
+                out["transactions"] = self.follower.tx.status()
+        elif self.transactions is not None and self.replicas is not None:
+            out["transactions"] = self.transactions.feed.status()
         return out
 
     def status_lines(self) -> list[str]:
@@ -344,10 +368,17 @@ class Role:
                 if c["state"] in ("diverged", "stopped"):
                     lines.append(f"replication_problem {c['topic']} {c['partition']} "
                                  f"{c['state']} {c['problem']}")
+        txs = st.get("transactions")
+        if txs is not None:
+            lines.append(f"replication_tx_feed {txs['incarnation']} {txs['seq']}")
+            if txs.get("problem"):
+                lines.append(f"replication_problem transactions - stopped {txs['problem']}")
         for key in ("replication_copied_bytes", "replication_copied_messages",
                     "replication_diverged", "replication_resets", "replication_joins",
                     "replication_leaves", "replication_alone", "replication_truncated_bytes",
-                    "put_refused_lease", "put_refused_role"):
+                    "put_refused_lease", "put_refused_role", "replication_tx_events",
+                    "replication_tx_applied", "replication_tx_snapshots",
+                    "replication_tx_damaged", "tx_found_committed"):
             lines.append(f"{key} {self.stats[key]}")
         return lines
 

@@ -47,6 +47,7 @@ from metaq.protocol import (
     HOLD_CAPABILITY,
     IDEMPOTENT_CAPABILITY,
     TIME_INDEX_CAPABILITY,
+    TXLOG_CAPABILITY,
     BadRequest,
     GetRequest,
     IdemMark,
@@ -58,6 +59,7 @@ from metaq.protocol import (
     StatsRequest,
     SyncRequest,
     TransactionRequest,
+    TxLogRequest,
     VersionRequest,
     crc32,
     encode_value_header,
@@ -99,7 +101,8 @@ class BrokerServer:
             f" {cap}" for cap, offered in ((HOLD_CAPABILITY, config.max_hold > 0),
                                           (TIME_INDEX_CAPABILITY, config.time_index),
                                           (BOUNDARY_CAPABILITY, not config.java_tell_max_offset),
-                                          (IDEMPOTENT_CAPABILITY, config.idempotent))
+                                          (IDEMPOTENT_CAPABILITY, config.idempotent),
+                                          (TXLOG_CAPABILITY, True))
             if offered)
         self._continue_ids()
         #: idempotent producers: per partition, the table of stored runs (``_producers``)
@@ -111,7 +114,8 @@ class BrokerServer:
         self.tx = Transactions(storage, ids, group_commit=config.unflush_threshold == 0,
                                max_message_size=config.max_message_size,
                                max_timeout=config.max_transaction_timeout,
-                               max_size=config.max_transaction_size, stats=self.stats)
+                               max_size=config.max_transaction_size, stats=self.stats,
+                               max_hold=config.max_hold)
         self.tx.recover()
         self.held = HeldGets(self._get, max_hold=config.max_hold,
                              max_held=config.max_held_gets, stats=self.stats)
@@ -284,7 +288,7 @@ class BrokerServer:
             elif t is TransactionRequest:
                 why = None if self.role is None or r.type in ("END", "RECOVER") \
                     else self.role.put_refusal()
-                if why is not None:  # transactions are a master's (and not replicated)
+                if why is not None:  # transactions are the master's (copied by its slaves)
                     self.stats["tx_errors"] += 1
                     conn.send(result(503, why, r.opaque))
                 else:
@@ -301,6 +305,12 @@ class BrokerServer:
                     self.stats["bad_requests"] += 1
             elif t is ProducersRequest:
                 self._producers(conn, r)
+            elif t is TxLogRequest:  # a slave copying this master's transactions
+                if self.role is not None and not self.role.leads:
+                    conn.send(result(503, f"broker {self.config.broker_id} replica "
+                                          f"{self.role.replica} is not the master", r.opaque))
+                else:
+                    self.tx.feed.request(conn, r)
 
     def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
         """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests

@@ -57,7 +57,15 @@ from typing import TYPE_CHECKING, Any
 
 from metaq._errors import ProtocolError, StorageError
 from metaq.broker._replies import Gate, answer, result
-from metaq.broker._txjournal import COMPACT_AT, Replayed, TxJournal
+from metaq.broker._txfeed import TxFeed
+from metaq.broker._txjournal import (
+    COMPACT_AT,
+    Replayed,
+    TxJournal,
+    decide_record,
+    prepare_record,
+    put_record,
+)
 from metaq.protocol import (
     CHECKSUM_MASK,
     HEADER,
@@ -79,6 +87,7 @@ from metaq.protocol import (
 
 if TYPE_CHECKING:
     from metaq.broker._connection import Connection
+    from metaq.broker._replicas import ReplicaSet
     from metaq.broker._storage import PartitionLog, Storage
     from metaq.protocol import MsgIdGenerator
 
@@ -110,6 +119,10 @@ class Tx:
     puts: list[tuple[PartitionLog, str, int, bytes]] = field(default_factory=list)
     size: int = 0
     timer: asyncio.TimerHandle | None = None
+    #: prepared: ``(topic, partition, the log's end then, length)`` per partition
+    bounds: list[tuple[str, int, int, int]] | None = None
+    #: committing: the ``D``'s places
+    decided: list[tuple[str, int, int, int]] | None = None
 
 
 class Transactions:
@@ -117,7 +130,7 @@ class Transactions:
 
     def __init__(self, storage: Storage, ids: MsgIdGenerator, *, group_commit: bool,
                  max_message_size: int, max_timeout: float, max_size: int,
-                 stats: collections.Counter) -> None:
+                 stats: collections.Counter, max_hold: float = 0.0) -> None:
         self.storage = storage
         self.ids = ids
         self.group_commit = group_commit
@@ -130,6 +143,15 @@ class Transactions:
         self.local: dict[Any, dict[str, Tx]] = {}
         self._keys: dict[str, Any] = {}  # parsed transaction keys of recent puts
         self._closed = False
+        #: the feed of prepared branches to this broker's slaves (``_txfeed``)
+        self.feed = TxFeed(max_hold=max_hold, stats=stats, snapshot=self._snapshot)
+        #: while this broker is a master with slaves: what answers wait for
+        #: (``Role.become_master``); None otherwise
+        self.replicas: ReplicaSet | None = None
+        #: a slave's journal is its master's copy: :meth:`take_over` replays it
+        self.following = False
+        #: bumped by :meth:`step_down`: a commit in flight from before does nothing more
+        self._generation = 0
 
     # -- start and stop --------------------------------------------------------------------
     def recover(self) -> None:
@@ -143,6 +165,8 @@ class Transactions:
             elif tx.rolled_back:
                 continue
             elif tx.prepared and parse_transaction_key(tx.key).is_xa:
+                if tx.prepared_at is not None and self._was_committed(tx):
+                    continue
                 branch = self._restore(tx)
                 if branch is not None:
                     self.xa[tx.key] = branch
@@ -157,9 +181,33 @@ class Transactions:
                      ", ".join(self.xa))
         self.journal.rewrite(keep)
 
+    def _was_committed(self, tx: Replayed) -> bool:
+        """A prepared branch whose messages a log holds after its ``R``'s lower bounds
+        was committed (by a master whose ``D`` this replica never got: ``_txfeed``):
+        finish it (append what is missing, never twice) rather than prepare it again."""
+        assert tx.prepared_at is not None
+        by_part: dict[tuple[str, int], bytes] = {}
+        for topic, partition, message in tx.puts:
+            by_part.setdefault((topic, partition), message)
+        for topic, partition, start, _length in tx.prepared_at:
+            plog = self.storage.get(topic, partition)
+            first = by_part.get((topic, partition))
+            if plog is None or first is None:
+                continue
+            if _find_appended(plog, start, first) is not None:
+                log.warning("prepared branch %s: its messages are in %s-%d: it was "
+                            "committed (by the master before a failover); finished, not "
+                            "prepared again", tx.key, topic, partition)
+                tx.decided = tx.prepared_at
+                self._redo(tx)
+                self.stats["tx_found_committed"] += 1
+                return True
+        return False
+
     def _restore(self, tx: Replayed) -> Tx | None:
         key = parse_transaction_key(tx.key)
-        branch = Tx(tx.key, True, key.unique_qualifier, state=PREPARED)
+        branch = Tx(tx.key, True, key.unique_qualifier, state=PREPARED,
+                    bounds=tx.prepared_at)
         for topic, partition, message in tx.puts:
             plog = self.storage.get(topic, partition)
             if plog is None:
@@ -210,8 +258,75 @@ class Transactions:
             log.warning("committed transaction %s: appended the %d bytes a crash left out "
                         "of %s-%d", tx.key, len(rest), topic, partition)
 
+    # -- replication -----------------------------------------------------------------------
+    def _snapshot(self) -> bytes:
+        """The feed's snapshot: every branch prepared or committing now."""
+        out = []
+        for tx in self.xa.values():
+            if tx.state not in (PREPARED, COMMITTING):
+                continue
+            out.extend(put_record(tx.key, t, p, m) for _plog, t, p, m in tx.puts)
+            out.append(prepare_record(tx.key, tx.bounds))
+            if tx.decided is not None:
+                out.append(decide_record(tx.key, tx.decided))
+        return b"".join(out)
+
+    def _replicated(self, seq: int | None, plogs: list[PartitionLog]) -> list:
+        """What an answer waits for with sync replication: the in-sync slaves hold
+        ``plogs`` to their ends and feed event ``seq``."""
+        replicas = self.replicas
+        if replicas is None:
+            return []
+        out = []
+        if plogs:
+            fut = replicas.wait(plogs)
+            if fut is not None:
+                out.append(fut)
+        if seq is not None and replicas.mode == "sync":
+            fut = self.feed.wait(seq)
+            if fut is not None:
+                out.append(fut)
+        return out
+
+    def lead(self, replicas: ReplicaSet, listed: tuple[int, ...]) -> None:
+        """This broker is master: a slave's journal is replayed first (:meth:`take_over`);
+        the feed starts a new incarnation."""
+        self.take_over()
+        self.replicas = replicas
+        self.feed.lead(lambda: replicas.in_sync, listed)
+
+    def take_over(self) -> None:
+        """A slave taking over: its journal (its master's feed) is replayed as after a
+        restart: prepared branches prepared again, decided commits finished."""
+        if not self.following:
+            return
+        self.following = False
+        self.journal.write()
+        self.recover()
+
+    def step_down(self, why: str) -> None:
+        """No longer master: every open transaction is dropped from memory (its
+        connections' next request finds none), a commit in flight stops where it is
+        (the journal keeps its decision), and the journal becomes a copy of the new
+        master's feed (replaced by its snapshot)."""
+        self.replicas = None
+        self.following = True
+        self._generation += 1
+        dropped = list(self.xa.values()) + [t for m in self.local.values() for t in m.values()]
+        for tx in dropped:
+            if tx.timer is not None:
+                tx.timer.cancel()
+                tx.timer = None
+            tx.state = FINISHED
+        if dropped:
+            log.warning("%d open transaction(s) dropped: %s", len(dropped), why)
+        self.xa.clear()
+        self.local.clear()
+        self.feed.restart()
+
     def close(self) -> None:
         self._closed = True
+        self.feed.fail("broker stopping")
         for tx in list(self.xa.values()) + [t for m in self.local.values() for t in m.values()]:
             if tx.timer is not None:
                 tx.timer.cancel()
@@ -244,9 +359,12 @@ class Transactions:
                 if tx.state == COMMITTING:
                     raise TxError("Cannot call rollback now: the branch is committing.",
                                   XAER_PROTO)
-                self._finish(tx, committed=False)
+                prepared = tx.state == PREPARED
+                rec = self._finish(tx, committed=False)
                 self.stats["tx_rolled_back"] += 1
-                self._reply(conn, r.opaque, b"", sync=self.group_commit)
+                waits = self._replicated(self.feed.emit(rec), []) if prepared and rec \
+                    else []
+                self._reply(conn, r.opaque, b"", sync=self.group_commit, also=waits)
             elif r.type == "FORGET":
                 if not key.is_xa:
                     raise TxError(f"{key.text} is not a valid xid", XAER_NOTA)
@@ -318,6 +436,7 @@ class Transactions:
     def connection_closed(self, conn: Connection) -> None:
         """Roll back the local transactions ``conn`` left open (Java's
         LocalTransactionRollbackListener)."""
+        self.feed.connection_closed(conn)
         mine = self.local.pop(conn, None)
         for tx in (mine or {}).values():
             log.info("connection from %s closed: its open local transaction %s is rolled "
@@ -371,14 +490,18 @@ class Transactions:
             return
         if tx.state != IN_USE:
             raise TxError("Cannot call prepare now.", XAER_PROTO)
-        self.journal.prepare(tx.key)
+        tx.bounds = [(topic, partition, plog.end, len(data))
+                     for plog, (topic, partition, data, _n) in _by_partition(tx).items()]
+        rec = self.journal.prepare(tx.key, tx.bounds)
+        seq = self.feed.emit(b"".join([put_record(tx.key, t, p, m) for _l, t, p, m in tx.puts])
+                             + rec)
         tx.state = PREPARED
         if tx.timer is not None:
             tx.timer.cancel()
             tx.timer = None
         self.stats["tx_prepared"] += 1
         self._reply(conn, r.opaque, answer(b"%d" % XA_OK, r.opaque), sync=True,
-                    ok_is_body=True)
+                    ok_is_body=True, also=self._replicated(seq, []))
 
     def _commit(self, conn: Connection, r: TransactionRequest, one_phase: bool) -> None:
         key = r.key
@@ -396,10 +519,11 @@ class Transactions:
         if tx.state == PREPARED:
             self._commit_prepared(conn, r, tx)
             return
-        written = self._append(tx)
+        written, _rec = self._append(tx)
         self._finish(tx, committed=True)
         self.stats["tx_committed"] += 1
         futs = [plog.request_flush() for plog in written] if self.group_commit else []
+        futs += self._replicated(None, written)
         self._reply(conn, r.opaque, b"", sync=self.group_commit, also=futs)
 
     def _commit_prepared(self, conn: Connection, r: TransactionRequest, tx: Tx) -> None:
@@ -409,8 +533,10 @@ class Transactions:
         replies) after the journal's fsync, and the partitions' with group commit."""
         tx.state = COMMITTING
         groups = _by_partition(tx)
-        self.journal.decide(tx.key, [(topic, partition, plog.end, len(data))
-                                     for plog, (topic, partition, data, _n) in groups.items()])
+        tx.decided = [(topic, partition, plog.end, len(data))
+                      for plog, (topic, partition, data, _n) in groups.items()]
+        self.feed.emit(self.journal.decide(tx.key, tx.decided))
+        generation = self._generation
         loop = asyncio.get_running_loop()
         out: asyncio.Future = loop.create_future()
         conn.send_gated(Gate(out, result(200, "", r.opaque), [r.opaque]))
@@ -432,8 +558,12 @@ class Transactions:
                           "carried out", tx.key, self.journal.path, err)
             if self._closed:  # stopping: recovery finishes it from the decision
                 return
+            if generation != self._generation:  # no longer master: the journal keeps
+                answer_with(result(503, "the broker stopped leading before the commit "  # its
+                                        "was carried out", r.opaque))  # decision
+                return
             try:
-                written = self._append(tx)
+                written, rec = self._append(tx)
             except StorageError as e:
                 log.error("transaction %s: commit cut short (%s); the branch stays "
                           "committing until a restart finishes it from the journal",
@@ -444,29 +574,34 @@ class Transactions:
             self._finish(tx, committed=True)
             self.stats["tx_committed"] += 1
             waits = [plog.request_flush() for plog in written] if self.group_commit else []
+            waits += self._replicated(self.feed.emit(rec), written)
             self.journal.write()
             waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
             asyncio.gather(*waits).add_done_callback(synced)
 
         decided.add_done_callback(append)
 
-    def _append(self, tx: Tx) -> list[PartitionLog]:
+    def _append(self, tx: Tx) -> tuple[list[PartitionLog], bytes]:
         """The commit itself: the journal's ``C`` record (where each partition's
-        messages go), then one append per partition, in put order."""
+        messages go), then one append per partition, in put order; the logs written
+        and the record."""
         groups = _by_partition(tx)
-        self.journal.commit(tx.key, [(topic, partition, plog.end, len(data))
-                                     for plog, (topic, partition, data, _n) in groups.items()])
+        rec = self.journal.commit(tx.key, [(topic, partition, plog.end, len(data))
+                                           for plog, (topic, partition, data, _n)
+                                           in groups.items()])
         for plog, (_topic, _partition, data, n) in groups.items():
             plog.append(data, n)
-        return list(groups)
+        return list(groups), rec
 
     def _finish(self, tx: Tx, *, committed: bool, journal: bool = True,
-                drop: bool = True) -> None:
+                drop: bool = True) -> bytes | None:
+        """``tx`` is over; the ``X`` record written for a rollback, if one was."""
+        rec = None
         if tx.timer is not None:
             tx.timer.cancel()
             tx.timer = None
         if not committed and journal and tx.puts:
-            self.journal.rollback(tx.key)
+            rec = self.journal.rollback(tx.key)
         tx.state = FINISHED
         if tx.xa:
             self.xa.pop(tx.key, None)
@@ -478,6 +613,7 @@ class Transactions:
                     self.local.pop(tx.conn, None)
         if not self.xa and not self.local and self.journal.size > COMPACT_AT:
             self._compact()
+        return rec
 
     def _compact(self) -> None:
         """Nothing open: start the journal afresh once the partitions hold what the
@@ -526,29 +662,35 @@ def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
     return {plog: (t, p, b"".join(msgs), len(msgs)) for plog, (t, p, msgs) in groups.items()}
 
 
+_SEARCH_CHUNK = 4 << 20
+
+
 def _find_appended(plog: PartitionLog, start: int, data: bytes) -> int | None:
-    """Where ``data`` (whole messages) starts in ``plog``, looked for at the message
-    boundaries from ``start`` (a boundary: the log's end when the commit was decided)
-    by the bytes of its first message (its msgId makes them unique); None when it is
-    not there.  The walk passes only what was appended between the decision and the
-    crash that cut the commit short (its ``C`` follows within two fsyncs)."""
+    """Where ``data`` (whole messages) starts in ``plog``, looked for from ``start``
+    (the log's end when the commit was decided, or when the branch was prepared) by
+    the bytes of its first message, whole (its msgId, assigned once by this broker
+    id, makes them unique); None when it is not there.  Read in chunks of
+    :data:`_SEARCH_CHUNK` (a message never spans two segments or a damaged range:
+    a short read ends one)."""
     first = data[:HEADER_SIZE + HEADER.unpack_from(data, 0)[0]]
+    n = len(first)
     pos = start
     end = plog.end
-    while pos + len(first) <= end:
-        damage = plog.damage_at(pos)
-        if damage is not None:
+    while pos + n <= end:
+        chunk = plog.read_bytes(pos, max(_SEARCH_CHUNK, 2 * n))
+        if not chunk:
+            damage = plog.damage_at(pos)
+            if damage is None:
+                return None
             pos = damage[1]
             continue
-        head = plog.read_bytes(pos, len(first))
-        if head == first:
-            return pos
-        if len(head) < HEADER_SIZE:
-            return None
-        length = HEADER.unpack_from(head, 0)[0]
-        if length < 0:
-            return None
-        pos += HEADER_SIZE + length
+        i = chunk.find(first)
+        if i >= 0:
+            return pos + i
+        if len(chunk) < max(_SEARCH_CHUNK, 2 * n):  # the end of a segment (or a damage)
+            pos += len(chunk)
+        else:
+            pos += len(chunk) - n + 1
     return None
 
 

@@ -8,7 +8,10 @@ appended; each is ``length (u32) | crc32 of the body (u32) | body`` with the bod
 ========  =========================================================================
 ``P``     a put: ``topic length (u16) | topic | partition (i32) | message bytes``
           (the whole stored message, msgId assigned at the put)
-``R``     prepared (XA): the branch must survive a crash until committed or rolled back
+``R``     prepared (XA): the branch must survive a crash until committed or rolled back;
+          its data (empty in journals written before slaves copied them) is like
+          ``C``'s, each start the partition's end when the branch was prepared: a
+          lower bound for where a later commit appends its messages
 ``C``     committed: ``count (u16)`` then per partition ``topic length (u16) | topic |
           partition (i32) | start offset (i64) | length (i64)``: where its messages
           go.  Written before they are appended, so recovery can finish a commit a
@@ -48,7 +51,8 @@ from pathlib import Path
 from metaq._durable import write_durably
 from metaq._errors import StorageError
 
-__all__ = ["TxJournal", "Replayed", "COMPACT_AT"]
+__all__ = ["TxJournal", "Replayed", "COMPACT_AT", "put_record", "prepare_record",
+           "decide_record", "read_records", "records_of"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,8 @@ class Replayed:
     key: str
     puts: list[tuple[str, int, bytes]] = field(default_factory=list)
     prepared: bool = False
+    #: ``(topic, partition, lower bound, length)`` per partition, from its ``R``
+    prepared_at: list[tuple[str, int, int, int]] | None = None
     #: ``(topic, partition, start offset, length)`` once committed
     committed: list[tuple[str, int, int, int]] | None = None
     #: the same with each start a lower bound (``D``), once a commit was decided
@@ -78,6 +84,20 @@ class Replayed:
 def _name(b: bytes, pos: int) -> tuple[str, int]:
     (n,) = _U16.unpack_from(b, pos)
     return b[pos + 2:pos + 2 + n].decode("utf-8"), pos + 2 + n
+
+
+def _read_places(body: bytes, pos: int) -> list[tuple[str, int, int, int]]:
+    (n,) = _U16.unpack_from(body, pos)
+    pos += 2
+    places = []
+    for _ in range(n):
+        topic, pos = _name(body, pos)
+        partition, start, length = _PLACE.unpack_from(body, pos)
+        pos += _PLACE.size
+        places.append((topic, partition, start, length))
+    if pos != len(body):
+        raise ValueError(f"{len(body) - pos} bytes after the places")
+    return places
 
 
 def _put_name(s: str) -> bytes:
@@ -96,8 +116,58 @@ def _places(places: list[tuple[str, int, int, int]]) -> bytes:
         _put_name(t) + _PLACE.pack(p, start, length) for t, p, start, length in places)
 
 
-def _put_record(key: str, topic: str, partition: int, message: bytes) -> bytes:
+def put_record(key: str, topic: str, partition: int, message: bytes) -> bytes:
+    """The ``P`` record of one put of transaction ``key``."""
     return _record(b"P", key, _put_name(topic) + _I32.pack(partition) + message)
+
+
+def prepare_record(key: str, bounds: list[tuple[str, int, int, int]] | None) -> bytes:
+    """The ``R`` record of branch ``key`` (``bounds``: see the module docstring)."""
+    return _record(b"R", key, b"" if bounds is None else _places(bounds))
+
+
+def decide_record(key: str, places: list[tuple[str, int, int, int]]) -> bytes:
+    """The ``D`` record of branch ``key``."""
+    return _record(b"D", key, _places(places))
+
+
+def read_records(data: bytes) -> list[Replayed]:
+    """The transactions ``data`` (whole journal records, e.g. a master's feed) tells;
+    ValueError naming the offset of the first record that is torn, damaged (CRC) or
+    cannot be read: nothing of such ``data`` should be used."""
+    txs: dict[str, Replayed] = {}
+    pos = 0
+    while pos < len(data):
+        if len(data) - pos < _HEAD.size:
+            raise ValueError(f"a torn record header at offset {pos}")
+        length, crc = _HEAD.unpack_from(data, pos)
+        end = pos + _HEAD.size + length
+        if end > len(data):
+            raise ValueError(f"a record of {length} bytes at offset {pos} runs past the "
+                             f"end ({len(data)} bytes)")
+        body = data[pos + _HEAD.size:end]
+        if zlib.crc32(body) != crc:
+            raise ValueError(f"a record whose CRC does not match at offset {pos}")
+        try:
+            TxJournal._apply(body, txs)
+        except (ValueError, struct.error, UnicodeDecodeError, IndexError) as e:
+            raise ValueError(f"a record that cannot be read at offset {pos} ({e})") from None
+        pos = end
+    return list(txs.values())
+
+
+def records_of(tx: Replayed) -> Iterator[bytes]:
+    """The records that tell ``tx`` again: its puts, then R, D, C or X as it has them."""
+    for topic, partition, message in tx.puts:
+        yield put_record(tx.key, topic, partition, message)
+    if tx.prepared:
+        yield prepare_record(tx.key, tx.prepared_at)
+    if tx.decided is not None:
+        yield decide_record(tx.key, tx.decided)
+    if tx.committed is not None:
+        yield _record(b"C", tx.key, _places(tx.committed))
+    if tx.rolled_back:
+        yield _record(b"X", tx.key)
 
 
 class TxJournal:
@@ -117,14 +187,15 @@ class TxJournal:
         self._buffered = 0
 
     # -- writing ---------------------------------------------------------------------------
-    def _append(self, kind: bytes, key: str, data: bytes = b"") -> None:
-        rec = _record(kind, key, data)
+    def _append(self, kind: bytes, key: str, data: bytes = b"") -> bytes:
+        rec = out = _record(kind, key, data)
         if self._buffer:
             self._buffer.append(rec)
-            rec = b"".join(self._buffer)
+            out = b"".join(self._buffer)
             self._buffer.clear()
             self._buffered = 0
-        self._write(rec)
+        self._write(out)
+        return rec
 
     def _write(self, rec: bytes) -> None:
         try:
@@ -139,7 +210,7 @@ class TxJournal:
         """A put: kept in memory until the next other record, :meth:`write` or 1 MiB
         of them (a put matters only once its transaction prepares or commits, and
         those records write it first)."""
-        rec = _put_record(key, topic, partition, message)
+        rec = put_record(key, topic, partition, message)
         self._buffer.append(rec)
         self._buffered += len(rec)
         if self._buffered >= _BUFFER_MAX:
@@ -153,19 +224,27 @@ class TxJournal:
             self._buffered = 0
             self._write(data)
 
-    def prepare(self, key: str) -> None:
-        self._append(b"R", key)
+    def prepare(self, key: str, bounds: list[tuple[str, int, int, int]] | None = None
+                ) -> bytes:
+        """Branch ``key`` prepared; the record written (every record method returns
+        it: the master feeds them to its slaves, ``_txfeed``)."""
+        return self._append(b"R", key, b"" if bounds is None else _places(bounds))
 
-    def commit(self, key: str, places: list[tuple[str, int, int, int]]) -> None:
-        self._append(b"C", key, _places(places))
+    def commit(self, key: str, places: list[tuple[str, int, int, int]]) -> bytes:
+        return self._append(b"C", key, _places(places))
 
-    def decide(self, key: str, places: list[tuple[str, int, int, int]]) -> None:
+    def decide(self, key: str, places: list[tuple[str, int, int, int]]) -> bytes:
         """A commit decided (``D``: each start a lower bound); :meth:`sync` it before
         appending the messages."""
-        self._append(b"D", key, _places(places))
+        return self._append(b"D", key, _places(places))
 
-    def rollback(self, key: str) -> None:
-        self._append(b"X", key)
+    def rollback(self, key: str) -> bytes:
+        return self._append(b"X", key)
+
+    def append_records(self, data: bytes) -> None:
+        """Append whole records (a master's feed, checked by :func:`read_records`)."""
+        self.write()
+        self._write(data)
 
     def sync(self) -> None:
         """fsync (blocking; the buffered puts must have been written: :meth:`write`)."""
@@ -228,15 +307,10 @@ class TxJournal:
             tx.puts.append((topic, partition, body[pos + 4:]))
         elif kind == b"R":
             tx.prepared = True
+            if len(body) > pos:
+                tx.prepared_at = _read_places(body, pos)
         elif kind in (b"C", b"D"):
-            (n,) = _U16.unpack_from(body, pos)
-            pos += 2
-            places = []
-            for _ in range(n):
-                topic, pos = _name(body, pos)
-                partition, start, length = _PLACE.unpack_from(body, pos)
-                pos += _PLACE.size
-                places.append((topic, partition, start, length))
+            places = _read_places(body, pos)
             if kind == b"C":
                 tx.committed = places
             else:
@@ -265,17 +339,15 @@ class TxJournal:
 
     # -- compaction ------------------------------------------------------------------------
     def rewrite(self, keep: list[Replayed]) -> None:
-        """Replace the journal with the records of ``keep`` (prepared branches), atomically
-        (a new file fsynced, renamed over the old one, the directory fsynced)."""
-        def records() -> Iterator[bytes]:
-            for tx in keep:
-                for topic, partition, message in tx.puts:
-                    yield _put_record(tx.key, topic, partition, message)
-                if tx.prepared:
-                    yield _record(b"R", tx.key)
+        """Replace the journal with the records of ``keep`` (prepared branches; on a
+        slave also commits whose messages it has not copied yet), atomically (a new
+        file fsynced, renamed over the old one, the directory fsynced)."""
+        self.replace(b"".join(rec for tx in keep for rec in records_of(tx)))
 
+    def replace(self, data: bytes) -> None:
+        """Replace the journal with ``data`` (whole records), atomically."""
         try:
-            size = write_durably(self.path, records(), tmp=self.dir / "journal.new")
+            size = write_durably(self.path, [data], tmp=self.dir / "journal.new")
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         except OSError as e:
             raise StorageError(f"cannot rewrite the transaction journal {self.path}: {e}") from e

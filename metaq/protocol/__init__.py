@@ -10,6 +10,7 @@ One concept per module:
 ``_codec``                body codecs (a library convention over opaque bytes)
 ``_idempotence``          metaq-py's idempotent puts: the ``idem`` mark, the
                           ``producers`` command, producer records
+``_txlog``                metaq-py's transaction feed to slaves: ``txlog``
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``
@@ -127,6 +128,15 @@ from metaq.protocol._transaction import (
     parse_transaction_key,
     xa_key,
 )
+from metaq.protocol._txlog import (
+    TXLOG_CAPABILITY,
+    TXLOG_HEAD,
+    TxLogChunk,
+    TxLogRequest,
+    decode_txlog_body,
+    encode_txlog,
+    encode_txlog_body,
+)
 
 __all__ = [
     # constants
@@ -156,6 +166,9 @@ __all__ = [
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",
+    # the transaction feed to slaves
+    "TXLOG_CAPABILITY", "TXLOG_HEAD", "TxLogChunk", "TxLogRequest", "decode_txlog_body",
+    "encode_txlog", "encode_txlog_body",
     # idempotent puts
     "IDEMPOTENT_CAPABILITY", "IdemMark", "ProducersRequest", "ProducerRecord", "RECORD_SIZE",
     "GAP_CODE", "TOO_OLD_CODE", "encode_idem_mark", "encode_producers",

@@ -10,6 +10,7 @@ Requests (client → broker), space separated, lines end in CRLF::
     quit\\r\\n
     idem <pid> <seq> <count>\\r\\n                    (metaq-py, before puts)
     producers <topic> <part> <fromOffset> <opaque>\\r\\n   (metaq-py)
+    txlog <replica> <incarnation> <seq> <holdMs> <opaque>\\r\\n   (metaq-py)
 
 and every other form Java's decoder (``MetamorphosisWireFormatType``, Metaq 1.4) reads,
 as it reads them: the legacy puts ``put <topic> <part> <len> <flag> <opaque>`` (no
@@ -72,6 +73,7 @@ from metaq.protocol._constants import (
 )
 from metaq.protocol._idempotence import IdemMark, idem_request, producers_request
 from metaq.protocol._transaction import MAX_TRANSACTION_KEY, transaction_request
+from metaq.protocol._txlog import txlog_request
 
 __all__ = ["RequestParser", "ReplyParser"]
 
@@ -83,7 +85,8 @@ _NO_OPAQUE = INT32_MAX
 #: Which field holds a command's opaque, to answer a bad one with (else its last field).
 #: (``idem`` has none: a bad one is answered with opaque 0, never a put's opaque.)
 _OPAQUE_FIELD: dict[bytes, int | None] = {
-    b"get": 6, b"offset": 5, b"version": 1, b"stats": 2, b"producers": 4, b"idem": None}
+    b"get": 6, b"offset": 5, b"version": 1, b"stats": 2, b"producers": 4, b"idem": None,
+    b"txlog": 5}
 
 
 def _opaque_of(tok: bytes) -> int | None:
@@ -575,6 +578,8 @@ _COMMANDS: dict[bytes, Callable[[list], NamedTuple]] = {
     # (no opaque, no answer but a refusal's) and the read of a partition's producer table
     b"idem": idem_request,
     b"producers": producers_request,
+    # metaq-py's transaction feed from a master to its slaves (``_txlog``)
+    b"txlog": txlog_request,
 }
 
 

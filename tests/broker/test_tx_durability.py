@@ -248,3 +248,82 @@ def test_a_decided_commit_cut_short_is_finished_once_at_recovery(tmp_path, lande
             assert c.bodies() == want
             assert c.tx("null", "RECOVER").body == b""  # committed: not prepared again
             c.close()
+
+
+def _prepared_with_messages_in_log(tmp_path, landed: list[bytes], appended: list[int]
+                                   ) -> tuple:
+    """A promoted slave's data dir when its master's ``D`` had not reached it but the
+    commit's messages had (they travel apart, ``_txfeed``): the journal has P and R
+    (with the partitions' ends at the prepare as lower bounds), no D; after ``landed``
+    messages of others, ``appended[p]`` of the branch's 2 messages in partition ``p``
+    reached the log."""
+    from metaq.broker._txjournal import TxJournal
+
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=0, topics={TOPIC: 2})
+    with BrokerFactory(tmp_path) as factory:
+        b = factory(config=cfg)
+        Raw(b.port).put(None, b"before")
+    x = xa_key(4, b"g", b"b", "uq")
+    msgs = {p: [encode_message(6000 + 10 * p + i, 0, b"p%d-%d" % (p, i)) for i in range(2)]
+            for p in (0, 1)}
+    j = TxJournal(tmp_path / "transactions")
+    bounds = []
+    with Storage(tmp_path) as s:
+        logs = s.open_topic(TOPIC, 2)
+        for p in (0, 1):
+            bounds.append((TOPIC, p, logs[p].end, sum(map(len, msgs[p]))))
+        for i, body in enumerate(landed):
+            logs[0].append(encode_message(9000 + i, 0, body), 1)
+        for p in (0, 1):
+            if appended[p]:
+                logs[p].append(b"".join(msgs[p][:appended[p]]), appended[p])
+    for p in (0, 1):
+        for m in msgs[p]:
+            j.put(x, TOPIC, p, m)
+    j.prepare(x, bounds)
+    j.close()
+    return cfg, x
+
+
+def _bodies(port: int, partition: int) -> list[bytes]:
+    c = Raw(port)
+    try:
+        out, off = [], 0
+        while True:
+            c.send(encode_get(TOPIC, "g", partition, off, 1 << 20, 1))
+            r = c.replies()[0]
+            if getattr(r, "code", 200) != 200 or not r.body:
+                return out
+            out += [bytes(m.payload) for m in iter_messages(r.body)]
+            off += len(r.body)
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("landed,appended", [
+    ([], [2, 2]), ([b"o1"], [2, 2]), ([b"o1", b"o2"], [1, 0]), ([], [0, 2]), ([], [2, 1])])
+def test_a_prepared_branch_whose_messages_a_log_holds_is_finished_not_prepared_again(
+        tmp_path, landed, appended):
+    """Found committed: what is missing is appended once, and RECOVER does not list it
+    (a transaction manager's COMMIT of it again would store it twice)."""
+    cfg, _x = _prepared_with_messages_in_log(tmp_path, landed, appended)
+    want = {0: [b"before", *landed, b"p0-0", b"p0-1"], 1: [b"p1-0", b"p1-1"]}
+    for _ in range(2):  # and a second restart changes nothing
+        with BrokerFactory(tmp_path) as factory:
+            b = factory(config=cfg)
+            assert {p: _bodies(b.port, p) for p in (0, 1)} == want
+            c = Raw(b.port)
+            assert c.tx("null", "RECOVER").body == b""
+            c.close()
+
+
+def test_a_prepared_branch_whose_messages_no_log_holds_stays_prepared(tmp_path):
+    cfg, x = _prepared_with_messages_in_log(tmp_path, [b"o1"], [0, 0])
+    with BrokerFactory(tmp_path) as factory:
+        b = factory(config=cfg)
+        c = Raw(b.port)
+        assert c.tx("null", "RECOVER").body == x.encode()
+        assert c.tx(x, "COMMIT_TWO_PHASE").code == 200
+        c.close()
+        assert _bodies(b.port, 0) == [b"before", b"o1", b"p0-0", b"p0-1"]
+        assert _bodies(b.port, 1) == [b"p1-0", b"p1-1"]
