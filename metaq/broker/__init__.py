@@ -39,6 +39,11 @@ One concept per module:
 ``_replicas``     a master's slaves: copy positions, the in-sync set, the puts
                   waiting for sync replication
 ``_follower``     a slave's copy of its master, partition by partition
+``_transactions`` Metaq's local and XA transactions: states, commits, recovery
+``_txjournal``    the transaction journal's records, replay and compaction
+``_txfeed``       prepared branches between replicas: the master's feed, a
+                  slave's copy of it (``txlog``)
+``_timeindex``    per segment, msgId times to offsets (offset for a time)
 ================  ==============================================================
 """
 
