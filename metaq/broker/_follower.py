@@ -61,6 +61,7 @@ from metaq.protocol import (
     IDEMPOTENT_CAPABILITY,
     OPAQUE_MASK,
     TXLOG_CAPABILITY,
+    WATERMARK_CAPABILITY,
     ReplyParser,
     Result,
     Value,
@@ -75,6 +76,7 @@ from metaq.protocol import (
 if TYPE_CHECKING:
     from metaq.broker._storage import PartitionLog, Storage
     from metaq.broker._txfeed import TxCopy
+    from metaq.broker._watermarks import WatermarkCopy
 
 __all__ = ["Follower", "PartitionCopy"]
 
@@ -181,7 +183,8 @@ class Follower:
     def __init__(self, storage: Storage, *, replica: int, add_topic: Callable[[str, int], None],
                  max_size: int, group_commit: bool, stats: collections.Counter,
                  apply_records: Callable[[str, int, list], int] | None = None,
-                 tx: TxCopy | None = None, hold_ms: int = 500, poll_delay: float = 0.1,
+                 tx: TxCopy | None = None, watermarks: WatermarkCopy | None = None,
+                 hold_ms: int = 500, poll_delay: float = 0.1,
                  retry_delay: float = 1.0, connect_timeout: float = 5.0,
                  flush_grace: float = 15.0) -> None:
         self.storage = storage
@@ -192,7 +195,10 @@ class Follower:
         self.apply_records = apply_records
         #: copies the master's transaction feed into this broker's journal (``_txfeed``)
         self.tx = tx
+        #: serves consumers below the master's watermarks (``_watermarks``)
+        self.watermarks = watermarks
         self._tx_task: asyncio.Task | None = None
+        self._hw_task: asyncio.Task | None = None
         self.max_size = max_size
         self.group_commit = group_commit
         self.stats = stats
@@ -239,6 +245,8 @@ class Follower:
                 if (topic, p) not in self.copies:
                     plog = self.storage.get(topic, p)
                     copy = self.copies[(topic, p)] = PartitionCopy(plog, self.max_size)
+                    if self.watermarks is not None:
+                        self.watermarks.apply(plog)
                     self._start(copy)
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -277,13 +285,17 @@ class Follower:
         if self._connector is not None:
             self._connector.cancel()
             self._connector = None
-        if self._tx_task is not None:
-            self._tx_task.cancel()
-            self._tx_task = None
+        self._cancel_feeds()
         if self._link is not None:
             self._link.close()
             self._link = None
         self._linked.clear()
+
+    def _cancel_feeds(self) -> None:
+        for task in (self._tx_task, self._hw_task):
+            if task is not None:
+                task.cancel()
+        self._tx_task = self._hw_task = None
 
     async def _connect(self, master: BrokerAddress) -> None:
         loop = asyncio.get_running_loop()
@@ -308,15 +320,16 @@ class Follower:
             if self.tx is not None and TXLOG_CAPABILITY in link.capabilities:
                 self._tx_task = loop.create_task(self.tx.run(link),
                                                  name=f"metaq-follower-{self.replica}-tx")
+            if self.watermarks is not None and WATERMARK_CAPABILITY in link.capabilities:
+                self._hw_task = loop.create_task(self.watermarks.run(link),
+                                                 name=f"metaq-follower-{self.replica}-hw")
             self._linked.set()
             log.info("replica %d: copying from %s:%d", self.replica, master[0], master[1])
             err = await link.closed
             if self._link is link:
                 self._link = None
                 self._linked.clear()
-                if self._tx_task is not None:
-                    self._tx_task.cancel()
-                    self._tx_task = None
+                self._cancel_feeds()
                 log.warning("replica %d: connection to master lost (%s); reconnecting",
                             self.replica, err)
             await asyncio.sleep(min(self.retry_delay, 0.2))

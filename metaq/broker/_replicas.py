@@ -46,6 +46,7 @@ from metaq._errors import MetaqError
 
 if TYPE_CHECKING:
     from metaq.broker._storage import PartitionLog, Storage
+    from metaq.broker._watermarks import WatermarkFeed
 
 __all__ = ["ReplicaSet", "NotReplicatedError"]
 
@@ -88,7 +89,10 @@ class ReplicaSet:
     def __init__(self, storage: Storage, *, mode: str, max_lag: float, max_lag_bytes: int,
                  no_in_sync: str, stats: collections.Counter,
                  write_in_sync: Callable[[tuple[int, ...]], Future] | None = None,
-                 in_sync: tuple[int, ...] = ()) -> None:
+                 in_sync: tuple[int, ...] = (), watermarks: WatermarkFeed | None = None
+                 ) -> None:
+        #: tells the slaves each watermark as it moves (``_watermarks``)
+        self.watermarks = watermarks
         self.storage = storage
         self.mode = mode
         self.max_lag = max_lag
@@ -210,7 +214,11 @@ class ReplicaSet:
             hw = min(self.replicas[r].positions.get(plog, plog.min_offset)
                      for r in self.in_sync)
         old = plog.high_watermark
+        if hw == old:
+            return
         plog.high_watermark = hw
+        if self.watermarks is not None:
+            self.watermarks.changed(plog)
         if plog.on_readable is not None and (hw is None or (old is not None and hw > old)):
             plog.on_readable(plog)  # held consumer gets may go on
 
@@ -225,6 +233,8 @@ class ReplicaSet:
     def fail(self, err: BaseException) -> None:
         """Stop (fenced or closing): every waiting put fails, none is acknowledged."""
         self.failed = err
+        if self.watermarks is not None:
+            self.watermarks.close()
         for q in self._waiters.values():
             while q:
                 _end, fut = q.popleft()

@@ -48,6 +48,7 @@ from metaq._errors import StorageError
 from metaq.broker._follower import Follower
 from metaq.broker._replicas import NotReplicatedError, ReplicaSet
 from metaq.broker._txfeed import TxCopy
+from metaq.broker._watermarks import WatermarkCopy, WatermarkFeed
 
 if TYPE_CHECKING:
     import collections
@@ -199,7 +200,9 @@ class Role:
         self.replicas = ReplicaSet(self.storage, mode=mode, max_lag=cfg.replication_max_lag,
                                    max_lag_bytes=cfg.replication_max_lag_bytes,
                                    no_in_sync=cfg.no_in_sync, stats=self.stats,
-                                   write_in_sync=self._write_in_sync, in_sync=in_sync)
+                                   write_in_sync=self._write_in_sync, in_sync=in_sync,
+                                   watermarks=WatermarkFeed(self.storage, max_hold=cfg.max_hold,
+                                                            stats=self.stats))
         if self.transactions is not None:  # a slave's copied branches become its own
             self.transactions.lead(self.replicas, in_sync)
             self.replicas.feed = self.transactions.feed
@@ -299,6 +302,9 @@ class Role:
                                      tx=None if tx is None else TxCopy(
                                          tx.journal, replica=self.replica, stats=self.stats,
                                          executor=self.storage.executor),
+                                     watermarks=WatermarkCopy(self.storage,
+                                                              replica=self.replica,
+                                                              stats=self.stats),
                                      add_topic=self._add_topic,
                                      apply_records=None if self.producers is None else
                                      self.producers.apply_producer_records,

@@ -48,6 +48,7 @@ from metaq.protocol import (
     IDEMPOTENT_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     TXLOG_CAPABILITY,
+    WATERMARK_CAPABILITY,
     BadRequest,
     GetRequest,
     IdemMark,
@@ -61,6 +62,7 @@ from metaq.protocol import (
     TransactionRequest,
     TxLogRequest,
     VersionRequest,
+    WatermarkRequest,
     crc32,
     encode_value_header,
     replica_of_group,
@@ -102,7 +104,8 @@ class BrokerServer:
                                           (TIME_INDEX_CAPABILITY, config.time_index),
                                           (BOUNDARY_CAPABILITY, not config.java_tell_max_offset),
                                           (IDEMPOTENT_CAPABILITY, config.idempotent),
-                                          (TXLOG_CAPABILITY, True))
+                                          (TXLOG_CAPABILITY, True),
+                                          (WATERMARK_CAPABILITY, True))
             if offered)
         self._continue_ids()
         #: idempotent producers: per partition, the table of stored runs (``_producers``)
@@ -202,6 +205,9 @@ class BrokerServer:
             self.held.drop(conn)
         self._idem_open.pop(conn, None)
         self.tx.connection_closed(conn)
+        replicas = None if self.role is None else self.role.replicas
+        if replicas is not None and replicas.watermarks is not None:
+            replicas.watermarks.connection_closed(conn)
 
     def close_idle(self, now: float, idle: float, slow: float) -> None:
         """Close the connections that sent nothing for ``idle`` seconds, and those whose
@@ -311,6 +317,14 @@ class BrokerServer:
                                           f"{self.role.replica} is not the master", r.opaque))
                 else:
                     self.tx.feed.request(conn, r)
+            elif t is WatermarkRequest:  # a slave learning what consumers may read
+                feed = None if self.role is None or self.role.replicas is None \
+                    else self.role.replicas.watermarks
+                if feed is None:
+                    conn.send(result(503, f"broker {self.config.broker_id} is not a master "
+                                          f"with slaves", r.opaque))
+                else:
+                    feed.request(conn, r)
 
     def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
         """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests

@@ -11,6 +11,7 @@ One concept per module:
 ``_idempotence``          metaq-py's idempotent puts: the ``idem`` mark, the
                           ``producers`` command, producer records
 ``_txlog``                metaq-py's transaction feed to slaves: ``txlog``
+``_watermark``            metaq-py's high watermarks to slaves: ``watermarks``
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``
@@ -137,6 +138,14 @@ from metaq.protocol._txlog import (
     encode_txlog,
     encode_txlog_body,
 )
+from metaq.protocol._watermark import (
+    WATERMARK_CAPABILITY,
+    WATERMARK_HEAD,
+    WatermarkRequest,
+    decode_watermark_body,
+    encode_watermark_body,
+    encode_watermarks,
+)
 
 __all__ = [
     # constants
@@ -169,6 +178,9 @@ __all__ = [
     # the transaction feed to slaves
     "TXLOG_CAPABILITY", "TXLOG_HEAD", "TxLogChunk", "TxLogRequest", "decode_txlog_body",
     "encode_txlog", "encode_txlog_body",
+    # high watermarks to slaves
+    "WATERMARK_CAPABILITY", "WATERMARK_HEAD", "WatermarkRequest", "decode_watermark_body",
+    "encode_watermark_body", "encode_watermarks",
     # idempotent puts
     "IDEMPOTENT_CAPABILITY", "IdemMark", "ProducersRequest", "ProducerRecord", "RECORD_SIZE",
     "GAP_CODE", "TOO_OLD_CODE", "encode_idem_mark", "encode_producers",

@@ -11,6 +11,7 @@ Requests (client → broker), space separated, lines end in CRLF::
     idem <pid> <seq> <count>\\r\\n                    (metaq-py, before puts)
     producers <topic> <part> <fromOffset> <opaque>\\r\\n   (metaq-py)
     txlog <replica> <incarnation> <seq> <holdMs> <opaque>\\r\\n   (metaq-py)
+    watermarks <replica> <version> <holdMs> <opaque>\\r\\n   (metaq-py)
 
 and every other form Java's decoder (``MetamorphosisWireFormatType``, Metaq 1.4) reads,
 as it reads them: the legacy puts ``put <topic> <part> <len> <flag> <opaque>`` (no
@@ -74,6 +75,7 @@ from metaq.protocol._constants import (
 from metaq.protocol._idempotence import IdemMark, idem_request, producers_request
 from metaq.protocol._transaction import MAX_TRANSACTION_KEY, transaction_request
 from metaq.protocol._txlog import txlog_request
+from metaq.protocol._watermark import watermarks_request
 
 __all__ = ["RequestParser", "ReplyParser"]
 
@@ -86,7 +88,7 @@ _NO_OPAQUE = INT32_MAX
 #: (``idem`` has none: a bad one is answered with opaque 0, never a put's opaque.)
 _OPAQUE_FIELD: dict[bytes, int | None] = {
     b"get": 6, b"offset": 5, b"version": 1, b"stats": 2, b"producers": 4, b"idem": None,
-    b"txlog": 5}
+    b"txlog": 5, b"watermarks": 4}
 
 
 def _opaque_of(tok: bytes) -> int | None:
@@ -580,6 +582,8 @@ _COMMANDS: dict[bytes, Callable[[list], NamedTuple]] = {
     b"producers": producers_request,
     # metaq-py's transaction feed from a master to its slaves (``_txlog``)
     b"txlog": txlog_request,
+    # metaq-py's high watermarks from a master to its slaves (``_watermark``)
+    b"watermarks": watermarks_request,
 }
 
 

@@ -45,3 +45,37 @@ def test_a_message_only_the_master_holds_is_not_served(zk_connect, broker_factor
                    what="the stopped slave to leave the in-sync set")
         assert readable(master.port, third.offset)  # nobody in sync: no cap
         slave.resume()
+
+
+def test_a_slave_serves_consumers_only_below_its_masters_watermark(zk_connect, broker_factory,
+                                                                   tmp_path):
+    """With two slaves, one may copy a message the other lacks; a consumer reading the
+    first must not get it (a failover to the second would lose it and reuse its
+    offset).  The slaves learn the master's watermark (``watermarks``) and serve below
+    it; once both hold the message it is served."""
+    master = broker_factory({"h": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m",
+                            replication_max_lag=60.0)
+    slaves = [broker_factory({}, zk_connect=zk_connect, process=True,
+                             data_dir=tmp_path / f"s{n}",
+                             extra_args=["--slave-of", "0", "--slave-id", str(n)])
+              for n in (1, 2)]
+    wait_until(lambda: master.replication_status().get("in_sync") == [1, 2], 30,
+               what="both slaves in sync")
+    with Producer(zk_connect) as producer:
+        first = producer.send("h", b"both have it")
+        wait_until(lambda: readable(slaves[1].port, first.offset), 10,
+                   what="the first message on slave 2")
+        slaves[0].pause()
+        try:
+            second = producer.send("h", b"slave 2 alone")  # async: acknowledged
+            with BrokerConnection("127.0.0.1", slaves[1].port) as conn:
+                # slave 2 holds it (a replica's get reads all it holds) ...
+                wait_until(lambda: len(conn.get("h", "meta-slave-group-9", 0, second.offset,
+                                                65536)) > 0, 10, what="slave 2's copy")
+            # ... but serves it to no consumer while slave 1, in sync, lacks it
+            assert not readable(slaves[1].port, second.offset)
+            assert not readable(master.port, second.offset)
+        finally:
+            slaves[0].resume()
+        wait_until(lambda: readable(slaves[1].port, second.offset), 10,
+                   what="the message on slave 2 once slave 1 has it too")
