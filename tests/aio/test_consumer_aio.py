@@ -71,3 +71,172 @@ async def test_async_handler_every_message_in_order_and_committed(zk_connect, br
             last[(TOPIC, part)] = nxt
         await until(lambda: c.committed() == last, what="commits at the end")
         assert c.metrics()["finished"] == 400
+
+
+@pytest.mark.asyncio
+async def test_commit_stops_at_a_handler_not_finished(zk_connect, broker, tmp_path):
+    produce(zk_connect, 200)
+    held = asyncio.Event()
+    release = asyncio.Event()
+    seen: dict[str, int] = {}
+    last: dict[tuple, int] = {}
+    stuck: list = []
+
+    async def handle(m):
+        seen[m.partition] = seen.get(m.partition, 0) + 1
+        if not stuck and seen[m.partition] == 30:  # the 30th of the first partition
+            stuck.append(((TOPIC, m.partition), m.offset))
+            held.set()
+            await release.wait()
+        last[(TOPIC, m.partition)] = m.next_offset
+
+    async with make(zk_connect, "g2", tmp_path) as c:
+        c.subscribe(TOPIC, handle)
+        await c.start()
+        await asyncio.wait_for(held.wait(), 20)
+        key, offset = stuck[0]
+        await until(lambda: c.committed().get(key) == offset, what="commit at the held one")
+        await asyncio.sleep(0.5)  # commit periods pass: it stays there
+        assert c.committed()[key] == offset
+        assert c.positions()[key] > offset  # fetching went on past it
+        release.set()
+        await until(lambda: sum(seen.values()) == 200, what="all finished")
+        await until(lambda: c.committed() == last, what="commits at the ends")
+
+
+async def drain_with(c, got, stop_after, hold):
+    """async for: record messages; on message number ``stop_after`` wait forever."""
+    async for m in c:
+        if len(got) == stop_after:
+            hold.set()
+            await asyncio.Event().wait()
+        got.append((m.partition, m.offset, m.next_offset, bytes(m.body)))
+
+
+@pytest.mark.asyncio
+async def test_cancelled_async_for_commits_what_finished_and_redelivers_nothing_committed(
+        zk_connect, broker, tmp_path):
+    produce(zk_connect, 300)
+    first, hold = [], asyncio.Event()
+    c = make(zk_connect, "g3", tmp_path)
+    c.subscribe(TOPIC)
+    task = asyncio.ensure_future(drain_with(c, first, 120, hold))
+    await asyncio.wait_for(hold.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await c.close()
+    committed_end = {}
+    for part, _, nxt, _ in first:
+        committed_end[part] = nxt
+    # a second member starts exactly after what the first finished, in each partition
+    second, hold2 = [], asyncio.Event()
+    c2 = make(zk_connect, "g3", tmp_path, consumer_id="b")
+    c2.subscribe(TOPIC)
+    task = asyncio.ensure_future(drain_with(c2, second, 10**9, hold2))
+    await until(lambda: len(first) + len(second) >= 300, what="the rest")
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await c2.close()
+    check_contiguous(first + second, {f"m{i}".encode() for i in range(300)})
+    firsts = {}
+    for part, offset, _, _ in second:
+        firsts.setdefault(part, offset)
+    for part, offset in firsts.items():  # nothing committed comes again
+        assert offset == committed_end.get(part, 0)
+
+
+def test_outside_a_running_loop_is_a_clear_error(zk_connect):
+    with pytest.raises(ConsumerError, match="running asyncio event loop"):
+        AsyncConsumer("g", zk_connect)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("bad", ["raise", "wrong_type", "timeout", "reconsume"])
+async def test_a_bad_handler_is_retried_then_rejected_naming_partition_and_offset(
+        zk_connect, broker, tmp_path, bad):
+    from metaq import RECONSUME_LATER
+
+    produce(zk_connect, 20)
+    rejected = []
+    calls: dict[bytes, int] = {}
+    ok = []
+
+    async def handle(m):
+        calls[m.raw_body] = calls.get(m.raw_body, 0) + 1
+        if m.raw_body == b"m7":
+            if bad == "raise":
+                raise ValueError("boom")
+            if bad == "wrong_type":
+                return 42
+            if bad == "timeout":
+                await asyncio.Event().wait()
+            if bad == "reconsume":
+                return RECONSUME_LATER
+        ok.append(m.raw_body)
+
+    async with make(zk_connect, "g4", tmp_path, max_fetch_retries=1, handler_timeout=0.3,
+                    reject_policy=lambda m, e: rejected.append((m, e))) as c:
+        c.subscribe(TOPIC, handle)
+        await c.start()
+        await until(lambda: len(ok) == 19 and rejected, what="the rest, and m7 rejected")
+        (m, err), = rejected
+        assert m.raw_body == b"m7" and calls[b"m7"] == 2  # tried 1 + max_fetch_retries
+        if bad == "raise":
+            assert isinstance(err, ValueError)
+        else:
+            assert f"{m.topic}/{m.partition} offset {m.offset}" in str(err)
+            assert "handle" in str(err)
+        if bad == "wrong_type":
+            assert isinstance(err, TypeError) and "42" in str(err)
+        if bad == "timeout":
+            assert isinstance(err, asyncio.TimeoutError)
+            assert c.metrics()["handler_timeouts"] == 2
+        # rejected counts as done: the partition commits past it
+        key = (TOPIC, m.partition)
+        await until(lambda: c.committed().get(key, 0) > m.offset, what="commit past m7")
+
+
+@pytest.mark.asyncio
+async def test_rewind_retries_without_counting_a_failure(zk_connect, broker, tmp_path):
+    from metaq import Rewind
+
+    produce(zk_connect, 10)
+    tries = []
+    ok = []
+
+    async def handle(m):
+        if m.raw_body == b"m3" and len(tries) < 3:
+            tries.append(1)
+            raise Rewind()
+        ok.append(m.raw_body)
+
+    async with make(zk_connect, "g5", tmp_path, max_fetch_retries=0,
+                    reject_policy=lambda m, e: pytest.fail(f"rejected {m}")) as c:
+        c.subscribe(TOPIC, handle)
+        await c.start()
+        await until(lambda: len(ok) == 10, what="all, m3 after 3 rewinds")
+        assert len(tries) == 3 and c.metrics()["handler_failures"] == 0
+
+
+@pytest.mark.asyncio
+async def test_a_handler_blocking_the_loop_is_reported_once_by_name(zk_connect, broker,
+                                                                    tmp_path):
+    produce(zk_connect, 6)
+    n = []
+
+    async def sleepy_handler(m):
+        n.append(m)
+        if len(n) <= 2:
+            time.sleep(0.4)  # the mistake: a blocking call in a coroutine
+
+    errors = []
+    async with make(zk_connect, "g6", tmp_path, blocking_threshold=0.1,
+                    on_error=errors.append) as c:
+        c.subscribe(TOPIC, sleepy_handler)
+        await c.start()
+        await until(lambda: len(n) == 6 and errors, what="all, and a report")
+        await asyncio.sleep(0.3)
+        assert c.metrics()["blocking_handlers"] == [sleepy_handler.__qualname__]
+        blocking = [e for e in errors if "blocked the event loop" in str(e)]
+        assert len(blocking) == 1 and "sleepy_handler" in str(blocking[0])
