@@ -75,6 +75,10 @@ MIB = 1024 * 1024
 
 Handler = Callable[[Message], Awaitable[Any]]
 
+#: A worker lets the loop run other work every this many + 1 messages (and before each
+#: slice): handlers that never suspend would otherwise hold it for a whole slice.
+_YIELD_MASK = 127
+
 
 def running_loop(what: str) -> asyncio.AbstractEventLoop:
     """The running loop, or a ConsumerError saying ``what`` needs one."""
@@ -338,6 +342,8 @@ class AsyncConsumer:
                 if self._stream and self._stream[0][1] is sl:
                     self._stream.popleft()
         got = self._stream[0] if self._stream else None
+        if got is not None and got[1].low == 0:
+            await asyncio.sleep(0)  # a new slice: let other work run (see _work)
         if got is None or got[1].epoch != got[0].epoch or got[0].dead or self._closing:
             got = await self._next_slice()
             if got is None:
@@ -419,6 +425,13 @@ class AsyncConsumer:
                         await wake.wait()
                         continue
                     sl = pending[0]
+                    if sl.low == 0 and sl.taken == 0:
+                        # a new slice: let the loop run other work first (a handler
+                        # that never suspends would hold it for every slice waiting)
+                        await asyncio.sleep(0)
+                        if self._closing or tracker.dead or not pending:
+                            continue
+                        sl = pending[0]
                     if ordered:
                         pending.popleft()
                         w.epoch = sl.epoch
@@ -465,6 +478,8 @@ class AsyncConsumer:
                 return
             i += 1
             sl.low = i
+            if not i & _YIELD_MASK:
+                await asyncio.sleep(0)  # a handler that never suspends: others run too
         w.current = None
         self._slice_done(tracker, sl)
 
