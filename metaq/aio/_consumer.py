@@ -417,21 +417,25 @@ class AsyncConsumer:
         wake = tracker.wake
         assert wake is not None
         ordered = self._concurrency == 1 or sub.batch
+        woken = False
         try:
             while not self._closing and not tracker.dead:
                 try:
                     if not pending:
                         wake.clear()
                         await wake.wait()
+                        woken = True
                         continue
                     sl = pending[0]
-                    if sl.low == 0 and sl.taken == 0:
-                        # a new slice: let the loop run other work first (a handler
-                        # that never suspends would hold it for every slice waiting)
+                    if sl.low == 0 and sl.taken == 0 and not woken:
+                        # a new slice after another: let the loop run other work first
+                        # (a handler that never suspends would hold it for every slice
+                        # waiting); not right after a wake-up: that is a turn already
                         await asyncio.sleep(0)
                         if self._closing or tracker.dead or not pending:
                             continue
                         sl = pending[0]
+                    woken = False
                     if ordered:
                         pending.popleft()
                         w.epoch = sl.epoch
