@@ -28,6 +28,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from metaq.consumer import Message
+
 __all__ = ["Slice", "Tracker", "Inbox", "HandOff"]
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class Slice:
 
     __slots__ = ("msgs", "prev_id", "low", "flags", "taken", "size", "epoch")
 
-    def __init__(self, msgs: list[Any], prev_id: int, epoch: int) -> None:
+    def __init__(self, msgs: list[Message], prev_id: int, epoch: int) -> None:
         self.msgs = msgs
         self.prev_id = prev_id  # msgId of the message before the first one
         self.low = 0
@@ -95,7 +97,7 @@ class Tracker:
 
     # -- the runner's side -------------------------------------------------------
 
-    def add(self, msgs: list[Any], prev_id: int) -> Slice:
+    def add(self, msgs: list[Message], prev_id: int) -> Slice:
         sl = Slice(msgs, prev_id, self.epoch)
         self.slices.append(sl)
         self.messages += len(msgs)
@@ -207,7 +209,7 @@ class HandOff:
         self._on_new(tracker, old)
         return tracker
 
-    def on_messages(self, batch: list[Any]) -> None:
+    def on_messages(self, batch: list[Message]) -> None:
         """(a runner, holding the partition) Register the slice, post it, return."""
         m = batch[0]
         tracker = self._trackers[(m[0], m[1])]

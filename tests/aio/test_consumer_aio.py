@@ -240,3 +240,42 @@ async def test_a_handler_blocking_the_loop_is_reported_once_by_name(zk_connect, 
         assert c.metrics()["blocking_handlers"] == [sleepy_handler.__qualname__]
         blocking = [e for e in errors if "blocked the event loop" in str(e)]
         assert len(blocking) == 1 and "sleepy_handler" in str(blocking[0])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("finishes", [True, False])
+async def test_leaving_async_with_commits_what_finished_and_only_that(
+        zk_connect, broker, tmp_path, finishes):
+    produce(zk_connect, 100)
+    done: list[tuple[str, int]] = []
+    held: list = []
+    entered = asyncio.Event()
+
+    async def handle(m):
+        if not held and len(done) == 30:
+            held.append(m)
+            entered.set()
+            # within drain_timeout (finishes at close) or far beyond it (cancelled)
+            await asyncio.sleep(0.2 if finishes else 60)
+        done.append((m.partition, m.offset))
+
+    group = f"leave{finishes}"
+    async with make(zk_connect, group, tmp_path, drain_timeout=1.0) as c:
+        c.subscribe(TOPIC, handle)
+        await c.start()
+        await asyncio.wait_for(entered.wait(), 20)
+    m = held[0]
+    assert ((m.partition, m.offset) in done) == finishes
+    # the next member starts each partition right after what the first finished
+    again: list[tuple[str, int]] = []
+
+    async def handle2(m2):
+        again.append((m2.partition, m2.offset))
+
+    async with make(zk_connect, group, tmp_path, consumer_id="b") as c2:
+        c2.subscribe(TOPIC, handle2)
+        await c2.start()
+        await until(lambda: len(set(done) | set(again)) == 100, what="the rest")
+    assert not set(done) & set(again)  # nothing finished (all committed) comes again
+    if not finishes:
+        assert (m.partition, m.offset) == min(a for a in again if a[0] == m.partition)
