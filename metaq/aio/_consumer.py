@@ -473,6 +473,7 @@ class AsyncConsumer:
                     raise
         finally:
             w.current = None
+            self._workers.remove(w)  # the watchdog and close look at live ones only
 
     async def _run_slice(self, tracker: Tracker, sub: _Sub, sl: Slice, w: _Worker) -> None:
         """Orderly, per message: the hot loop."""
