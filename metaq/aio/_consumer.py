@@ -166,7 +166,9 @@ class AsyncConsumer:
     ``handler_timeout`` (seconds, None for none): a handler still running after it
     is cancelled and counts as a failure.  ``blocking_threshold`` (seconds, None
     to turn it off): an event loop stalled longer inside a handler is reported once
-    per handler, by name (:class:`~metaq.aio.BlockingHandlerWarning`).
+    per handler, by name: a logged warning, ``metrics()["blocking_handlers"]``, and a
+    :class:`~metaq.aio.BlockingHandlerWarning` to ``on_error`` (not kept for
+    :meth:`check`: a warning, not a failure).  ``on_error`` is called in the loop.
     """
 
     def __init__(self, group: str, zk_connect: Any, *,
@@ -224,7 +226,7 @@ class AsyncConsumer:
         if blocking_threshold is not None:
             self._watch = StallWatch(self._loop, threshold=blocking_threshold,
                                      name=f"metaq-aio-watch-{self.consumer_id}",
-                                     handlers=lambda: self._codes, report=self._report)
+                                     handlers=lambda: self._codes, report=self._warn)
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -807,7 +809,14 @@ class AsyncConsumer:
 
     @property
     def failed(self) -> BaseException | None:
+        """The error that made this member give up for good, None while it works."""
         return self._consumer.failed
+
+    @property
+    def recover_store(self) -> Any:
+        """The local store of messages the handler gave up on (see reject_policy; the
+        threaded consumer's ``RecoverStore``)."""
+        return self._consumer.recover_store
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -818,6 +827,12 @@ class AsyncConsumer:
             del self._errors[:-100]
             return
         self._threadsafe(self._call_on_error, error)
+
+    def _warn(self, warning: BaseException) -> None:
+        """(the stall watch) A handler blocked the loop: logged there, listed in
+        metrics; given to on_error when there is one, never raised by check()."""
+        if self._user_on_error is not None:
+            self._threadsafe(self._call_on_error, warning)
 
     def _call_on_error(self, error: BaseException) -> None:
         assert self._user_on_error is not None
