@@ -141,17 +141,6 @@ class Tracker:
         self.messages -= len(sl.msgs)
         self.bytes -= sl.size
 
-    def drop_pending(self) -> int:
-        """Forget the slices not started (a seek, a rollback, revoked): never delivered,
-        never committed; returns how many messages."""
-        n = 0
-        while self.pending:
-            sl = self.pending.popleft()
-            if sl.low == 0 and sl.taken == 0:
-                n += len(sl.msgs)
-                self.slice_done(sl)
-        return n
-
     def idle(self) -> bool:
         return not self.slices
 

@@ -408,9 +408,18 @@ class AsyncConsumer:
             for _ in range(self._concurrency):
                 w = _Worker()
                 w.task = self._loop.create_task(self._work(tracker, sub, w))
+                w.task.add_done_callback(self._worker_ended)
                 tracker.workers.append(w)
                 self._workers.append(w)
         tracker.wake.set()
+
+    def _worker_ended(self, task: asyncio.Task[None]) -> None:
+        """A worker that ended on an error (never a handler's: those are settled) leaves
+        its partition undelivered: say so, loudly."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("a delivery coroutine of %s failed: %r", self.consumer_id, error,
+                      exc_info=error)
+            self._report(error)
 
     def _slice_done(self, tracker: Tracker, sl: Slice) -> None:
         tracker.slice_done(sl)
