@@ -85,8 +85,10 @@ class Tracker:
         self.handoff = handoff
         self.manual = manual
         self.slices: collections.deque[Slice] = collections.deque()
-        self.messages = 0  # held in unfinished slices
-        self.bytes = 0
+        # what it holds, as two counters each written by one thread only (a ``+=`` from
+        # two threads can lose an update): added by the runner, removed by the loop
+        self.added_messages = self.added_bytes = 0
+        self.removed_messages = self.removed_bytes = 0
         self.epoch = 0
         self.dead = False
         #: the loop's side (set by the consumer): slices to deliver, the wake-up
@@ -100,9 +102,18 @@ class Tracker:
     def add(self, msgs: list[Message], prev_id: int) -> Slice:
         sl = Slice(msgs, prev_id, self.epoch)
         self.slices.append(sl)
-        self.messages += len(msgs)
-        self.bytes += sl.size
+        self.added_messages += len(msgs)
+        self.added_bytes += sl.size
         return sl
+
+    @property
+    def messages(self) -> int:
+        """Messages held in unfinished slices."""
+        return self.added_messages - self.removed_messages
+
+    @property
+    def bytes(self) -> int:
+        return self.added_bytes - self.removed_bytes
 
     # -- the InFlight face the threaded consumer reads --------------------------
 
@@ -124,8 +135,8 @@ class Tracker:
         return self.messages
 
     def blocked(self, max_messages: int, max_bytes: int, max_span: int) -> bool:
-        return (self.messages > max_messages or self.bytes > max_bytes
-                or self.messages > max_span)
+        held = self.messages
+        return held > max_messages or self.bytes > max_bytes or held > max_span
 
     def done(self, offset: int) -> None:  # InFlight's face; slices finish in the loop
         raise NotImplementedError("hand-off slices are finished by the event loop")
@@ -138,8 +149,8 @@ class Tracker:
             self.slices.remove(sl)
         except ValueError:
             return  # dropped already
-        self.messages -= len(sl.msgs)
-        self.bytes -= sl.size
+        self.removed_messages += len(sl.msgs)
+        self.removed_bytes += sl.size
 
     def idle(self) -> bool:
         return not self.slices
