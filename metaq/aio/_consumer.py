@@ -46,8 +46,11 @@ CPython 3.11; scratch scripts, then ``bench/bench_aio_consumer.py --runs 1``):
 
 Modes: orderly (default) runs one handler coroutine per partition at a time, in
 offset order; ``consume_mode="concurrent"`` runs up to ``consume_threads``
-coroutines per partition, the threaded consumer's flow-control limits bounding
-what is in flight.  A handler that raises, returns RECONSUME_LATER or a value
+coroutines per partition.  In both, the threaded consumer's flow-control limits
+bound what waits in the loop: a partition is not fetched while more than
+``pull_threshold_messages`` (or ``pull_threshold_bytes``, or ``max_span`` messages)
+of it are unfinished; the fetch that crossed the line (``max_size`` bytes at most) is
+delivered whole.  A handler that raises, returns RECONSUME_LATER or a value
 that is not None, or runs over ``handler_timeout`` is retried in place
 (``max_fetch_retries`` times, with backoff) and then given to the reject policy
 (recover store, DLQ, ...), the log naming partition and offset; raising

@@ -198,3 +198,26 @@ async def test_rebalance_callbacks_may_be_coroutines(zk_connect, broker, tmp_pat
         assert {e[0] for e in events} == {"assigned"} and len(parts) == 2
     assert sorted(e for e in events if e[0] == "revoked") == sorted(
         ("revoked", TOPIC, p) for p in parts)
+
+
+@pytest.mark.asyncio
+async def test_flow_control_bounds_what_waits_in_the_loop(zk_connect, broker, tmp_path):
+    produce(zk_connect, 2000)
+    release = asyncio.Event()
+    done = []
+
+    async def handle(m):
+        await release.wait()  # nothing finishes until released
+        done.append(m)
+
+    async with make(zk_connect, "fc", tmp_path, pull_threshold_messages=100) as c:
+        c.subscribe(TOPIC, handle, max_batch=50, max_size=1024)
+        await c.start()
+        await until(lambda: c.metrics()["in_loop"] >= 2 * 100, what="both partitions full")
+        await asyncio.sleep(0.5)  # fetch runners keep trying meanwhile
+        # fetching stops once more than the threshold waits: at most one fetch over it
+        # (1024 bytes: under 43 messages of 24-25 bytes)
+        assert c.metrics()["in_loop"] <= 2 * (100 + 43)
+        assert all(v == 0 for v in c.committed().values())
+        release.set()
+        await until(lambda: len(done) == 2000, what="everything once released")
