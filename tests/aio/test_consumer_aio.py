@@ -146,9 +146,27 @@ async def test_cancelled_async_for_commits_what_finished_and_redelivers_nothing_
         assert offset == committed_end.get(part, 0)
 
 
-def test_outside_a_running_loop_is_a_clear_error(zk_connect):
+def test_outside_a_running_loop_is_a_clear_error(zk_connect, tmp_path):
     with pytest.raises(ConsumerError, match="running asyncio event loop"):
         AsyncConsumer("g", zk_connect)
+
+    async def made():
+        return make(zk_connect, "g", tmp_path)
+
+    loop = asyncio.new_event_loop()
+    try:
+        c = loop.run_until_complete(made())
+        with pytest.raises(ConsumerError, match=r"subscribe\(\) needs a running asyncio"):
+            c.subscribe(TOPIC, print)
+
+        async def elsewhere():
+            c.subscribe(TOPIC, print)
+
+        with pytest.raises(ConsumerError, match="belongs to another event loop"):
+            asyncio.run(elsewhere())
+        loop.run_until_complete(c.close())
+    finally:
+        loop.close()
 
 
 @pytest.mark.asyncio
