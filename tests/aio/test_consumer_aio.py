@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -71,6 +72,10 @@ async def test_async_handler_every_message_in_order_and_committed(zk_connect, br
             last[(TOPIC, part)] = nxt
         await until(lambda: c.committed() == last, what="commits at the end")
         assert c.metrics()["finished"] == 400
+        assert any(t.name.startswith("metaq-aio-watch-") for t in threading.enumerate())
+    # every thread of the member stopped: fetch runners, coordinator, the stall watch
+    await until(lambda: not [t for t in threading.enumerate() if c.consumer_id in t.name],
+                what="the member's threads to stop")
 
 
 @pytest.mark.asyncio
