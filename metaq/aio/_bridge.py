@@ -96,6 +96,9 @@ class Tracker:
         self.wake: asyncio.Event | None = None
         self.workers: list[Any] = []
         self.finished = 0
+        #: the tracker of an earlier claim of the same partition (revoked, or its session
+        #: lost): its handlers still running finish before this one's start
+        self.predecessor: Tracker | None = None
 
     # -- the runner's side -------------------------------------------------------
 
@@ -205,6 +208,7 @@ class HandOff:
         """(the coordinator thread) A partition was just claimed: its tracker."""
         tracker = Tracker(pf, self, self.manual)
         old = self._trackers.get(pf.key)
+        tracker.predecessor = old
         self._trackers[pf.key] = tracker
         self._on_new(tracker, old)
         return tracker

@@ -446,6 +446,11 @@ class AsyncConsumer:
         ordered = self._concurrency == 1 or sub.batch
         woken = False
         try:
+            old, tracker.predecessor = tracker.predecessor, None
+            busy = [x.task for x in old.workers if x.task is not None and
+                    x.current is not None and not x.task.done()] if old is not None else []
+            if busy:  # an earlier claim's handler still running: one at a time, in order
+                await asyncio.wait(busy, timeout=self._drain_timeout)
             while not self._closing and not tracker.dead:
                 try:
                     if not pending:

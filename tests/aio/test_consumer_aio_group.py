@@ -5,10 +5,12 @@ delivered again), and a group mixing async and threaded members."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -193,3 +195,51 @@ async def test_a_group_of_async_and_threaded_members(zk_connect, broker_factory,
             check_contiguous(got_a + got_t, {f"m{i}".encode() for i in range(300)})
         finally:
             await asyncio.to_thread(threaded.close)
+
+
+@pytest.mark.asyncio
+async def test_session_lost_with_a_handler_in_flight_keeps_one_handler_per_partition(
+        zk_connect, zk_server, broker_factory, tmp_path):
+    from kazoo.client import KazooClient
+
+    from metaq.testing import expire_session
+
+    broker_factory({TOPIC: 1}, zk_connect=zk_connect)
+    produce(zk_connect, 40)
+    spans: list[tuple[int, float, float]] = []  # (offset, start, end) of every call
+    release = asyncio.Event()
+    held: list[int] = []
+
+    async def handle(m):
+        start = time.monotonic()
+        if not held and m.offset > 0 and len(spans) >= 10:
+            held.append(m.offset)
+            await release.wait()  # in flight across the session's loss
+        spans.append((m.offset, start, time.monotonic()))
+
+    client = KazooClient(hosts=zk_connect, timeout=4.0)
+    client.start(timeout=20)
+    c = make(zk_connect=client, group="sl", tmp_path=tmp_path, zk_session_timeout=4.0,
+             drain_timeout=30.0)
+    try:
+        c.subscribe(TOPIC, handle)
+        await c.start()
+        await until(lambda: held, what="a handler held")
+        gen, old = c.generation, client.client_id[0]
+        await asyncio.to_thread(expire_session, client, zk_server.hosts)
+        await until(lambda: client.client_id and client.client_id[0] != old and
+                    c.generation > gen and c.assignment(), timeout=30,
+                    what="claimed again in a new session")
+        await asyncio.sleep(0.3)  # the new claim's worker would have started by now
+        assert [s for s in spans if s[0] >= held[0]] == []  # it waits for the held one
+        release.set()
+        await until(lambda: len({o for o, *_ in spans}) == 40, what="every message")
+    finally:
+        release.set()
+        await c.close()
+        client.stop()
+        client.close()
+    # one handler at a time in the partition, across the two claims
+    ordered = sorted(spans, key=lambda s: s[1])
+    for (_, _, end), (_, start, _) in itertools.pairwise(ordered):
+        assert start >= end
