@@ -312,8 +312,8 @@ class AsyncConsumer:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.to_thread(self._consumer.close, leave=leave)
-        if self._watch is not None:
-            self._watch.stop()
+        if self._watch is not None:  # joined from a thread: it may wait on the loop
+            await asyncio.to_thread(self._watch.stop)
         self._closed = True
 
     # -- async for -------------------------------------------------------------------
