@@ -210,6 +210,7 @@ class AsyncConsumer:
         self._cur: tuple[Tracker, Slice, int] | None = None  # the message async for holds
         self._cur_batch: tuple[Tracker, Slice] | None = None
         self._started = False
+        self._start_task: asyncio.Future[None] | None = None
         self._closing = False
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
@@ -246,7 +247,7 @@ class AsyncConsumer:
         its messages come through ``async for``.  Call before :meth:`start`."""
         self._in_loop("subscribe()")
         self._check_open()
-        if self._started:
+        if self._start_task is not None:
             raise ConsumerError("subscribe() must be called before start()")
         batch = False
         fn = handler
@@ -277,15 +278,24 @@ class AsyncConsumer:
         """Join the group (ZooKeeper I/O runs in a thread; the loop keeps running)."""
         self._in_loop("start()")
         self._check_open()
-        if self._started:
-            return self
-        self._started = True
+        if self._start_task is None:  # one start, however many callers (async for too)
+            self._start_task = asyncio.ensure_future(self._start())
+        task = self._start_task
+        try:
+            await asyncio.shield(task)
+        except Exception:
+            if self._start_task is task:
+                self._start_task = None  # failed (ZooKeeper unreachable...): may retry
+            raise
+        return self
+
+    async def _start(self) -> None:
         await asyncio.to_thread(self._consumer.start)
+        self._started = True
         if self._watch is not None:
             self._watch.start()
         if self._handler_timeout is not None:
             self._spawn(self._watchdog(self._handler_timeout))
-        return self
 
     async def close(self, *, leave: bool = False) -> None:
         """Stop: handlers finish the message they are on (up to ``drain_timeout``; then
