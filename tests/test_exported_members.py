@@ -24,6 +24,7 @@ FACES = [
     ("metaq.consumer", None),
     ("metaq.producer", None),
     ("metaq.broker", None),
+    ("metaq.aio", None),
     ("metaq.spark", "pyspark"),
     ("metaq.testing", None),
     ("metaq.prometheus", "prometheus_client"),

@@ -80,6 +80,9 @@ class Subscription:
     max_size: int
     auto_ack: bool = True
     max_batch: int = DEFAULT_MAX_BATCH
+    #: a hand-off listener's ``in_flight(pf)``: the tracker of what it took and has not
+    #: finished, made for each partition state (see :meth:`SubscriptionState.subscribe`)
+    tracker: Callable[[PartitionState], Any] | None = None
 
 
 class PartitionState:
@@ -207,6 +210,9 @@ class PartitionState:
 
     def commit_position(self) -> tuple[int, int]:
         """(msgId, offset) safe to commit: nothing before it is unfinished or unacked."""
+        # read before the in-flight tracker: a message handed out after this read lies
+        # beyond it, so an empty tracker never lets it pass uncommitted-but-unfinished
+        msg_id, offset = self.msg_id, self.offset
         if self.inflight is not None:
             low = self.inflight.low()
             if low is not None:
@@ -216,7 +222,7 @@ class PartitionState:
         rewound = self.rewound  # once: the runner clears it
         if rewound is not None:  # sent back to re-read what it delivered: until that is
             return rewound[1], rewound[0]  # checked, it still stands where it was
-        return self.msg_id, self.offset
+        return msg_id, offset
 
     # -- requests (any thread) ------------------------------------------------------------
 
@@ -448,7 +454,14 @@ class SubscriptionState:
     def subscribe(self, topic: str, listener: Any, *, max_size: int, auto_ack: bool,
                   max_batch: int) -> Subscription:
         """Consume ``topic`` with ``listener`` (a callable, or an object with
-        ``on_messages(batch)``); ConfigError for what this member cannot do."""
+        ``on_messages(batch)``); ConfigError for what this member cannot do.
+
+        A *hand-off* listener (``on_messages``, ``in_flight(pf)`` and ``redeliver(m)``;
+        metaq.aio's bridge) takes each slice to finish it elsewhere: ``in_flight`` makes
+        each partition's tracker (``add``-free: the listener registers the slice itself;
+        ``low()``, ``blocked(...)``, ``__len__`` as :class:`InFlight`), so commits stop
+        at its oldest unfinished message and flow control bounds what it holds;
+        ``redeliver`` takes the recover store's messages one at a time."""
         check_topic(topic)
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 32:
             raise ConfigError(f"max_size must be an int >= 32, got {max_size!r}")
@@ -458,7 +471,15 @@ class SubscriptionState:
             raise ConfigError(f"max_size {max_size} is over max_fetch_size "
                               f"{self._config.max_fetch_size}")
         batch = getattr(listener, "on_messages", None)
-        if batch is not None and callable(batch):
+        tracker = getattr(listener, "in_flight", None)
+        if batch is not None and callable(batch) and callable(tracker):
+            # a hand-off: slices go to another executor (metaq.aio's event loop); the
+            # partition's commit position is its tracker's oldest unfinished message
+            if self._dispatcher is not None:
+                raise ConfigError("a hand-off listener works in orderly mode only")
+            sub = Subscription(topic, listener.redeliver, batch, max_size, auto_ack,
+                               max_batch, tracker)
+        elif batch is not None and callable(batch):
             if self._dispatcher is not None or not auto_ack:
                 raise ConfigError("a batch listener works in orderly auto-ack mode only")
             sub = Subscription(topic, None, batch, max_size, auto_ack, max_batch)
@@ -576,4 +597,6 @@ class SubscriptionState:
             flow=flow, stalled=stalled)
         if offset == BY_TIME:
             pf.time_ms = cfg.start_time_ms
+        if sub.tracker is not None:
+            pf.inflight = sub.tracker(pf)
         return pf

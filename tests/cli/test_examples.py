@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -72,3 +73,18 @@ def test_transactional_producer_example(zk_connect, cluster):
                         for m in read_partition(conn, TOPIC, p))
     assert bodies == sorted([b"order 0 created", b"order 1 created", b"order 2 created",
                              b"paid"])
+
+
+def test_asyncio_service_example(zk_connect, broker_factory, tmp_path):
+    broker = broker_factory({TOPIC: 3, "receipts": 1}, zk_connect=zk_connect, process=True)
+    run("producer.py", "--zk", zk_connect, "--topic", TOPIC, "--count", "200")
+    db = tmp_path / "orders.db"
+    out = run("aio_service.py", "--zk", zk_connect, "--topic", TOPIC, "--group", "aio-billing",
+              "--reply-topic", "receipts", "--db", str(db), "--count", "200")
+    assert "stored 200 orders, sent 200 replies" in out
+    assert "'orders': ['0-0', '0-1', '0-2']" in out
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(DISTINCT body) FROM orders").fetchone()[0] == 200
+    with broker.connection() as conn:
+        replies = [bytes(m.payload) for m in read_partition(conn, "receipts", 0)]
+    assert len(replies) == 200 and all(r.startswith(b"stored ") for r in replies)

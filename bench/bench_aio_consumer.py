@@ -1,0 +1,298 @@
+"""AsyncConsumer beside MessageConsumer in the same run: throughput, latency, loop lag.
+
+Setup (once): a ZooKeeper server, one broker process with topic ``small``
+(``--partitions`` partitions) loaded with ``--count`` messages of 100 B by
+pipelined puts (bench_consumer.py's ``load``), and an empty topic ``live``.
+
+Each run:
+
+1. **throughput** (a new group each time, from offset 0, one member,
+   ``fetch_runner_count=--runners``), clock from the first message handled to
+   the last: ``threaded-each`` (a per-message listener), ``threaded-batch``
+   (``on_messages``), ``aio-each`` (``async def handle(m)``, awaited per
+   message), ``aio-batch`` (async ``on_messages``), ``aio-iter``
+   (``async for m in consumer``).  Every handler counts messages and body bytes;
+   counts are checked.
+2. **latency**: a producer thread sends ``live`` at 500 and 20,000 msg/s for
+   ``--seconds`` each, the send time (``time.time_ns``) in the body; each consumer
+   (threaded listener, then async handler) records now minus that time per
+   message: p50 / p99 in ms.
+3. **loop lag**: a ticker coroutine sleeping 1 ms records how late it wakes
+   while ``aio-each`` drains ``small`` at full speed: p50 / p99 in ms.
+
+Medians over ``--runs``; ratios are aio / threaded.  Targets (issue 27):
+aio-each >= 1 M msg/s, latency p50 within 1.5x of threaded, loop lag p99 < 5 ms.
+
+Run: ``.venv/bin/python bench/bench_aio_consumer.py [--runs 3] [--count 1000000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import logging
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from kazoo.client import KazooClient
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from bench_consumer import load  # noqa: E402
+from helpers.procs import start_broker  # noqa: E402
+
+from metaq import MessageConsumer, Producer  # noqa: E402
+from metaq._zk import ZooKeeperServer  # noqa: E402
+from metaq.aio import AsyncConsumer  # noqa: E402
+
+_groups = itertools.count()
+
+
+def _group(kind: str) -> str:
+    return f"bench-{kind}-{next(_groups)}-{time.monotonic_ns()}"
+
+
+def threaded_run(zk: str, topic: str, total: int, mode: str, runners: int) -> float:
+    """msg/s of MessageConsumer, first message to last."""
+    state = {"n": 0, "first": 0.0, "last": 0.0}
+    done = threading.Event()
+
+    def on_message(m):  # noqa: ANN001, ANN202
+        if not state["n"]:
+            state["first"] = time.perf_counter()
+        state["n"] += 1
+        if state["n"] >= total:
+            state["last"] = time.perf_counter()
+            done.set()
+
+    class Batch:
+        def on_messages(self, batch):  # noqa: ANN001, ANN202
+            if not state["n"]:
+                state["first"] = time.perf_counter()
+            state["n"] += len(batch)
+            if state["n"] >= total:
+                state["last"] = time.perf_counter()
+                done.set()
+
+    c = MessageConsumer(_group("t"), zk, fetch_runner_count=runners, commit_period=60.0)
+    try:
+        c.subscribe(topic, on_message if mode == "each" else Batch())
+        c.start()
+        if not done.wait(300):
+            raise RuntimeError(f"threaded {mode} stalled at {state['n']}/{total}")
+    finally:
+        c.close()
+    return total / (state["last"] - state["first"])
+
+
+async def aio_run(zk: str, topic: str, total: int, mode: str, runners: int,
+                  lag: list[float] | None = None) -> float:
+    """msg/s of AsyncConsumer, first message to last (``lag``: a 1 ms ticker's
+    lateness while it runs, in ms)."""
+    state = {"n": 0, "first": 0.0, "last": 0.0}
+    done = asyncio.Event()
+
+    async def handle(m):  # noqa: ANN001, ANN202
+        if not state["n"]:
+            state["first"] = time.perf_counter()
+        state["n"] += 1
+        if state["n"] >= total:
+            state["last"] = time.perf_counter()
+            done.set()
+
+    class Batch:
+        async def on_messages(self, batch):  # noqa: ANN001, ANN202
+            if not state["n"]:
+                state["first"] = time.perf_counter()
+            state["n"] += len(batch)
+            if state["n"] >= total:
+                state["last"] = time.perf_counter()
+                done.set()
+
+    async def ticker() -> None:
+        loop = asyncio.get_running_loop()
+        while not done.is_set():
+            t = loop.time()
+            await asyncio.sleep(0.001)
+            assert lag is not None
+            lag.append((loop.time() - t - 0.001) * 1000)
+
+    c = AsyncConsumer(_group("a"), zk, fetch_runner_count=runners, commit_period=60.0,
+                      blocking_threshold=None, handler_timeout=None)
+    try:
+        if mode == "iter":
+            c.subscribe(topic)
+        else:
+            c.subscribe(topic, handle if mode == "each" else Batch())
+        await c.start()
+        tick = asyncio.ensure_future(ticker()) if lag is not None else None
+        if mode == "iter":
+            async for m in c:
+                await handle(m)
+                if done.is_set():
+                    break
+        else:
+            await asyncio.wait_for(done.wait(), 300)
+        if tick is not None:
+            await tick
+    finally:
+        await c.close()
+    return total / (state["last"] - state["first"])
+
+
+def steady(zk: str, topic: str, rate: int, seconds: float) -> int:
+    """Send ``rate`` msg/s for ``seconds``, the send time in each body; how many."""
+    n = 0
+    with Producer(zk) as p:
+        t0 = time.perf_counter()
+        step = 1.0 / rate
+        futures = []
+        while True:
+            now = time.perf_counter()
+            due = int((now - t0) / step) + 1
+            if now - t0 >= seconds:
+                break
+            while n < due:
+                futures.append(p.send_async(topic, str(time.time_ns()).encode()))
+                n += 1
+            time.sleep(0.0005)
+        for f in futures:
+            f.result(30)
+    return n
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+def latency(zk: str, topic: str, rate: int, seconds: float, kind: str) -> list[float]:
+    """ms from send to handler, for one consumer kind at one rate."""
+    got: list[float] = []
+
+    def record(m) -> None:  # noqa: ANN001
+        got.append((time.time_ns() - int(m.body)) / 1e6)
+
+    if kind == "threaded":
+        c = MessageConsumer(_group("lt"), zk, start_position="latest", commit_period=60.0)
+        c.subscribe(topic, record)
+        c.start()
+        c.wait_settled(30)
+        try:
+            n = steady(zk, topic, rate, seconds)
+            deadline = time.monotonic() + 30
+            while len(got) < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+        finally:
+            c.close()
+        return got
+
+    async def main() -> list[float]:
+        async def handle(m):  # noqa: ANN001, ANN202
+            record(m)
+
+        c = AsyncConsumer(_group("la"), zk, start_position="latest", commit_period=60.0)
+        c.subscribe(topic, handle)
+        await c.start()
+        await c.wait_settled(30)
+        try:
+            n = await asyncio.to_thread(steady, zk, topic, rate, seconds)
+            deadline = time.monotonic() + 30
+            while len(got) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+        finally:
+            await c.close()
+        return got
+
+    return asyncio.run(main())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--count", type=int, default=1_000_000)
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--runners", type=int, default=1)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--skip-latency", action="store_true")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rates: dict[str, list[float]] = {}
+    lat: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    lags: list[float] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-aio-")))
+        zk = stack.enter_context(ZooKeeperServer())
+        admin = KazooClient(hosts=zk.hosts)
+        admin.start()
+        admin.ensure_path("/bench")
+        admin.stop()
+        admin.close()
+        zk_connect = zk.hosts + "/bench"
+        broker = stack.enter_context(start_broker(
+            zk_connect, 0, tmp / "broker", {"small": args.partitions, "live": 1}))
+        took = load(broker.port, "small", args.partitions, args.count, 100)
+        print(f"loaded small: {args.count} x 100 B in {took:.1f}s; partitions "
+              f"{args.partitions}; fetch_runner_count {args.runners}; {args.runs} runs",
+              flush=True)
+        for run in range(args.runs):
+            for mode in ("each", "batch"):
+                r = threaded_run(zk_connect, "small", args.count, mode, args.runners)
+                rates.setdefault(f"threaded-{mode}", []).append(r)
+            for mode in ("each", "batch", "iter"):
+                lag = [] if mode == "each" else None
+                r = asyncio.run(aio_run(zk_connect, "small", args.count, mode, args.runners,
+                                        lag))
+                rates.setdefault(f"aio-{mode}", []).append(r)
+                if lag is not None:
+                    lags.append(pct(lag, 0.99))
+            if not args.skip_latency:
+                for rate in (500, 20_000):
+                    for kind in ("threaded", "aio"):
+                        xs = latency(zk_connect, "live", rate, args.seconds, kind)
+                        lat.setdefault((kind, rate), []).append((pct(xs, 0.5), pct(xs, 0.99)))
+            print(f"run {run + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in
+                                                 rates.items()), flush=True)
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print("\n| consumer | mode | msg/s (median) | vs threaded |")
+    print("|---|---|---:|---:|")
+    for mode in ("each", "batch"):
+        print(f"| threaded | {mode} | {med[f'threaded-{mode}']:,.0f} | 1.00 |")
+    for mode, base in (("each", "each"), ("batch", "batch"), ("iter", "each")):
+        print(f"| aio | {mode} | {med[f'aio-{mode}']:,.0f} | "
+              f"{med[f'aio-{mode}'] / med[f'threaded-{base}']:.2f} |")
+    if lat:
+        print("\n| rate msg/s | consumer | p50 ms | p99 ms | p50 vs threaded |")
+        print("|---:|---|---:|---:|---:|")
+        for rate in (500, 20_000):
+            base = statistics.median(p for p, _ in lat[("threaded", rate)])
+            for kind in ("threaded", "aio"):
+                p50 = statistics.median(p for p, _ in lat[(kind, rate)])
+                p99 = statistics.median(p for _, p in lat[(kind, rate)])
+                print(f"| {rate:,} | {kind} | {p50:.3f} | {p99:.3f} | {p50 / base:.2f}x |")
+    loop_p99 = statistics.median(lags)
+    print(f"\nevent loop lag (1 ms ticker) while aio-each drains: p99 {loop_p99:.2f} ms")
+    each = med["aio-each"]
+    print(f"\ntarget: aio-each >= 1,000,000 msg/s: {each:,.0f} "
+          f"{'PASS' if each >= 1e6 else 'MISS'}")
+    if lat:
+        for rate in (500, 20_000):
+            base = statistics.median(p for p, _ in lat[("threaded", rate)])
+            p50 = statistics.median(p for p, _ in lat[("aio", rate)])
+            print(f"target: latency p50 at {rate:,} msg/s within 1.5x threaded: "
+                  f"{p50 / base:.2f}x {'PASS' if p50 <= 1.5 * base else 'MISS'}")
+    print(f"target: event loop lag p99 < 5 ms: {loop_p99:.2f} ms "
+          f"{'PASS' if loop_p99 < 5 else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()
