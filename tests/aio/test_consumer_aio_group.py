@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -16,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from helpers.delivery import check_contiguous
+from helpers.procs import MemberProc
 from test_consumer_aio import make, until
 
 from metaq import MessageConsumer, Producer
@@ -41,39 +39,8 @@ def committed(zk_client, group) -> dict[str, int]:
             for p in zk_client.get_children(d)} if zk_client.exists(d) else {}
 
 
-class Member:
-    """An async member process; ``done()`` what its handler finished."""
-
-    def __init__(self, *args: str) -> None:
-        self.lines: list[str] = []
-        self.p = subprocess.Popen([sys.executable, MEMBER, *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        self.t = threading.Thread(target=self._read, daemon=True)
-        self.t.start()
-
-    def _read(self) -> None:
-        for raw in self.p.stdout:
-            self.lines.append(raw.decode().rstrip("\n"))
-
-    def done(self) -> list[tuple[str, int, str]]:
-        out = []
-        for line in list(self.lines):
-            if line.startswith("done "):
-                _, part, off, body = line.split(" ", 3)
-                out.append((part, int(off), body))
-        return out
-
-    def kill(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGKILL)
-        self.p.wait(30)
-        self.t.join(10)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            self.p.wait(60)
-        self.t.join(10)
+def Member(*args: str) -> MemberProc:  # noqa: N802 - reads as the class it makes
+    return MemberProc(MEMBER, *args)
 
 
 @pytest.mark.parametrize("mode", ["orderly", "concurrent"])

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
-import threading
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from helpers.procs import MemberProc
 
 from metaq import Producer
 from metaq.testing import wait_until
@@ -22,36 +19,8 @@ TOPIC = "crash"
 SCRIPT = str(Path(__file__).parents[1] / "helpers" / "consumer_script.py")
 
 
-class Proc:
-    def __init__(self, *args: str) -> None:
-        self.lines: list[str] = []
-        self.p = subprocess.Popen([sys.executable, SCRIPT, *args], stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-        self.t = threading.Thread(target=self._read, daemon=True)
-        self.t.start()
-
-    def _read(self) -> None:
-        for raw in self.p.stdout:
-            self.lines.append(raw.decode().rstrip("\n"))
-
-    def done(self) -> list[tuple[str, int, str]]:
-        out = []
-        for line in list(self.lines):
-            if line.startswith("done "):
-                _, part, off, body = line.split(" ", 3)
-                out.append((part, int(off), body))
-        return out
-
-    def kill(self) -> None:
-        self.p.send_signal(signal.SIGKILL)
-        self.p.wait(30)
-        self.t.join(10)
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            self.p.wait(60)
-        self.t.join(10)
+def Proc(*args: str) -> MemberProc:  # noqa: N802 - reads as the class it makes
+    return MemberProc(SCRIPT, *args)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -53,6 +54,44 @@ def stop_process(proc: subprocess.Popen | None, timeout: float = 15.0) -> int | 
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait(30)
+
+
+class MemberProc:
+    """A consumer member script run as a process (``helpers/consumer_script.py``, the
+    asyncio one in ``tests/aio``) that prints ``done <partition> <offset> <body>`` per
+    message its handler finished; :meth:`done` parses them, :meth:`kill` is SIGKILL."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        self.lines: list[str] = []
+        self.p = subprocess.Popen([sys.executable, script, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+        self.t = threading.Thread(target=self._read, name="test-member-output", daemon=True)
+        self.t.start()
+
+    def _read(self) -> None:
+        for raw in self.p.stdout:
+            self.lines.append(raw.decode().rstrip("\n"))
+
+    def done(self) -> list[tuple[str, int, str]]:
+        out = []
+        for line in list(self.lines):
+            if line.startswith("done "):
+                _, part, off, body = line.split(" ", 3)
+                out.append((part, int(off), body))
+        return out
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGKILL)
+        self.p.wait(30)
+        self.t.join(10)
+
+    def stop(self) -> None:
+        """SIGTERM: the member closes (commits what finished) and exits."""
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            self.p.wait(60)
+        self.t.join(10)
 
 
 class BrokerProc:
