@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from metaq.broker._connection import Connection
     from metaq.broker._storage import PartitionLog
 
-__all__ = ["HeldGets"]
+__all__ = ["HeldGets", "HeldRequests"]
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +162,42 @@ class HeldGets:
                     del self._by_log[held.plog]
                     held.plog.on_readable = None
             self._forget(held)
+
+
+class HeldRequests:
+    """At most one request per connection parked until something changes or its hold
+    runs out: a slave's ``txlog`` (``_txfeed``) and ``watermarks`` (``_watermarks``).
+    ``answer(conn, opaque, since)`` answers one; ``since`` is what the request said it
+    holds.  Event loop only."""
+
+    def __init__(self, answer: Callable[[Connection, int, int], None]) -> None:
+        self._answer = answer
+        self._held: dict[Connection, tuple[int, int, asyncio.TimerHandle]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._held)
+
+    def hold(self, conn: Connection, opaque: int, since: int, seconds: float) -> None:
+        """Park this request of ``conn`` (an older one of it is dropped unanswered: the
+        connection asks again only once answered, so there is none)."""
+        self.drop(conn)
+        timer = asyncio.get_running_loop().call_later(seconds, self._expire, conn)
+        self._held[conn] = (opaque, since, timer)
+
+    def drop(self, conn: Connection) -> None:
+        """Forget ``conn``'s request (it closed, or asked again)."""
+        held = self._held.pop(conn, None)
+        if held is not None:
+            held[2].cancel()
+
+    def answer_all(self, answer: Callable[[Connection, int, int], None] | None = None) -> None:
+        """Something changed: answer every parked request (with ``answer`` if given)."""
+        held, self._held = self._held, {}
+        for conn, (opaque, since, timer) in held.items():
+            timer.cancel()
+            (answer or self._answer)(conn, opaque, since)
+
+    def _expire(self, conn: Connection) -> None:
+        held = self._held.pop(conn, None)
+        if held is not None:
+            self._answer(conn, held[0], held[1])

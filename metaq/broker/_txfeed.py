@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from metaq._errors import BrokerUnavailableError, ProtocolError, StorageError
+from metaq.broker._hold import HeldRequests
 from metaq.broker._replies import answer
 from metaq.broker._txjournal import COMPACT_AT, read_records
 from metaq.protocol import (
@@ -96,7 +97,7 @@ class TxFeed:
         #: ``(seq, monotonic time, records)`` of the latest events
         self._events: collections.deque[tuple[int, float, bytes]] = collections.deque()
         self._kept = 0
-        self._held: dict[Connection, tuple[int, asyncio.TimerHandle | None]] = {}
+        self._held = HeldRequests(self._answer)
         #: replica -> the last event it acknowledged (this incarnation)
         self.acked: dict[int, int] = {}
         #: replicas whose acknowledgements count (see the module docstring)
@@ -123,11 +124,8 @@ class TxFeed:
         self.acked.clear()
         self.counted.clear()
         self.in_sync = None
-        held, self._held = self._held, {}
-        for conn, (opaque, timer) in held.items():  # a snapshot of the new incarnation
-            if timer is not None:
-                timer.cancel()
-            self._answer(conn, opaque, 0, 0)
+        # a snapshot of the new incarnation
+        self._held.answer_all(lambda conn, opaque, _since: self._answer(conn, opaque, 0, 0))
         self.fail("the broker stopped leading")
 
     def fail(self, why: str) -> None:
@@ -148,11 +146,7 @@ class TxFeed:
             self._kept -= len(self._events.popleft()[2])
         self.stats["replication_tx_events"] += 1
         if self._held:
-            held, self._held = self._held, {}
-            for conn, (opaque, timer) in held.items():
-                if timer is not None:
-                    timer.cancel()
-                self._answer(conn, opaque, self.seq - 1, self.incarnation)
+            self._held.answer_all()
         return self.seq
 
     # -- the slaves' requests ------------------------------------------------------------
@@ -164,23 +158,18 @@ class TxFeed:
                 and r.seq <= self.seq:
             self.acked[r.replica] = r.seq
             self._release()
-        old = self._held.pop(conn, None)
-        if old is not None and old[1] is not None:
-            old[1].cancel()
+        self._held.drop(conn)
         if (r.incarnation == self.incarnation and r.seq == self.seq and r.hold_ms > 0
                 and self.max_hold > 0):
-            delay = min(r.hold_ms / 1000.0, self.max_hold)
-            timer = asyncio.get_running_loop().call_later(delay, self._expire, conn)
-            self._held[conn] = (r.opaque, timer)
+            self._held.hold(conn, r.opaque, r.seq, min(r.hold_ms / 1000.0, self.max_hold))
             return
         self._answer(conn, r.opaque, r.seq, r.incarnation)
 
-    def _expire(self, conn: Connection) -> None:
-        held = self._held.pop(conn, None)
-        if held is not None:
-            self._answer(conn, held[0], self.seq, self.incarnation)
-
-    def _answer(self, conn: Connection, opaque: int, seq: int, incarnation: int) -> None:
+    def _answer(self, conn: Connection, opaque: int, seq: int,
+                incarnation: int | None = None) -> None:
+        """What follows ``seq`` of ``incarnation`` (default: this one)."""
+        if incarnation is None:
+            incarnation = self.incarnation
         first = self._events[0][0] if self._events else self.seq + 1
         if incarnation != self.incarnation or seq > self.seq or seq < first - 1:
             body = encode_txlog_body(self.incarnation, 0, self.seq, True, self.snapshot())
@@ -191,9 +180,7 @@ class TxFeed:
         conn.send(answer(body, opaque))
 
     def connection_closed(self, conn: Connection) -> None:
-        held = self._held.pop(conn, None)
-        if held is not None and held[1] is not None:
-            held[1].cancel()
+        self._held.drop(conn)
 
     # -- waiting (sync replication) ------------------------------------------------------
     def _needed(self) -> list[int]:

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from metaq._errors import BrokerUnavailableError, ProtocolError
+from metaq.broker._hold import HeldRequests
 from metaq.broker._replies import answer
 from metaq.protocol import (
     Result,
@@ -58,35 +59,22 @@ class WatermarkFeed:
         self.base = 1 + secrets.randbelow(1 << 60)
         self.version = self.base
         self._changed: dict[PartitionLog, int] = {}
-        self._held: dict[Connection, tuple[int, int, asyncio.TimerHandle | None]] = {}
+        self._held = HeldRequests(self._answer)
 
     def changed(self, plog: PartitionLog) -> None:
         """``plog``'s watermark moved (``ReplicaSet``)."""
         self.version += 1
         self._changed[plog] = self.version
         if self._held:
-            held, self._held = self._held, {}
-            for conn, (opaque, since, timer) in held.items():
-                if timer is not None:
-                    timer.cancel()
-                self._answer(conn, opaque, since)
+            self._held.answer_all()
 
     def request(self, conn: Connection, r: WatermarkRequest) -> None:
         self.stats["cmd_watermarks"] += 1
-        old = self._held.pop(conn, None)
-        if old is not None and old[2] is not None:
-            old[2].cancel()
+        self._held.drop(conn)
         if r.version == self.version and r.hold_ms > 0 and self.max_hold > 0:
-            timer = asyncio.get_running_loop().call_later(
-                min(r.hold_ms / 1000.0, self.max_hold), self._expire, conn)
-            self._held[conn] = (r.opaque, r.version, timer)
+            self._held.hold(conn, r.opaque, r.version, min(r.hold_ms / 1000.0, self.max_hold))
             return
         self._answer(conn, r.opaque, r.version)
-
-    def _expire(self, conn: Connection) -> None:
-        held = self._held.pop(conn, None)
-        if held is not None:
-            self._answer(conn, held[0], held[1])
 
     def _answer(self, conn: Connection, opaque: int, since: int) -> None:
         if self.base <= since <= self.version:
@@ -98,18 +86,12 @@ class WatermarkFeed:
         conn.send(answer(body, opaque))
 
     def connection_closed(self, conn: Connection) -> None:
-        held = self._held.pop(conn, None)
-        if held is not None and held[2] is not None:
-            held[2].cancel()
+        self._held.drop(conn)
 
     def close(self) -> None:
         """No longer master: held requests are answered (the slaves ask again, and
         learn who leads now)."""
-        held, self._held = self._held, {}
-        for conn, (opaque, since, timer) in held.items():
-            if timer is not None:
-                timer.cancel()
-            self._answer(conn, opaque, since)
+        self._held.answer_all()
 
 
 class WatermarkCopy:
