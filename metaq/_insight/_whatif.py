@@ -199,6 +199,13 @@ def what_if(snapshot: Snapshot, group: str, *, add: int = 0, add_ids: Iterable[s
         notes.append("the group subscribes to no topic: added members get nothing")
     planned = assignment(model, strat)
     new = assignment(model, strat, topics_of=topics_of)
+    if strategy is None and len(inferred) > 1:
+        differ = [n for n in inferred[1:]
+                  if assignment(model, n, topics_of=topics_of) != new]
+        if differ:
+            notes.append(f"the current owners fit {', '.join(inferred)}, which plan this "
+                         f"change differently ({', '.join(differ)} unlike {strat.name}); "
+                         f"planned with {strat.name}: name the group's strategy to be sure")
     current = model.current()
     moves = []
     for topic in sorted(set(new) | set(current)):
