@@ -171,6 +171,13 @@ def capacity(first: Reading, second: Reading, *, target: float | None = None) ->
     per_member = (sum(rates[m] for m in busy_members) / len(busy_members)
                   if busy_members else None)
     partitions = len(second.partitions)
+    if len(unknown) == partitions:
+        notes.append("no partition could be measured: no estimate")
+        return CapacityHint(group=second.group, window=window, produce_rate=0.0,
+                            consume_rate=0.0, member_rates={}, busy_members=(),
+                            per_member_rate=None, lag=0, members=len(second.members),
+                            partitions=partitions, catch_up_seconds=None,
+                            target_seconds=target, members_needed=None, notes=tuple(notes))
     if lag == 0:
         catch_up: float | None = 0.0
     elif consume_rate > produce_rate:

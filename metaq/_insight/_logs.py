@@ -112,26 +112,25 @@ def _broker(client: KazooClient, layout: Layout, topic: str, bid: int, parts: li
             ends: dict[str, tuple[int | None, int | None]], committed: dict[str, int],
             out: dict[PartitionKey, LogState], *, timeout: float) -> None:
     """One broker's partitions of ``topic`` into ``out``."""
+    try:
+        address = broker_address(client, layout, bid)
+        gone = None if address is not None else f"broker {bid} is not registered (no master)"
+    except Exception as e:  # noqa: BLE001 - garbage in its node: a finding, not a crash
+        log.warning("broker %d's address is unreadable: %s", bid, e)
+        address, gone = None, f"broker {bid}'s address is unreadable: {e}"
     check = []
     for p in parts:
         start, end = ends.get(p, (None, None))
         c = committed.get(p)
         if start is None or end is None:
             out[PartitionKey(topic, p)] = LogState(committed=c, error=(
-                f"broker {bid} did not answer" if p in ends else
-                f"broker {bid} does not list this partition"))
+                gone or (f"broker {bid} at {address[0]}:{address[1]} did not answer"
+                         if p in ends else f"broker {bid} does not list this partition")))
         else:
             out[PartitionKey(topic, p)] = LogState(log_start=start, log_end=end, committed=c)
             if c is not None and start < c < end:
                 check.append((p, c))
-    if not check:
-        return
-    try:
-        address = broker_address(client, layout, bid)
-    except Exception as e:  # noqa: BLE001 - garbage in its node: a finding, not a crash
-        log.warning("broker %d's address is unreadable: %s", bid, e)
-        address = None
-    if address is None:
+    if not check or address is None:
         return
     try:
         with BrokerConnection(*address, timeout=timeout) as conn:

@@ -151,6 +151,11 @@ def test_capacity_rules_on_readings():
     done = reading(0.0, {"0-0": ("g_a", 100, 100)})
     h = capacity(done, reading(1.0, {"0-0": ("g_a", 150, 150)}), target=5)
     assert h.catch_up_seconds == 0.0 and h.members_needed == 2
+    # nothing measured (every broker down): no estimate rather than "caught up"
+    h = capacity(reading(0.0, {"0-0": ("g_a", 5, None)}), reading(1.0, {"0-0": ("g_a", 5, None)}),
+                 target=5)
+    assert h.catch_up_seconds is None and h.members_needed is None
+    assert any("no estimate" in n for n in h.notes)
     with pytest.raises(ConfigError, match="after the first"):
         capacity(second, first)
     with pytest.raises(ConfigError, match="> 0 seconds"):

@@ -99,6 +99,8 @@ def test_audit_finds_each_planted_fault(zk_connect, zk_client, broker):
     assert by[("misplaced", "0-1")].member == b and f"gives it to {a}" in \
         by[("misplaced", "0-1")].detail
     assert by[("owner_gone", "0-2")].member == f"{GROUP}_ghost"
+    assert f"broker 1 at 127.0.0.1:{dead.port} did not answer" in \
+        by[("broker_unreachable", "1-0")].detail
     assert str(ends["0-0"]) in by[("offset_beyond_end", "0-0")].detail
     assert all(json.loads(json.dumps(f.to_json()))["kind"] == f.kind for f in found)
 
