@@ -101,6 +101,12 @@ def audit(snapshot: Snapshot, group: str, *,
             out.append(Finding(kind="damaged", topic=None, partition=None,
                                detail=f"{d.path}: {d.error}"))
 
+    for topic in model.topics:
+        ti = snapshot.topic(topic)
+        for d in ti.damaged if ti is not None else ():
+            out.append(Finding(kind="damaged", topic=topic, partition=None,
+                               detail=f"{d.path}: {d.error}"))
+
     for gt in info.topics:
         listed = set(model.partitions.get(gt.topic, ()))
         want = planned.get(gt.topic, {})

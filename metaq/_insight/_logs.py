@@ -93,28 +93,41 @@ def read_logs(client: KazooClient, layout: Layout, snapshot: Snapshot, group: st
     for gt in info.topics:
         committed = {str(ps.partition): ps.offset.offset for ps in gt.partitions
                      if ps.offset is not None}
+        failed = None
         try:
             ends = log_ends(client, layout, gt.topic, group=ADMIN_GROUP, timeout=timeout)
         except Exception as e:  # noqa: BLE001 - ZooKeeper garbage or a vanished node
             log.warning("could not read where %s's partitions end: %s", gt.topic, e)
-            ends = {}
+            ends, failed = {}, f"could not read where the topic's partitions end: {e}"
         names = {str(ps.partition) for ps in gt.partitions} | set(ends)
         by_broker: dict[int, list[str]] = {}
         for name in sorted(names):
             by_broker.setdefault(partition_broker_id(name), []).append(name)
         for bid, parts in by_broker.items():
             _broker(client, layout, gt.topic, bid, parts, ends, committed, out,
-                    timeout=timeout)
+                    timeout=timeout, failed=failed or _garbage(snapshot, bid))
     return out
+
+
+def _garbage(snapshot: Snapshot, bid: int) -> str | None:
+    """Why broker ``bid`` cannot be asked when its nodes hold garbage (None: they do not)."""
+    info = snapshot.broker(bid)
+    if info is None or info.master is not None or not info.damaged:
+        return None
+    return f"broker {bid}'s nodes hold garbage: " + "; ".join(
+        f"{d.path}: {d.error}" for d in info.damaged)
 
 
 def _broker(client: KazooClient, layout: Layout, topic: str, bid: int, parts: list[str],
             ends: dict[str, tuple[int | None, int | None]], committed: dict[str, int],
-            out: dict[PartitionKey, LogState], *, timeout: float) -> None:
-    """One broker's partitions of ``topic`` into ``out``."""
+            out: dict[PartitionKey, LogState], *, timeout: float,
+            failed: str | None = None) -> None:
+    """One broker's partitions of ``topic`` into ``out`` (``failed``: why none can be
+    asked, when known beforehand)."""
     try:
         address = broker_address(client, layout, bid)
-        gone = None if address is not None else f"broker {bid} is not registered (no master)"
+        gone = failed or (None if address is not None
+                          else f"broker {bid} is not registered (no master)")
     except Exception as e:  # noqa: BLE001 - garbage in its node: a finding, not a crash
         log.warning("broker %d's address is unreadable: %s", bid, e)
         address, gone = None, f"broker {bid}'s address is unreadable: {e}"

@@ -124,18 +124,30 @@ def test_audit_finds_each_planted_fault(zk_connect, zk_client, broker):
     assert "offset_not_on_boundary" in text.stdout and "owner_gone" in text.stdout
 
 
-def test_garbage_member_node_is_a_finding_not_a_crash(zk_connect, zk_client, broker):
+def test_garbage_nodes_are_findings_not_a_crash(zk_connect, zk_client, broker):
     put(zk_client, L.consumer_id(GROUP, f"{GROUP}_bad"), b"no such topic!!", ephemeral=True)
     put(zk_client, L.consumer_id(GROUP, f"{GROUP}_ok"), encode_topic_list([TOPIC]),
         ephemeral=True)
+    # broker 2 serves one partition of the topic, and its master node is garbage
+    put(zk_client, L.broker_master(2), b"\x00garbage", ephemeral=True)
+    put(zk_client, L.topic_sub(TOPIC, 2),
+        encode_topic_broker(TopicBroker(num_parts=1, broker_id=2)), ephemeral=True)
     snap = take_snapshot(zk_client)
     found = audit(snap, GROUP, logs=read_logs(zk_client, L, snap, GROUP, timeout=2.0))
     damaged = [f for f in found if f.kind == "damaged"]
     assert len(damaged) == 1 and damaged[0].partition is None
     assert f"{GROUP}_bad" in damaged[0].detail
-    # the healthy member's share is unowned (it never claims): four findings
+    (dead,) = [f for f in found if f.kind == "broker_unreachable"]
+    assert dead.partition == "2-0" and "broker 2's nodes hold garbage" in dead.detail
+    # the healthy member's share is unowned (it never claims): every partition
     assert sorted(f.partition for f in found if f.kind == "unowned") == \
-        ["0-0", "0-1", "0-2", "0-3"]
+        ["0-0", "0-1", "0-2", "0-3", "2-0"]
+    run = subprocess.run([sys.executable, "-m", "metaq", "group", "describe", GROUP, "--zk",
+                          zk_connect, "--audit", "--catch-up", "1m", "--sample", "0.2s",
+                          "--timeout", "2"], capture_output=True, text=True, timeout=90)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    assert "broker 2's nodes hold garbage" in run.stdout
+    assert "1 partition(s) left out (broker did not answer): au/2-0" in run.stdout
 
 
 def test_a_settled_real_group_has_no_findings(zk_connect, zk_client, broker):
