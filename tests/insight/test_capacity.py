@@ -160,3 +160,13 @@ def test_capacity_rules_on_readings():
         capacity(second, first)
     with pytest.raises(ConfigError, match="> 0 seconds"):
         capacity(first, second, target=0)
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--catch-up", "0", "must be > 0"), ("--catch-up", "soon", "not a duration"),
+    ("--sample", "0ms", "must be > 0")])
+def test_bad_durations_are_named_with_exit_2(flag, value, needle):
+    run = subprocess.run([sys.executable, "-m", "metaq", "group", "describe", "g", "--zk",
+                          "127.0.0.1:1", flag, value], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2 and needle in run.stderr and flag in run.stderr, run.stderr

@@ -257,3 +257,11 @@ def test_cli_what_if_reads_only_and_prints_the_plan(zk_connect, zk_client, topic
         assert "Traceback" not in bad.stderr
     finally:
         close_all(live)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from metaq._insight import _whatif
+    result = doctest.testmod(_whatif)
+    assert result.attempted > 0 and result.failed == 0
