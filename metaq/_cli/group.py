@@ -43,7 +43,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("group", help="consumer groups: list, describe, reset offsets")
+    g = sub.add_parser("group", help="consumer groups: list, describe (audit, catch-up), "
+                                        "what-if, reset offsets")
     gs = g.add_subparsers(dest="group_command", metavar="ACTION", required=True)
     p = gs.add_parser("list", help="every group with its member and partition counts")
     _common(p)
