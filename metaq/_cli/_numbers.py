@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["integer", "number", "non_negative_int", "positive_float", "port", "size"]
+__all__ = ["integer", "number", "non_negative_int", "positive_float", "port", "size",
+           "duration"]
 
 
 def integer(text: str) -> int:
@@ -64,3 +65,22 @@ def size(text: str) -> int:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size (e.g. 1048576, 64K, 1G): {text!r}") \
             from None
+
+
+def duration(text: str) -> float:
+    """Seconds > 0, with an optional unit: ``500ms``, ``5s``, ``10m``, ``2h`` (bare: seconds)."""
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    t = text.strip().lower()
+    mult = 1.0
+    for unit in ("ms", "s", "m", "h"):
+        if t.endswith(unit):
+            mult, t = units[unit], t[:-len(unit)]
+            break
+    try:
+        value = float(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration (e.g. 5s, 10m, 1h): {text!r}") \
+            from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value

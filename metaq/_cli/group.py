@@ -1,4 +1,8 @@
-"""``metaq group list|describe|reset-offsets`` and ``metaq topic list|describe``.
+"""``metaq group list|describe|what-if|reset-offsets`` and ``metaq topic list|describe``.
+
+``describe --audit`` adds the ownership audit, ``describe --catch-up T`` the
+capacity hint, ``what-if`` the assignment after a change (all from
+:mod:`metaq._insight`; none writes anything).
 
 Read commands take ``--json``.  Exit codes: 0 done, 1 ZooKeeper or a broker
 failed, 2 bad arguments (including an unknown group or topic, and a reset
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,11 +21,14 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from metaq._admin import UNWRITTEN_NOTE, describe_group, log_damage, log_ends, reset_offsets
+from metaq._cli._numbers import duration, non_negative_int
 from metaq._cli._zkflags import add_zk_root_arg, add_zk_security_args, security_from_args
 from metaq._errors import ConfigError, CoordinationError
+from metaq._insight import CapacityHint, audit, capacity, read_logs, take_reading, what_if
 from metaq._time import parse_time_ms
 from metaq._zkclient import make_client
-from zk_layout import Layout, take_snapshot
+from metaq.consumer import STRATEGIES
+from zk_layout import Layout, local_ip, take_snapshot
 
 __all__ = ["register"]
 
@@ -35,7 +43,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    g = sub.add_parser("group", help="consumer groups: list, describe, reset offsets")
+    g = sub.add_parser("group", help="consumer groups: list, describe (audit, catch-up), "
+                                        "what-if, reset offsets")
     gs = g.add_subparsers(dest="group_command", metavar="ACTION", required=True)
     p = gs.add_parser("list", help="every group with its member and partition counts")
     _common(p)
@@ -50,8 +59,44 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("group")
     p.add_argument("--interval", type=float, default=0.0, metavar="SECONDS",
                    help="sample twice this far apart to tell 'stalled' from 'lagging'")
+    p.add_argument("--audit", action="store_true",
+                   help="also flag unowned partitions, owner nodes of gone members, "
+                        "partitions held against the strategy, committed offsets beyond "
+                        "the log end or inside a message, brokers that do not answer")
+    p.add_argument("--strategy", choices=sorted(STRATEGIES),
+                   help="the strategy --audit checks owners against (default: the one "
+                        "that explains them, else default)")
+    p.add_argument("--catch-up", type=duration, metavar="DURATION",
+                   help="estimate the catch-up time and the members needed to catch up "
+                        "within DURATION (e.g. 10m), from two readings --sample apart")
+    p.add_argument("--sample", type=duration, default=5.0, metavar="DURATION",
+                   help="the window --catch-up measures rates over (default 5s)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=group_describe)
+    p = gs.add_parser("what-if", help="the assignment the group would compute after "
+                                      "members join or leave or the strategy changes, "
+                                      "the partitions that would move, each member's load "
+                                      "(reads only)")
+    _common(p)
+    p.add_argument("group")
+    p.add_argument("--add", type=non_negative_int, default=0, metavar="N",
+                   help="N members without a configured id, started on --host")
+    p.add_argument("--add-id", action="append", default=[], metavar="CONSUMER_ID",
+                   help="a member configured with this consumer_id or instance_id joins "
+                        "(its consumer id is <group>_<CONSUMER_ID>); repeatable")
+    p.add_argument("--remove", action="append", default=[], metavar="MEMBER",
+                   help="this member (its consumer id, or the part after <group>_) "
+                        "leaves for good; repeatable")
+    p.add_argument("--strategy", choices=sorted(STRATEGIES),
+                   help="plan with this strategy (default: the one the group runs, "
+                        "inferred from its owners, else default)")
+    p.add_argument("--host", default=None,
+                   help="the host --add members start on (default: this machine's address)")
+    p.add_argument("--topic", action="append", default=None, dest="topics",
+                   metavar="TOPIC", help="topics added members subscribe to (default: "
+                                         "the group's); repeatable")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=group_what_if)
     p = gs.add_parser("reset-offsets", help="set a topic's committed offsets "
                                             "(refused while the group has live members)")
     _common(p)
@@ -118,11 +163,28 @@ def group_list(args: argparse.Namespace) -> int:
 
 
 def group_describe(args: argparse.Namespace) -> int:
+    layout = Layout(args.zk_root)
+    findings = hint = None
     with _client(args) as client:
-        report = describe_group(client, Layout(args.zk_root), args.group, interval=args.interval,
+        report = describe_group(client, layout, args.group, interval=args.interval,
                                 timeout=args.timeout)
+        if args.audit:
+            snap = take_snapshot(client, layout)
+            findings = audit(snap, args.group, strategy=args.strategy,
+                             logs=read_logs(client, layout, snap, args.group,
+                                            timeout=args.timeout))
+        if args.catch_up is not None:
+            first = take_reading(client, layout, args.group, timeout=args.timeout)
+            time.sleep(args.sample)  # the sampling window itself, not synchronisation
+            second = take_reading(client, layout, args.group, timeout=args.timeout)
+            hint = capacity(first, second, target=args.catch_up)
     if args.json:
-        print(json.dumps(report.as_json(), indent=2))
+        out = report.as_json()
+        if findings is not None:
+            out["audit"] = [f.to_json() for f in findings]
+        if hint is not None:
+            out["capacity"] = hint.to_json()
+        print(json.dumps(out, indent=2))
         return 0
     away = [m for m in report.member_states if m.state != "live"]
     print(f"group {report.group}: {len(report.members)} member(s) "
@@ -141,6 +203,67 @@ def group_describe(args: argparse.Namespace) -> int:
                    f"{p.state} ({p.note})" if p.note else p.state]
                   for p in report.partitions]))
     print(f"status: {report.status}")
+    if findings is not None:
+        print()
+        print(f"audit: {len(findings)} finding(s)")
+        if findings:
+            print(_table(["kind", "topic", "partition", "detail"],
+                         [[f.kind, f.topic, f.partition, f.detail] for f in findings]))
+    if hint is not None:
+        print()
+        _print_capacity(hint)
+    return 0
+
+
+def _rate(bps: float | None) -> str:
+    return "-" if bps is None else f"{bps / 1024:.1f} KiB/s"
+
+
+def _print_capacity(h: CapacityHint) -> None:
+    print(f"capacity over {h.window:.1f}s: produce {_rate(h.produce_rate)}, consume "
+          f"{_rate(h.consume_rate)} by {h.members} member(s) ({len(h.busy_members)} behind: "
+          f"{_rate(h.per_member_rate)} each), lag {h.lag} bytes")
+    cu = h.catch_up_seconds
+    print("catch-up: " + ("never at these rates" if cu is None else f"{cu:.0f}s"))
+    if h.target_seconds is not None:
+        print(f"members needed to catch up within {h.target_seconds:.0f}s: "
+              + ("unknown" if h.members_needed is None else str(h.members_needed))
+              + f" (partitions: {h.partitions})")
+    for note in h.notes:
+        print(f"note: {note}")
+    print("assumes: " + "; ".join(h.assumptions))
+
+
+def group_what_if(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        snap = take_snapshot(client, Layout(args.zk_root))
+    w = what_if(snap, args.group, add=args.add,
+                add_ids=[f"{args.group}_{c}" for c in args.add_id], remove=args.remove,
+                strategy=args.strategy, host=args.host or local_ip(), topics=args.topics)
+    if args.json:
+        print(json.dumps(w.to_json(), indent=2))
+        return 0
+    now = ",".join(w.current_strategies) or "none explains the current owners"
+    print(f"group {w.group}: strategy {w.strategy} (current owners fit: {now}); "
+          f"{len(w.members)} -> {len(w.new_members)} member(s)"
+          + (f", adding {' '.join(w.added)}" if w.added else "")
+          + (f", removing {' '.join(w.removed)}" if w.removed else ""))
+    now_load: dict[str, int] = {}
+    for per in w.current.values():
+        for m, ps in per.items():
+            now_load[m] = now_load.get(m, 0) + len(ps)
+    members = list(dict.fromkeys([*w.new_members, *w.members, *now_load]))
+    print(_table(["member", "now", "after", "change"],
+                 [[m, now_load.get(m, 0), w.load.get(m, 0) if m in w.load else "gone",
+                   "added" if m in w.added else "removed" if m in w.removed else None]
+                  for m in members]))
+    print()
+    print(f"{w.moved} of {w.partitions} partition(s) move")
+    if w.moves:
+        print(_table(["topic", "partition", "from", "to"],
+                     [[m.topic, m.partition, m.from_owner, m.to_owner] for m in w.moves]))
+    for note in w.notes:
+        print(f"note: {note}")
     return 0
 
 
