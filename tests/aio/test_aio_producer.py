@@ -115,6 +115,20 @@ async def test_send_send_async_and_send_batch_are_stored_exactly(brokers: StartB
 
 
 @pytest.mark.asyncio
+async def test_the_idempotent_option(brokers: StartBroker, zk_connect: str) -> None:
+    b0 = brokers(0, {"t": 2})
+    async with AsyncProducer(zk_connect, idempotent=True) as producer:
+        await producer.send("t", b"i0")  # the route read and the connections made
+        pending = [producer.send_async("t", b"i%d" % i) for i in range(1, 1000)]
+        results = [await p for p in pending]
+        assert any(getattr(p, "seq", None) is not None for p in pending)  # (pid, seq) sent
+    at = _stored_at([b0], "t")
+    assert len(at) == 1000
+    assert sorted(at.values()) == sorted(b"i%d" % i for i in range(1000))
+    assert {at[(r.partition, r.offset)] for r in results} == set(at.values()) - {b"i0"}
+
+
+@pytest.mark.asyncio
 async def test_messages_keep_their_order_per_partition(brokers: StartBroker,
                                                        zk_connect: str) -> None:
     """The first sends (route unknown: queued, sent from a worker thread) and the later
