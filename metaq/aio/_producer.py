@@ -186,7 +186,7 @@ class AsyncProducer:
             self._starting.set_exception(e)
             self._starting.exception()  # retrieved: a later start() re-raises it
             raise
-        producer.future_type = send_type(self)
+        producer.future_type = send_type(loop, self.settle)
         self._producer = producer
         self._starting.set_result(None)
 
@@ -385,6 +385,7 @@ class AsyncProducer:
                         self._room = None
                     if item.dispatched.done():
                         continue
+                    sent: Any
                     if item.batch:
                         sent = await self._dispatch_batch(producer, item, n)
                     elif producer.ready(item.args[0]):

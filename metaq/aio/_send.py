@@ -13,27 +13,18 @@ future, no callback, no wake-up.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from concurrent.futures._base import FINISHED
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from metaq._errors import SendTimeoutError
 from metaq.producer import Send, SendResult
 
-__all__ = ["AioSend", "Completions", "OVERHEAD", "send_type"]
+__all__ = ["AioSend", "OVERHEAD", "send_type"]
 
 #: Bytes a put request adds to its payload, at most (command line with topic, partition,
 #: length, flag, checksum, opaque; an idempotent mark line), beside the topic's length.
 OVERHEAD = 160
-
-
-class Completions(Protocol):
-    """Who hears of completed sends (the producer's window), on the event loop."""
-
-    loop: asyncio.AbstractEventLoop
-
-    def settle(self, sends: list[AioSend]) -> None:
-        """``sends`` completed (called in the loop thread)."""
 
 
 class AioSend(Send):
@@ -48,8 +39,14 @@ class AioSend(Send):
 
     __slots__ = ("aio_size", "aio_waiters")
 
-    #: set on the per-producer subclass (:func:`send_type`)
-    owner: ClassVar[Completions]
+    #: set on the per-producer subclass (:func:`send_type`): the producer's loop
+    loop: ClassVar[asyncio.AbstractEventLoop]
+
+    @staticmethod
+    def settle(sends: list[AioSend]) -> None:
+        """Called in :attr:`loop` with completed sends (the producer's window); set on
+        the per-producer subclass (:func:`send_type`)."""
+        raise NotImplementedError
 
     def __init__(self, path: Any, topic: str, payload: bytes, flag: int, checksum: int,
                  deadline: float) -> None:
@@ -64,7 +61,7 @@ class AioSend(Send):
             # Both this and the producer's settle() run in the loop thread, and settle() is
             # scheduled only after the state became FINISHED: seen not finished here, the
             # waiter is in place before settle() looks.
-            loop = self.owner.loop
+            loop = self.loop
             waiter: asyncio.Future[None] = loop.create_future()
             if self.aio_waiters is None:
                 self.aio_waiters = [waiter]
@@ -86,23 +83,23 @@ class AioSend(Send):
 
     def set_result(self, result: Any) -> None:
         Send.set_result(self, result)
-        _notify(self.owner, [self])
+        _notify(self, [self])
 
     def set_exception(self, exception: BaseException | None) -> None:
         Send.set_exception(self, exception)
-        _notify(self.owner, [self])
+        _notify(self, [self])
 
     @staticmethod
-    def on_acks(requests: list, msg_ids: list[bytes], partitions: list[bytes],
+    def on_acks(requests: list[Any], msg_ids: list[bytes], partitions: list[bytes],
                 offsets: list[bytes]) -> None:
         Send.on_acks(requests, msg_ids, partitions, offsets)
         # The reader groups a run by the request's class: one class per producer.
-        _notify(requests[0].owner, requests)
+        _notify(requests[0], requests)
 
 
-def _notify(owner: Completions, sends: list[AioSend]) -> None:
+def _notify(send: AioSend, sends: list[AioSend]) -> None:
     try:
-        owner.loop.call_soon_threadsafe(owner.settle, sends)
+        send.loop.call_soon_threadsafe(send.settle, sends)
     except RuntimeError:  # the loop is closed: nobody is left to wake
         pass
 
@@ -112,7 +109,10 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
-def send_type(owner: Completions) -> type[AioSend]:
-    """The :class:`AioSend` class of one producer (its completions go to ``owner``)."""
-    return type("AioSend", (AioSend,), {"__slots__": (), "owner": owner,
+def send_type(loop: asyncio.AbstractEventLoop,
+              settle: Callable[[list[AioSend]], None]) -> type[AioSend]:
+    """The :class:`AioSend` class of one producer: ``settle(sends)`` is called in ``loop``
+    (once per run of replies) with the sends completed."""
+    return type("AioSend", (AioSend,), {"__slots__": (), "loop": loop,
+                                        "settle": staticmethod(settle),
                                         "__module__": __name__})
