@@ -203,6 +203,31 @@ async def test_a_broker_killed_mid_stream_its_messages_are_retried(brokers: Star
         assert at[(r.partition, r.offset)] == body
 
 
+@pytest.mark.asyncio
+async def test_follows_a_broker_that_starts_publishing(brokers: StartBroker,
+                                                       zk_connect: str) -> None:
+    """A broker that appears in ZooKeeper mid-stream gets messages too (the route is
+    refreshed by the router's watch; the first send to the new broker connects on a worker
+    thread), and every message is stored where its result says."""
+    b0 = brokers(0, {"t": 2})
+    async with AsyncProducer(zk_connect, send_timeout=10.0) as producer:
+        results = [await producer.send("t", b"before%d" % i) for i in range(10)]
+        assert {r.broker_id for r in results} == {0}
+        b1 = brokers(1, {"t": 2})
+        deadline = time.monotonic() + 30
+        i = 0
+        async with Ticker() as ticker:
+            while not any(r.broker_id == 1 for r in results[-4:]):
+                assert time.monotonic() < deadline, "broker 1 never got a message"
+                results.append(await producer.send("t", b"after%d" % i))
+                i += 1
+        assert ticker.max_lag < 0.25, f"the loop stalled {ticker.max_lag * 1000:.0f} ms"
+        assert await producer.partitions("t") == ["0-0", "0-1", "1-0", "1-1"]
+    at = _stored_at([b0, b1], "t")
+    assert len(at) == len(results)
+    assert {at[(r.partition, r.offset)] for r in results} == set(at.values())
+
+
 def test_used_outside_a_running_loop_it_says_so(zk_connect: str) -> None:
     producer = AsyncProducer(zk_connect)  # no I/O, no loop needed
     for call in (lambda: producer.send_async("t", b"x"),
@@ -285,9 +310,12 @@ async def test_cancelling_pending_sends(brokers: StartBroker, zk_connect: str) -
             await asyncio.sleep(0.2)  # let the tasks reach their awaits
             assert not any(t.done() for t in on_wire + queued)
             t0 = time.monotonic()
+            batch = asyncio.ensure_future(producer.send_batch("t", [b"b1", b"b2"]))
+            await asyncio.sleep(0.05)
             on_wire[1].cancel()
             queued[2].cancel()
-            for t in (on_wire[1], queued[2]):
+            batch.cancel()
+            for t in (on_wire[1], queued[2], batch):
                 with pytest.raises(asyncio.CancelledError):
                     await t
             assert time.monotonic() - t0 < 1.0  # at once, not at the 30 s send timeout
@@ -298,6 +326,7 @@ async def test_cancelling_pending_sends(brokers: StartBroker, zk_connect: str) -
         assert (await producer.send("t", b"after")).partition == "0-0"
     stored = _stored([b0], "t")["0-0"]
     assert b"queued2" not in stored  # cancelled while queued: never sent
+    assert b"b1" not in stored and b"b2" not in stored
     assert stored[0] == b"warm" and stored[-1] == b"after"
     assert set(stored) - {b"wire1"} == ({b"warm", b"after"}
                                         | {b"wire%d" % i for i in range(5) if i != 1}
