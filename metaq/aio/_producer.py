@@ -57,9 +57,9 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import Generator, Sequence
+from collections.abc import Awaitable, Generator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from kazoo.client import KazooClient
 
@@ -242,7 +242,7 @@ class AsyncProducer:
     # -- sending -------------------------------------------------------------
 
     def send_async(self, topic: str, body: Any, attribute: str | None = None,
-                   key: Any = None) -> AioSend | _Queued:
+                   key: Any = None) -> Awaitable[SendResult]:
         """Send one message; return an awaitable of its :class:`~metaq.SendResult`.
 
         Does not wait for the broker: many messages stay in flight (await each
@@ -262,10 +262,11 @@ class AsyncProducer:
             count = self._count
             if (count < self._max_count and self._bytes + size <= self._max_bytes
                     or not count) and producer.ready(topic):
-                send = producer.send_async(topic, body, attribute, key)
+                # (future_type is the AioSend class: see start())
+                send = cast(AioSend, producer.send_async(topic, body, attribute, key))
                 self._count += 1
-                self._bytes += send.aio_size  # type: ignore[attr-defined]
-                return send  # type: ignore[return-value]
+                self._bytes += send.aio_size
+                return send
         return self._enqueue((topic, body, attribute, key), False, size)
 
     async def send(self, topic: str, body: Any, attribute: str | None = None,
@@ -276,7 +277,7 @@ class AsyncProducer:
         return result
 
     def send_batch(self, topic: str, bodies: Sequence[Any], *, attribute: str | None = None,
-                   key: Any = None) -> _Queued:
+                   key: Any = None) -> Awaitable[BatchResults]:
         """Send many messages to one partition (see :meth:`metaq.Producer.send_batch`);
         return an awaitable of their :class:`~metaq.BatchResults` (raises
         :class:`~metaq.BatchSendError` when some were not stored).  Encoded and

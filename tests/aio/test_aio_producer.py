@@ -187,7 +187,9 @@ async def test_a_broker_killed_mid_stream_its_messages_are_retried(brokers: Star
         for i in range(6000):
             pending.append((producer.send_async("t", b"w%d" % i), b"w%d" % i))
             if i == 1500:
-                b1.kill()  # SIGKILL while messages are in flight to it
+                b1.pause()  # SIGSTOP: what goes to broker 1 from here stays unanswered...
+            if i == 2500:
+                b1.kill()  # ...and is in flight when it gets SIGKILL
             if i % 200 == 0:
                 await asyncio.sleep(0)
         results = []

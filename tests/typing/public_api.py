@@ -5,6 +5,9 @@ every strict flag) and never run: what an application's ``mypy --strict`` sees o
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import assert_type
+
 import metaq
 import zk_layout
 from metaq import (
@@ -64,6 +67,8 @@ def consumer(zk: str) -> dict[str, int]:
 async def async_producer(zk: str) -> SendResult:
     async with AsyncProducer(zk, send_timeout=5.0) as producer:
         pending = producer.send_async("t", b"x")
+        assert_type(pending, Awaitable[SendResult])
+        assert_type(producer.send_batch("t", [b"a"]), Awaitable[BatchResults])
         batch: BatchResults = await producer.send_batch("t", [b"a"])
         tx: AsyncTransaction
         async with producer.transaction() as tx:
