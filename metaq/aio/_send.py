@@ -39,6 +39,10 @@ class AioSend(Send):
 
     __slots__ = ("aio_size", "aio_waiters")
 
+    #: a connection failing as it is put: the retry thread takes it from there (it may
+    #: pause and connect; the loop must not)
+    retry_here = False
+
     #: set on the per-producer subclass (:func:`send_type`): the producer's loop
     loop: ClassVar[asyncio.AbstractEventLoop]
 
