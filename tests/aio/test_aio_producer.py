@@ -22,6 +22,8 @@ from metaq import (
     ProducerError,
     SendResult,
     TransactionError,
+    XAError,
+    Xid,
 )
 from metaq.aio import AsyncProducer
 from metaq.testing import free_port
@@ -173,6 +175,31 @@ async def test_transaction_commit_and_rollback(brokers: StartBroker, zk_connect:
         results = await tx4.commit()
         assert [r.partition for r in results] == ["0-0"]
     assert _stored([b0], "t") == {"0-0": [b"tx-a", b"tx-b", b"tx-c"]}
+
+
+@pytest.mark.asyncio
+async def test_xa_two_phase_commit_and_rollback(brokers: StartBroker, zk_connect: str) -> None:
+    b0 = brokers(0, {"t": 1})
+    xid = Xid(1, b"gtrid-1", b"bq-1")
+    async with AsyncProducer(zk_connect) as producer:
+        xa = await producer.xa_resource("app1", topic="t")
+        async with xa:
+            await xa.start(xid)
+            await xa.send("t", b"two-phase")
+            await xa.end(xid)
+            assert await xa.prepare(xid) == 0
+            assert await xa.recover() == [xid]
+            assert _stored([b0], "t") == {"0-0": []}  # prepared: not visible yet
+            await xa.commit(xid)
+            with pytest.raises(XAError):
+                await xa.commit(xid)  # no such branch any more
+            await xa.start(xid)
+            await xa.send("t", b"rolled")
+            await xa.end(xid)
+            await xa.prepare(xid)
+            await xa.rollback(xid)
+            assert await xa.recover() == []
+    assert _stored([b0], "t") == {"0-0": [b"two-phase"]}
 
 
 @pytest.mark.asyncio
