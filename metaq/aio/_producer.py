@@ -63,7 +63,7 @@ from typing import Any, cast
 
 from kazoo.client import KazooClient
 
-from metaq._errors import ConfigError, ProducerError
+from metaq._errors import ConfigError, ProducerError, SendTimeoutError
 from metaq.aio._loop import running_loop
 from metaq.aio._send import OVERHEAD, AioSend, send_type
 from metaq.aio._transaction import AsyncTransaction, AsyncXAResource
@@ -77,13 +77,15 @@ log = logging.getLogger(__name__)
 class _Queued:
     """A send or batch waiting in the producer's queue: awaitable for its outcome."""
 
-    __slots__ = ("args", "batch", "dispatched", "size")
+    __slots__ = ("args", "batch", "dispatched", "size", "deadline")
 
     def __init__(self, args: tuple[Any, ...], batch: bool, size: int,
-                 dispatched: asyncio.Future[Any]) -> None:
+                 dispatched: asyncio.Future[Any], deadline: float) -> None:
         self.args = args
         self.batch = batch
         self.size = size
+        #: the send timeout's end (loop.time()): room in the window must come by then
+        self.deadline = deadline
         #: the AioSend, or the _BatchWait, once handed to the threaded producer
         self.dispatched = dispatched
 
@@ -105,6 +107,11 @@ class _BatchWait:
     def __await__(self) -> Generator[Any, None, BatchResults]:
         yield from asyncio.shield(self.done).__await__()
         return self.future.result()
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class AsyncProducer:
@@ -361,7 +368,8 @@ class AsyncProducer:
     def _enqueue(self, args: tuple[Any, ...], batch: bool, size: int) -> _Queued:
         loop = self.loop
         assert loop is not None
-        item = _Queued(args, batch, size, loop.create_future())
+        item = _Queued(args, batch, size, loop.create_future(),
+                       loop.time() + self.config.send_timeout)
         self._queue.append(item)
         if self._drainer is None:
             self._drainer = loop.create_task(self._drain(), name="metaq-aio-producer-queue")
@@ -381,9 +389,19 @@ class AsyncProducer:
                         continue
                     n = len(item.args[1]) if item.batch else 1
                     while not self._has_room(n, item.size):
-                        self._room = loop.create_future()
-                        await self._room
-                        self._room = None
+                        if loop.time() >= item.deadline:  # as the threaded put's wait
+                            raise SendTimeoutError(
+                                f"the in-flight window stayed full ({self._count} messages, "
+                                f"{self._bytes} bytes unanswered) for the send timeout "
+                                f"({self.config.send_timeout:g}s); nothing was sent to topic "
+                                f"{item.args[0]!r}")
+                        room = self._room = loop.create_future()
+                        timer = loop.call_at(item.deadline, _wake, room)
+                        try:
+                            await room
+                        finally:
+                            timer.cancel()
+                            self._room = None
                     if item.dispatched.done():
                         continue
                     sent: Any

@@ -21,6 +21,7 @@ from metaq import (
     MessageTooLargeError,
     ProducerError,
     SendResult,
+    SendTimeoutError,
     TransactionError,
     XAError,
     Xid,
@@ -321,6 +322,29 @@ async def test_a_full_window_and_a_paused_broker_do_not_block_the_loop(
         assert ticks_paused > 200
         assert ticker.max_lag < 0.25, f"the loop stalled {ticker.max_lag * 1000:.0f} ms"
     assert len({(r.partition, r.offset) for r in results}) == 400
+
+
+@pytest.mark.asyncio
+async def test_unanswered_and_queued_sends_time_out(brokers: StartBroker,
+                                                    zk_connect: str) -> None:
+    """As with the threaded producer: a message unanswered within the send timeout, and
+    one that found no room in the window within it, fail with SendTimeoutError."""
+    b0 = brokers(0, {"t": 1})
+    async with AsyncProducer(zk_connect, max_in_flight=3, send_timeout=1.0,
+                             request_timeout=30.0) as producer:
+        await producer.send("t", b"warm")
+        b0.pause()
+        try:
+            t0 = time.monotonic()
+            pending = [asyncio.ensure_future(producer.send("t", b"p%d" % i)) for i in range(6)]
+            outcomes = await asyncio.gather(*pending, return_exceptions=True)
+            waited = time.monotonic() - t0
+        finally:
+            b0.resume()
+        assert all(isinstance(o, SendTimeoutError) for o in outcomes), outcomes
+        assert any("window stayed full" in str(o) for o in outcomes)  # queued ones
+        assert 0.9 < waited < 5.0
+        assert (await producer.send("t", b"after")).partition == "0-0"
 
 
 @pytest.mark.asyncio
