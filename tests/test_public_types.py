@@ -3,7 +3,7 @@
 type for each parameter and their return (``__init__`` excepted, which returns None).
 
 This is what makes the strict type check in CI (``[tool.mypy]`` in pyproject.toml,
-tests/typing/public_api.py) mean something for every export, not only those the typed use
+tests/typecheck/public_api.py) mean something for every export, not only those the typed use
 calls: an unannotated export is ``Any`` to an application's ``mypy --strict``."""
 
 from __future__ import annotations
