@@ -23,7 +23,6 @@ FACES = [
     ("metaq", None),
     ("metaq.consumer", None),
     ("metaq.producer", None),
-    ("metaq.aio", None),
     ("metaq.broker", None),
     ("metaq.spark", "pyspark"),
     ("metaq.testing", None),
