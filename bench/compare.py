@@ -114,6 +114,11 @@ PRESETS: dict[str, tuple[str, list[str], list[str], float, float]] = {
     # lone master (the baseline), default flush and group commit, 100 B and 1 KiB; async lag
     # at 20,000 msg/s; failover after a SIGKILL, session timeout excluded (3 repeats).
     "replication": ("bench_replication.py", ["--runs", "3"], ["--quick"], 120, 16),
+    # The asyncio API beside the threaded one in the same run (issue 27): producer
+    # send_async (200,000 x 100 B) and await send (3,000) as a ratio to the threaded
+    # producer's, and the event loop's lag while sending.  Each section adds its rows.
+    "aio": ("bench_aio.py", ["--runs", "3"],
+            ["--runs", "1", "--count", "5000", "--sync-count", "300"], 20, 3),
 }
 
 #: What each benchmark's figures mean (printed under the table).
@@ -134,6 +139,8 @@ KEY = {
     "seek_time": "seek ms (median over the seeks); scan / index = full scan time / median "
                  "indexed seek",
     "transactions": "tx vs batch = transaction rate / send_batch's; batch in msgs/s",
+    "aio": "aio vs threaded = the asyncio API's rate / the threaded API's in the same run "
+           "(1.00 = as fast); loop lag in ms (a 1 ms ticker's lateness while sending)",
     "replication": "repl vs none = rate or latency / the in-run lone master's; lag in ms from "
                    "the master's ack to readable on the slave; failover ms after the session "
                    "timeout",
@@ -280,11 +287,24 @@ def parse_replication(out: str) -> Figures:
     return figs
 
 
+def parse_aio(out: str) -> Figures:
+    figs: Figures = []
+    for section, call, ratio, note in re.findall(
+            r"^\| (\w+) \| asyncio \| ([\w ]+?) \| [\d,]+ \| ([\d.]+) \| (.*?) \|\s*$",
+            out, re.M):
+        figs.append((f"aio {section} {call} vs threaded", ratio))
+        lag = re.search(r"loop lag p99 ([\d.]+) ms", note)
+        if lag:
+            figs.append((f"aio {section} {call} loop lag p99 ms", lag.group(1)))
+    return figs
+
+
 PARSERS: dict[str, Callable[[str], Figures]] = {
     "consumer": parse_consumer, "producer": parse_producer, "latency": parse_latency,
     "rebalance": parse_rebalance, "spark": parse_spark, "concurrent": parse_concurrent,
     "group_scale": parse_group_scale, "seek_time": parse_seek_time,
     "transactions": parse_transactions, "replication": parse_replication,
+    "aio": parse_aio,
 }
 
 

@@ -19,7 +19,8 @@ class NodeDataError(ValueError):
         where = f" at {path}" if path else ""
         super().__init__(f"bad node data{where}: {reason} (data={data!r})")
 
-    def __reduce__(self):  # keep picklable (Spark ships errors across processes)
+    # keep picklable (Spark ships errors across processes)
+    def __reduce__(self) -> tuple[type[NodeDataError], tuple[str, object, str]]:
         return (type(self), (self.path, self.data, self.reason))
 
 
@@ -37,5 +38,5 @@ class InvalidNameError(ValueError):
         self.reason = reason
         super().__init__(f"invalid {kind} {value!r}: {reason}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[InvalidNameError], tuple[str, object, str]]:
         return (type(self), (self.kind, self.value, self.reason))

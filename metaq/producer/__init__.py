@@ -30,8 +30,8 @@ Other packages import from here only.
 from metaq.producer._batch import BatchResults
 from metaq.producer._config import ProducerConfig
 from metaq.producer._producer import Producer
-from metaq.producer._send import SendResult
+from metaq.producer._send import Send, SendResult
 from metaq.producer._transaction import LocalTransaction, XAResource, Xid
 
-__all__ = ["BatchResults", "Producer", "ProducerConfig", "SendResult", "LocalTransaction",
-           "XAResource", "Xid"]
+__all__ = ["BatchResults", "Producer", "ProducerConfig", "Send", "SendResult",
+           "LocalTransaction", "XAResource", "Xid"]

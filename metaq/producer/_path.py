@@ -191,6 +191,9 @@ class SendPath:
                 return
             except ConnectionClosedError as e:
                 self._connections.broker_failed(bid)
+                if not send.retry_here:  # (an event loop's send: the retry thread pauses)
+                    self.attempt_failed(send, e)
+                    return
                 err: BaseException = e
             except (SendTimeoutError, ProtocolError) as e:
                 self.fail(send, e)
@@ -245,6 +248,9 @@ class SendPath:
                 return
             except ConnectionClosedError as e:
                 self._connections.broker_failed(bid)
+                if not send.retry_here:  # (an event loop's send: the retry thread pauses)
+                    self.attempt_failed(send, e)
+                    return
                 err: BaseException = e
             except (SendTimeoutError, ProtocolError) as e:
                 self.fail(send, e)

@@ -114,6 +114,10 @@ class Producer:
         #: what transactions borrow: routes, partitioner, payload rules, idle connections
         self._tx = TxSender(self._router, self._path, encoder, config.send_timeout)
         self._timeout = config.send_timeout
+        #: The class of the futures :meth:`send_async` returns: :class:`Send` or a subclass
+        #: taking the same arguments (:mod:`metaq.aio` completes its own into an event loop).
+        #: Set before the first send.
+        self.future_type: type[Send] = Send
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -201,7 +205,8 @@ class Producer:
             payload, flag = self._with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
         deadline = _monotonic() + self._timeout
         path = self._path
-        send = Send(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK, deadline)
+        send = self.future_type(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
+                                deadline)
         part = path.pick(topic, route, data, key)
         if part is None:  # no broker publishes topic right now: wait within the send timeout
             route = path.writable(topic, deadline)
@@ -257,6 +262,30 @@ class Producer:
         if self._closed:
             raise ProducerError("the producer is closed")
         return XAResource(self._tx, unique_qualifier, topic=topic, broker_id=broker_id)
+
+    def ready(self, topic: str) -> bool:
+        """True when :meth:`send_async` to ``topic`` would neither read ZooKeeper nor
+        connect, nor wait for a broker: its route is known and has partitions, and each of
+        its brokers has a usable connection or is avoided after a recent failure (while
+        one is usable).  Does not look at the in-flight window.  (For :mod:`metaq.aio`,
+        which sends from the event loop only what cannot block it.)"""
+        route = self._routes.get(topic) if type(topic) is str else None
+        if route is None or not route.partitions:
+            return False
+        conns = self._connections.by_broker
+        faults = self._connections.faults
+        now = _monotonic() if faults else 0.0
+        good = skipped = False
+        for bid, addr in route.addresses.items():
+            conn = conns.get(bid)
+            faulty = bool(faults) and faults.get(bid, 0.0) > now
+            if conn is not None and conn.usable and conn.address == addr:
+                good = good or not faulty
+            elif faulty:  # avoided by the partition pick while another broker is good
+                skipped = True
+            else:  # a new connection would be made here: it may block
+                return False
+        return good or not skipped
 
     def partitions(self, topic: str) -> list[str]:
         """The names of ``topic``'s writable partitions, in Metaq order."""

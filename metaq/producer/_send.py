@@ -57,6 +57,11 @@ class Send(LightFuture):
                  "part", "tried", "flush", "_ack_id", "_ack_index", "_ack_offset",
                  "_pipe_sent", "_pipe_size", "pid", "seq", "gaps")
 
+    #: False: a connection failing under :meth:`SendPath.dispatch` hands the next attempt
+    #: to the retry thread rather than pausing and reconnecting in the sending thread
+    #: (:mod:`metaq.aio`'s sends, dispatched from an event loop, set it so).
+    retry_here = True
+
     #: Set per attempt.
     attempts: int
     part: Partition | None
