@@ -13,7 +13,10 @@ Sections (``--only`` picks some, comma-separated; each adds rows to one table):
   figure of the same run (1.00 = as fast).  Also per asyncio run: the event loop's lag
   (a 1 ms ticker task's lateness, p99 and max) while it sends.
 
-  (The consumer section is added beside this one, with its own ``--only`` name.)
+- **consumer**: ``AsyncConsumer`` beside ``MessageConsumer`` (``bench/_aio_consumer.py``
+  says how): per-message and batch throughput at 100 B, send->handler latency at 500 and
+  20,000 msg/s, and the event loop's lag (a 1 ms ticker) while consuming at full speed,
+  with issue 27's targets.
 
 Medians over ``--runs``.  The machine's load averages (1, 5, 15 min) are printed at the
 start and the end: figures taken while other processes use the CPU are low; the ratios,
@@ -47,6 +50,9 @@ from helpers.procs import start_broker  # noqa: E402
 from metaq import Producer  # noqa: E402
 from metaq._zk import ZooKeeperServer  # noqa: E402
 from metaq.aio import AsyncProducer  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _aio_consumer  # noqa: E402
 
 TOPIC = "bench"
 BODY = b"x" * 100
@@ -167,6 +173,7 @@ def section_producer(zk_connect: str, tmp: Path, args: argparse.Namespace) -> li
 #: name -> the section's function (zk_connect, temporary directory, arguments) -> rows
 SECTIONS: dict[str, Callable[[str, Path, argparse.Namespace], list[Row]]] = {
     "producer": section_producer,
+    "consumer": _aio_consumer.section,
 }
 
 
@@ -180,6 +187,12 @@ def main() -> None:
                     help="pipelined messages per producer run")
     ap.add_argument("--sync-count", type=int, default=3000,
                     help="one-at-a-time messages per producer run")
+    ap.add_argument("--consumer-count", type=int, default=1_000_000,
+                    help="messages each consumer run drains")
+    ap.add_argument("--runners", type=int, default=1, help="consumers' fetch_runner_count")
+    ap.add_argument("--seconds", type=float, default=5.0,
+                    help="seconds of each latency rate")
+    ap.add_argument("--skip-latency", action="store_true")
     args = ap.parse_args()
     only = [s for s in args.only.split(",") if s]
     unknown = [s for s in only if s not in SECTIONS]
@@ -204,11 +217,16 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print(f"\n{loadavg()} at end\n")
-    print("| section | api | call | msgs/s | vs threaded | note |")
+    targets = [row[1] for row in rows if row[0] == "target"]
+    print("| section | api | call | msgs/s (or ms) | vs threaded | note |")
     print("|---|---|---|---:|---:|---|")
-    for section, api, call, rate, ratio, note in rows:
-        print(f"| {section} | {api} | {call} | {rate:,.0f} | "
+    for section, api, call, rate, ratio, note in (r for r in rows if r[0] != "target"):
+        figure = f"{rate:.3f}" if call.endswith(" ms") else f"{rate:,.0f}"
+        print(f"| {section} | {api} | {call} | {figure} | "
               f"{'' if ratio is None else f'{ratio:.2f}'} | {note} |")
+    if targets:
+        print()
+        print("\n".join(targets))
 
 
 if __name__ == "__main__":

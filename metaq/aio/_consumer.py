@@ -21,7 +21,7 @@ a second fetch path, coordinator and commit path to keep right; the bridge costs
 one cross-thread wake-up per slice instead.
 
 Measured before choosing (2-core machine shared with other work, load 0.2-1.7;
-CPython 3.11; scratch scripts, then ``bench/bench_aio_consumer.py --runs 1``):
+CPython 3.11; scratch scripts, then ``bench/bench_aio.py --only consumer --runs 1``):
 
 - moving messages into a loop, no broker (500,000 messages, a no-op coroutine
   handler): one ``call_soon_threadsafe`` per message 0.21 M msg/s; one task per

@@ -1,46 +1,40 @@
-"""AsyncConsumer beside MessageConsumer in the same run: throughput, latency, loop lag.
+"""The consumer section of ``bench_aio.py``: AsyncConsumer beside MessageConsumer in
+the same run (throughput, send->handler latency, event loop lag).
 
-Setup (once): a ZooKeeper server, one broker process with topic ``small``
-(``--partitions`` partitions) loaded with ``--count`` messages of 100 B by
+Setup (once per section): one broker process with topic ``small``
+(``--partitions`` partitions) loaded with ``--consumer-count`` messages of 100 B by
 pipelined puts (bench_consumer.py's ``load``), and an empty topic ``live``.
 
 Each run:
 
 1. **throughput** (a new group each time, from offset 0, one member,
    ``fetch_runner_count=--runners``), clock from the first message handled to
-   the last: ``threaded-each`` (a per-message listener), ``threaded-batch``
-   (``on_messages``), ``aio-each`` (``async def handle(m)``, awaited per
-   message), ``aio-batch`` (async ``on_messages``), ``aio-iter``
-   (``async for m in consumer``).  Every handler counts messages and body bytes;
-   counts are checked.
+   the last: threaded ``each`` (a per-message listener), threaded ``batch``
+   (``on_messages``), asyncio ``each`` (``async def handle(m)``, awaited per
+   message), asyncio ``batch`` (async ``on_messages``), asyncio ``iter``
+   (``async for m in consumer``).  Every handler counts messages; counts are checked.
 2. **latency**: a producer thread sends ``live`` at 500 and 20,000 msg/s for
    ``--seconds`` each, the send time (``time.time_ns``) in the body; each consumer
    (threaded listener, then async handler) records now minus that time per
    message: p50 / p99 in ms.
 3. **loop lag**: a ticker coroutine sleeping 1 ms records how late it wakes
-   while ``aio-each`` drains ``small`` at full speed: p50 / p99 in ms.
+   while asyncio ``each`` drains ``small`` at full speed: p99 in ms.
 
-Medians over ``--runs``; ratios are aio / threaded.  Targets (issue 27):
-aio-each >= 1 M msg/s, latency p50 within 1.5x of threaded, loop lag p99 < 5 ms.
-
-Run: ``.venv/bin/python bench/bench_aio_consumer.py [--runs 3] [--count 1000000]``.
+Medians over ``--runs``; ratios are asyncio / threaded.  Targets (issue 27):
+asyncio each >= 1 M msg/s, latency p50 within 1.5x of threaded, loop lag p99 < 5 ms.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import logging
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
-
-from kazoo.client import KazooClient
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
@@ -51,7 +45,6 @@ from bench_consumer import load  # noqa: E402
 from helpers.procs import start_broker  # noqa: E402
 
 from metaq import MessageConsumer, Producer  # noqa: E402
-from metaq._zk import ZooKeeperServer  # noqa: E402
 from metaq.aio import AsyncConsumer  # noqa: E402
 
 _groups = itertools.count()
@@ -216,42 +209,25 @@ def latency(zk: str, topic: str, rate: int, seconds: float, kind: str) -> list[f
     return asyncio.run(main())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--count", type=int, default=1_000_000)
-    ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--runners", type=int, default=1)
-    ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--skip-latency", action="store_true")
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+def section(zk_connect: str, tmp: Path, args: argparse.Namespace) -> list[tuple]:
+    """bench_aio.py's ``consumer`` section: its rows (see bench_aio.Row) and the target
+    lines (printed at the end)."""
+    logging.getLogger("metaq").setLevel(logging.WARNING)
     rates: dict[str, list[float]] = {}
     lat: dict[tuple[str, int], list[tuple[float, float]]] = {}
     lags: list[float] = []
-    with contextlib.ExitStack() as stack:
-        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-aio-")))
-        zk = stack.enter_context(ZooKeeperServer())
-        admin = KazooClient(hosts=zk.hosts)
-        admin.start()
-        admin.ensure_path("/bench")
-        admin.stop()
-        admin.close()
-        zk_connect = zk.hosts + "/bench"
-        broker = stack.enter_context(start_broker(
-            zk_connect, 0, tmp / "broker", {"small": args.partitions, "live": 1}))
-        took = load(broker.port, "small", args.partitions, args.count, 100)
-        print(f"loaded small: {args.count} x 100 B in {took:.1f}s; partitions "
-              f"{args.partitions}; fetch_runner_count {args.runners}; {args.runs} runs",
-              flush=True)
+    with start_broker(zk_connect, 0, tmp / "broker-consumer",
+                      {"small": args.partitions, "live": 1}) as broker:
+        took = load(broker.port, "small", args.partitions, args.consumer_count, 100)
+        print(f"  loaded small: {args.consumer_count} x 100 B in {took:.1f}s", flush=True)
         for run in range(args.runs):
             for mode in ("each", "batch"):
-                r = threaded_run(zk_connect, "small", args.count, mode, args.runners)
+                r = threaded_run(zk_connect, "small", args.consumer_count, mode, args.runners)
                 rates.setdefault(f"threaded-{mode}", []).append(r)
             for mode in ("each", "batch", "iter"):
                 lag = [] if mode == "each" else None
-                r = asyncio.run(aio_run(zk_connect, "small", args.count, mode, args.runners,
-                                        lag))
+                r = asyncio.run(aio_run(zk_connect, "small", args.consumer_count, mode,
+                                        args.runners, lag))
                 rates.setdefault(f"aio-{mode}", []).append(r)
                 if lag is not None:
                     lags.append(pct(lag, 0.99))
@@ -260,39 +236,30 @@ def main() -> None:
                     for kind in ("threaded", "aio"):
                         xs = latency(zk_connect, "live", rate, args.seconds, kind)
                         lat.setdefault((kind, rate), []).append((pct(xs, 0.5), pct(xs, 0.99)))
-            print(f"run {run + 1}: " + ", ".join(f"{k} {v[-1]:,.0f}" for k, v in
-                                                 rates.items()), flush=True)
+            print(f"  consumer run {run + 1}: " + ", ".join(
+                f"{k} {v[-1]:,.0f}" for k, v in rates.items()), flush=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print("\n| consumer | mode | msg/s (median) | vs threaded |")
-    print("|---|---|---:|---:|")
-    for mode in ("each", "batch"):
-        print(f"| threaded | {mode} | {med[f'threaded-{mode}']:,.0f} | 1.00 |")
-    for mode, base in (("each", "each"), ("batch", "batch"), ("iter", "each")):
-        print(f"| aio | {mode} | {med[f'aio-{mode}']:,.0f} | "
-              f"{med[f'aio-{mode}'] / med[f'threaded-{base}']:.2f} |")
-    if lat:
-        print("\n| rate msg/s | consumer | p50 ms | p99 ms | p50 vs threaded |")
-        print("|---:|---|---:|---:|---:|")
-        for rate in (500, 20_000):
-            base = statistics.median(p for p, _ in lat[("threaded", rate)])
-            for kind in ("threaded", "aio"):
-                p50 = statistics.median(p for p, _ in lat[(kind, rate)])
-                p99 = statistics.median(p for _, p in lat[(kind, rate)])
-                print(f"| {rate:,} | {kind} | {p50:.3f} | {p99:.3f} | {p50 / base:.2f}x |")
     loop_p99 = statistics.median(lags)
-    print(f"\nevent loop lag (1 ms ticker) while aio-each drains: p99 {loop_p99:.2f} ms")
-    each = med["aio-each"]
-    print(f"\ntarget: aio-each >= 1,000,000 msg/s: {each:,.0f} "
-          f"{'PASS' if each >= 1e6 else 'MISS'}")
-    if lat:
-        for rate in (500, 20_000):
-            base = statistics.median(p for p, _ in lat[("threaded", rate)])
-            p50 = statistics.median(p for p, _ in lat[("aio", rate)])
-            print(f"target: latency p50 at {rate:,} msg/s within 1.5x threaded: "
-                  f"{p50 / base:.2f}x {'PASS' if p50 <= 1.5 * base else 'MISS'}")
-    print(f"target: event loop lag p99 < 5 ms: {loop_p99:.2f} ms "
-          f"{'PASS' if loop_p99 < 5 else 'MISS'}")
-
-
-if __name__ == "__main__":
-    main()
+    rows: list[tuple] = []
+    for mode in ("each", "batch"):
+        rows.append(("consumer", "threaded", mode, med[f"threaded-{mode}"], None, ""))
+    for mode, base in (("each", "each"), ("batch", "batch"), ("iter", "each")):
+        note = f"loop lag p99 {loop_p99:.2f} ms" if mode == "each" else ""
+        rows.append(("consumer", "asyncio", mode, med[f"aio-{mode}"],
+                     med[f"aio-{mode}"] / med[f"threaded-{base}"], note))
+    targets = [f"target: asyncio each >= 1,000,000 msg/s: {med['aio-each']:,.0f} "
+               f"{'PASS' if med['aio-each'] >= 1e6 else 'MISS'}",
+               f"target: event loop lag p99 < 5 ms while consuming: {loop_p99:.2f} ms "
+               f"{'PASS' if loop_p99 < 5 else 'MISS'}"]
+    for rate in (500, 20_000) if lat else ():
+        base = statistics.median(p for p, _ in lat[("threaded", rate)])
+        for kind in ("threaded", "aio"):
+            p50 = statistics.median(p for p, _ in lat[(kind, rate)])
+            p99 = statistics.median(p for _, p in lat[(kind, rate)])
+            rows.append((f"latency {rate:,} msg/s", "threaded" if kind == "threaded"
+                         else "asyncio", "p50 ms", p50, None if kind == "threaded"
+                         else p50 / base, f"p99 {p99:.3f} ms"))
+        p50 = statistics.median(p for p, _ in lat[("aio", rate)])
+        targets.append(f"target: latency p50 at {rate:,} msg/s within 1.5x threaded: "
+                       f"{p50 / base:.2f}x {'PASS' if p50 <= 1.5 * base else 'MISS'}")
+    return rows + [("target", t) for t in targets]
