@@ -18,8 +18,8 @@ import asyncio
 import signal
 import sqlite3
 
-from metaq import Message, Producer
-from metaq.aio import AsyncConsumer
+from metaq import Message
+from metaq.aio import AsyncConsumer, AsyncProducer
 
 SCHEMA = """CREATE TABLE IF NOT EXISTS orders (
     partition TEXT, msg_offset INTEGER, body BLOB, PRIMARY KEY (partition, msg_offset))"""
@@ -49,34 +49,29 @@ async def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     handled = replies = 0
-    # the threaded producer, its blocking calls in threads (metaq.aio.AsyncProducer
-    # makes this ``await producer.send(...)``)
-    producer = await asyncio.to_thread(Producer, args.zk)
 
     async def handle(message: Message) -> None:
         nonlocal handled, replies
         await asyncio.to_thread(store, args.db, message)
-        await asyncio.to_thread(producer.send, args.reply_topic,
-                                b"stored " + message.raw_body)
+        await producer.send(args.reply_topic, b"stored " + message.raw_body)  # acknowledged
         replies += 1
         handled += 1  # raising instead would retry this message, then recover it
         if args.count is not None and handled >= args.count:
             stop.set()
 
-    try:
-        async with AsyncConsumer(args.group, args.zk, commit_period=1.0) as consumer:
-            consumer.subscribe(args.topic, handle)
-            await consumer.start()
-            while not stop.is_set():
-                consumer.check()  # raise a background failure here
-                try:
-                    await asyncio.wait_for(stop.wait(), 1.0)
-                except TimeoutError:
-                    pass
-            print(f"assignment at exit: {consumer.assignment()}")
-        # leaving async with: handlers finished, offsets committed, partitions released
-    finally:
-        await asyncio.to_thread(producer.close)
+    async with AsyncProducer(args.zk) as producer, \
+            AsyncConsumer(args.group, args.zk, commit_period=1.0) as consumer:
+        consumer.subscribe(args.topic, handle)
+        await consumer.start()
+        while not stop.is_set():
+            consumer.check()  # raise a background failure here
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except TimeoutError:
+                pass
+        print(f"assignment at exit: {consumer.assignment()}")
+    # leaving async with: handlers finished, offsets committed, partitions released, then
+    # the producer closed (the consumer, entered last, leaves first)
     with sqlite3.connect(args.db) as conn:
         rows = conn.execute("SELECT COUNT(*) FROM orders").fetchone()[0]
     print(f"stored {rows} orders, sent {replies} replies")
