@@ -405,6 +405,8 @@ def prune_history(client: Any, layout: Layout, group: str, *, keep: Iterable[str
         stat = result.get()
         if stat is not None:
             sizes[name] = (stat.mtime, stat.dataLength)
+    if protect is not None and protect not in sizes:
+        sizes[protect] = (2**62, node_bytes)  # being written now: counted, never deleted
     live = set(keep)
     order = sorted((n for n in sizes if n != protect),
                    key=lambda n: (n in live, sizes[n][0], n))
