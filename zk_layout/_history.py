@@ -450,45 +450,46 @@ def ownership_timeline(records: Iterable[RebalanceRecord]
     """partition (``topic/b-p``) -> who held it when, oldest first, from the members'
     records (damaged ones skipped).
 
-    A member holds a partition from the end of the rebalance that claimed it to the
-    start of the one that released (or dropped) it, so that a hand-over shows a gap,
-    never an overlap.  A member that never said it let go (killed with SIGKILL) is
-    taken to have held it until the rebalance of the member that claimed it next
-    began, with that claim's trigger as the reason it moved.  A partition a member
-    already had when its kept history begins starts at None."""
-    recs = sorted((r for r in records if not r.damaged),
-                  key=lambda r: (r.time_ms, r.generation, r.consumer_id))
+    Rebalances of several members overlap, so the records are taken apart into
+    events: a member stops holding what it released at the *start* of the rebalance
+    that released it (or dropped it: a lost session, a failure, the close), and holds
+    what it claimed from the *end* of the one that claimed it.  A hand-over then shows
+    a gap, never an overlap (a claim can only succeed after the release).  A member
+    that never said it let go (killed with SIGKILL) is taken to have held the
+    partition until the rebalance of the member that claimed it next began, with that
+    claim's trigger as the reason it moved.  A partition a member already had when its
+    kept history begins starts at None."""
+    events: list[tuple[int, int, str, str, RebalanceRecord]] = []
+    for r in records:
+        if r.damaged:
+            continue
+        events += [(r.time_ms, 0, r.consumer_id, p, r) for p in r.released]
+        skip = set(r.claimed) | set(r.waiting)
+        events += [(r.time_ms, 1, r.consumer_id, p, r) for p in r.plan if p not in skip]
+        events += [(r.end_ms, 2, r.consumer_id, p, r) for p in r.claimed]
+    events.sort(key=lambda e: (e[0], e[1], e[2], e[4].generation))
     held: dict[str, tuple[int | None, str, str | None]] = {}
     out: dict[str, list[OwnershipInterval]] = {}
 
     def close(p: str, end: int, why: str) -> None:
         start, cid, why_in = held.pop(p)
+        if start is not None:
+            end = max(end, start)
         out.setdefault(p, []).append(OwnershipInterval(start, end, cid, why_in, why))
 
-    for r in recs:
-        me = r.consumer_id
-        for p in r.released:
-            if p in held and held[p][1] == me:
-                close(p, r.time_ms, r.trigger)
+    for at, kind, me, p, r in events:
+        mine = p in held and held[p][1] == me
+        if kind == 0:  # released
+            if mine:
+                close(p, at, r.trigger)
             elif p not in held:  # held since before the kept history
-                out.setdefault(p, []).append(OwnershipInterval(None, r.time_ms, me, None,
-                                                               r.trigger))
-        claimed = set(r.claimed)
-        for p in r.claimed:
-            if p in held and held[p][1] == me:
-                continue
-            if p in held:
+                out.setdefault(p, []).append(OwnershipInterval(None, at, me, None, r.trigger))
+        elif not mine:  # kept (1) or claimed (2), not ours yet
+            if p in held:  # another's, that never said it let go
                 close(p, r.time_ms, r.trigger)
-            held[p] = (r.end_ms, me, r.trigger)
-        waiting = set(r.waiting)
-        for p in r.plan:
-            if p in claimed or p in waiting or (p in held and held[p][1] == me):
-                continue
-            if p in held:  # another's, yet ours before this record: records were lost
-                close(p, r.time_ms, r.trigger)
-                held[p] = (r.time_ms, me, r.trigger)
+                held[p] = (at, me, r.trigger)
             else:
-                held[p] = (None, me, None)
+                held[p] = (at, me, r.trigger) if kind == 2 else (None, me, None)
     for p, (start, cid, why_in) in held.items():
         out.setdefault(p, []).append(OwnershipInterval(start, None, cid, why_in, None))
     return {p: sorted(out[p], key=lambda i: (-1 if i.start_ms is None else i.start_ms))
