@@ -51,17 +51,11 @@ from zk_layout._history import (
     DEFAULT_RECORDS,
     HISTORY_VERSION,
     TRIGGERS,
-    OwnershipInterval,
     RebalanceRecord,
     decode_history,
     encode_history,
-    holder_at,
-    ownership_timeline,
-    parse_since,
     prune_history,
     read_history,
-    render_history,
-    timeline_to_json,
 )
 from zk_layout._names import (
     RANDOM_PARTITION,
@@ -113,6 +107,15 @@ from zk_layout._static import (
     encode_static_member,
     iso_ms,
 )
+from zk_layout._timeline import (
+    OwnershipInterval,
+    holder_at,
+    ownership_timeline,
+    parse_since,
+    render_history,
+    select_history,
+    timeline_to_json,
+)
 from zk_layout._topology import (
     READ_FROM,
     BrokerReplicas,
@@ -151,6 +154,7 @@ __all__ = [
     "holder_at",
     "parse_since",
     "render_history",
+    "select_history",
     "REPLICATION_MODES",
     "EpochStart",
     "ReplicationState",

@@ -18,11 +18,12 @@ from kazoo.client import KazooClient
 
 from metaq._errors import ConfigError
 from zk_layout import (
+    InvalidNameError,
     Layout,
-    ownership_timeline,
     parse_since,
     read_history,
     render_history,
+    select_history,
     timeline_to_json,
 )
 
@@ -63,22 +64,16 @@ def group_history(args: argparse.Namespace,
         except ValueError as e:
             raise ConfigError(f"--since: {e}") from None
     layout = Layout(args.zk_root)
+    try:
+        group_path = layout.group(args.group)
+    except InvalidNameError as e:
+        raise ConfigError(f"group: {e}") from None
     with connect(args) as client:
-        if client.exists(layout.group(args.group)) is None:
+        if client.exists(group_path) is None:
             raise ConfigError(f"no consumer group {args.group!r} under "
                               f"{layout.consumer_groups()}")
-        everything = read_history(client, layout, args.group)
-    # the timeline needs the records before --since (who held it when the window opens)
-    timeline = ownership_timeline(everything)
-    records = [r for r in everything if since is None or r.end_ms >= since]
-    if args.partition:
-        wanted = args.partition
-        records = [r for r in records if r.damaged or r.touches(wanted)]
-        timeline = {p: ivs for p, ivs in timeline.items()
-                    if p == wanted or ("/" not in wanted and p.rsplit("/", 1)[-1] == wanted)}
-    if since is not None:
-        timeline = {p: kept for p, ivs in timeline.items()
-                    if (kept := [i for i in ivs if i.end_ms is None or i.end_ms >= since])}
+        records, timeline = select_history(read_history(client, layout, args.group),
+                                           since=since, partition=args.partition)
     if args.json:
         print(json.dumps({"group": args.group, "records": [r.to_json() for r in records],
                           "timeline": timeline_to_json(timeline)}, indent=2))
