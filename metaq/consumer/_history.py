@@ -246,12 +246,16 @@ class RebalanceHistory:
             duration_ms=max(0, round((time.monotonic() - began) * 1000)), trigger=trigger,
             detail=detail, state=state, strategy=self._strategy, plan=plan,
             released=released, claimed=claimed, waiting=waiting, path=self._path)
-        with self._lock:
-            self._records.append(record)
-            self._data = encode_history(self._cid, list(self._records),
-                                        max_records=self._cfg.history_records,
-                                        max_bytes=self._cfg.history_node_bytes)
-        self._send()
+        try:
+            with self._lock:
+                self._records.append(record)
+                self._data = encode_history(self._cid, list(self._records),
+                                            max_records=self._cfg.history_records,
+                                            max_bytes=self._cfg.history_node_bytes)
+            self._send()
+        except Exception:  # noqa: BLE001 - the history never stops a rebalance
+            log.exception("group %s consumer %s: recording a rebalance failed", self._group,
+                          self._cid)
         return record
 
     def _send(self) -> None:

@@ -25,6 +25,7 @@ from metaq._cli import main as cli_main
 from metaq.consumer import State
 from metaq.testing import expire_session, wait_until
 from zk_layout import (
+    TRIGGERS,
     Layout,
     RebalanceRecord,
     TopicBroker,
@@ -146,6 +147,7 @@ def test_join_leave_and_partitions_added_are_recorded_with_why(zk_connect, zk_cl
         for p in b_had:
             assert tl[p][-2].consumer_id == "hg_b" and tl[p][-2].trigger_out == "closing"
             assert tl[p][-1].trigger_in in ("member_left", "owner_vanished")
+        assert {r.trigger for r in read_history(zk_client, L, G)} <= set(TRIGGERS)
         # the history outlives the member
         assert zk_client.exists(L.history_member(G, "hg_b")) is not None
 
