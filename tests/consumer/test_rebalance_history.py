@@ -391,3 +391,25 @@ def test_garbage_in_its_own_node_is_overwritten_and_others_are_flagged(zk_connec
         assert ownership_timeline(recs)[f"{TOPIC}/0-0"][-1].consumer_id == "hg_a"
     finally:
         a.close()
+
+
+@pytest.mark.asyncio
+async def test_an_asyncio_member_records_its_rebalances_too(zk_connect, zk_client, tmp_path):
+    """``metaq.aio.AsyncConsumer`` runs the same coordinator: the same history."""
+    import asyncio
+
+    from metaq.aio import AsyncConsumer
+
+    publish(zk_client, 0, 2)
+
+    async def handle(m) -> None:  # noqa: ANN001
+        pass
+
+    c = AsyncConsumer(G, zk_connect, consumer_id="aio", zk_session_timeout=4.0,
+                      recover_dir=str(tmp_path / "rs"))
+    c.subscribe(TOPIC, handle)
+    async with c:
+        await c.start()
+        await asyncio.to_thread(wait_record, zk_client, "hg_aio", "started")
+    closing = await asyncio.to_thread(wait_record, zk_client, "hg_aio", "closing")
+    assert set(closing.released) == set(parts(n=2))
