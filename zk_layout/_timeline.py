@@ -170,10 +170,15 @@ def parse_since(text: str, now_ms: int | None = None) -> int:
     return round(when.timestamp() * 1000)
 
 
-def _short(parts: Sequence[str], limit: int = 6) -> str:
+def _short(parts: Sequence[str], limit: int = 8) -> str:
+    """``orders:0-0,0-1 other:1-0`` with at most ``limit`` partitions, then ``+N``."""
     if not parts:
         return "-"
-    shown = ",".join(parts[:limit])
+    by_topic: dict[str, list[str]] = {}
+    for p in parts[:limit]:
+        topic, _, name = p.rpartition("/")
+        by_topic.setdefault(topic, []).append(name)
+    shown = " ".join(f"{t}:{','.join(names)}" for t, names in by_topic.items())
     return shown + (f" +{len(parts) - limit}" if len(parts) > limit else "")
 
 
