@@ -11,7 +11,11 @@ static member's hold ended, the connection back).  It keeps the last
 ``history_records`` records and, after each, rewrites its node with one
 asynchronous ``set`` (``create`` the first time): nothing waits for ZooKeeper
 on the rebalance's path, and the completion, run in kazoo's callback thread,
-only sends the newest data once more if records came meanwhile.  A write that
+only sends the newest data once more if records came meanwhile.  The first
+rebalance also reads the node once (asynchronously, from its start to its end):
+a member restarted with the same consumer id (a static member, a fixed
+``consumer_id``) goes on with the records of the one before, rather than erasing
+what explains its restart.  A write that
 fails (the connection dropped) is repaired by the next one, which carries every
 kept record.  Only the close waits for its write (briefly), since the client may
 be stopped right after.
@@ -39,6 +43,7 @@ from zk_layout import (
     Layout,
     RebalanceRecord,
     Topology,
+    decode_history,
     encode_history,
     prune_history,
     sort_consumer_ids,
@@ -98,9 +103,15 @@ class RebalanceHistory:
         #: what happened to this member that the next rebalance is the answer to
         self._cause: tuple[str, str] | None = None
         self._start = (time.monotonic(), int(time.time() * 1000))
-        self._lock = threading.Lock()
-        self._data: bytes | None = None  # the newest encoding, not yet sent
+        self._lock = threading.Condition()
+        #: the newest encoding not yet sent, numbered (a failed older one is not resent)
+        self._data: tuple[int, bytes] | None = None
+        self._seq = 0
         self._inflight = False
+        self._closed = False  # flushed at close: nothing sent after
+        #: the read of the node as a previous process with our id left it (first rebalance)
+        self._previous: object | None = None
+        self._loaded = False
         #: writes that did not get through (for tests and logs)
         self.failed_writes = 0
 
@@ -109,6 +120,29 @@ class RebalanceHistory:
     def begin(self) -> None:
         """A rebalance begins now."""
         self._start = (time.monotonic(), int(time.time() * 1000))
+        if self.enabled and self._previous is None and self._client.connected:
+            try:
+                self._previous = self._client.get_async(self._path)
+            except Exception:  # noqa: BLE001 - read it next time
+                self._previous = None
+
+    def _take_previous(self) -> None:
+        """The records a previous process with our consumer id left, kept before ours
+        (read once; garbage, or a failed read, starts afresh)."""
+        if self._loaded or self._previous is None:
+            return
+        self._loaded = True
+        try:
+            data, stat = self._previous.get(timeout=2.0)  # type: ignore[attr-defined]
+            old = [r for r in decode_history(data, self._path, stat.mtime) if not r.damaged]
+        except NoNodeError:
+            return
+        except Exception as e:  # noqa: BLE001 - garbage or no answer: overwritten
+            log.info("group %s consumer %s: the rebalance history left by a previous "
+                     "process is not kept: %r", self._group, self._cid, e)
+            return
+        with self._lock:
+            self._records = deque(old + list(self._records), maxlen=self._records.maxlen)
 
     def rebalanced(self, why: str, topo: Topology, held: Iterable[str], generation: int, *,
                    plan: Iterable[PartitionKey], released: Iterable[PartitionKey],
@@ -155,19 +189,29 @@ class RebalanceHistory:
 
     def flush(self, timeout: float) -> bool:
         """Write the node now and wait for it (the close: the client may stop next);
-        True when written."""
+        True when written.  A write under way is waited for first (it carries older
+        records), and no other is sent after this one."""
         if not self.enabled or not self._client.connected:
             return False
+        deadline = time.monotonic() + timeout
         with self._lock:
+            self._closed = True
+            self._data = None
             data = encode_history(self._cid, list(self._records),
                                   max_records=self._cfg.history_records,
                                   max_bytes=self._cfg.history_node_bytes)
-            self._data = None
+            while self._inflight and (left := deadline - time.monotonic()) > 0:
+                self._lock.wait(left)
         try:
+            left = max(0.1, deadline - time.monotonic())
             try:
-                self._client.set_async(self._path, data).get(timeout=timeout)
+                self._client.set_async(self._path, data).get(timeout=left)
             except NoNodeError:
-                self._client.create_async(self._path, data, makepath=True).get(timeout=timeout)
+                try:
+                    self._client.create_async(self._path, data, makepath=True).get(
+                        timeout=left)
+                except NodeExistsError:
+                    self._client.set_async(self._path, data).get(timeout=left)
             return True
         except Exception as e:  # noqa: BLE001 - never fail a close for the history
             self.failed_writes += 1
@@ -247,11 +291,13 @@ class RebalanceHistory:
             detail=detail, state=state, strategy=self._strategy, plan=plan,
             released=released, claimed=claimed, waiting=waiting, path=self._path)
         try:
+            self._take_previous()
             with self._lock:
                 self._records.append(record)
-                self._data = encode_history(self._cid, list(self._records),
-                                            max_records=self._cfg.history_records,
-                                            max_bytes=self._cfg.history_node_bytes)
+                self._seq += 1
+                self._data = (self._seq, encode_history(
+                    self._cid, list(self._records), max_records=self._cfg.history_records,
+                    max_bytes=self._cfg.history_node_bytes))
             self._send()
         except Exception:  # noqa: BLE001 - the history never stops a rebalance
             log.exception("group %s consumer %s: recording a rebalance failed", self._group,
@@ -262,48 +308,50 @@ class RebalanceHistory:
         """Send the newest encoding unless a write is under way (its completion sends
         it then); while disconnected it waits for the next record."""
         with self._lock:
-            if self._inflight or self._data is None or not self._client.connected:
+            if (self._inflight or self._closed or self._data is None
+                    or not self._client.connected):
                 return
-            data, self._data, self._inflight = self._data, None, True
+            (seq, data), self._data, self._inflight = self._data, None, True
         try:
             self._client.set_async(self._path, data).rawlink(
-                lambda r: self._after_set(r, data))
+                lambda r: self._after_set(r, seq, data))
         except Exception as e:  # noqa: BLE001 - the connection went between check and send
-            self._failed(e, data)
+            self._failed(e, seq, data)
 
-    def _after_set(self, result: object, data: bytes) -> None:
+    def _after_set(self, result: object, seq: int, data: bytes) -> None:
         """kazoo's callback thread: only sends, never waits."""
         try:
             result.get()  # type: ignore[attr-defined]
         except NoNodeError:
             try:
                 self._client.create_async(self._path, data, makepath=True).rawlink(
-                    lambda r: self._after_create(r, data))
+                    lambda r: self._after_create(r, seq, data))
             except Exception as e:  # noqa: BLE001
-                self._failed(e, data)
+                self._failed(e, seq, data)
             return
         except Exception as e:  # noqa: BLE001
-            self._failed(e, data)
+            self._failed(e, seq, data)
             return
         self._done()
 
-    def _after_create(self, result: object, data: bytes) -> None:
+    def _after_create(self, result: object, seq: int, data: bytes) -> None:
         try:
             result.get()  # type: ignore[attr-defined]
-        except NodeExistsError:  # made meanwhile (a write that looked lost got through)
-            self._failed(None, data)
+        except NodeExistsError:  # made meanwhile: set it (now that it exists)
+            self._failed(None, seq, data)
             return
         except Exception as e:  # noqa: BLE001
-            self._failed(e, data)
+            self._failed(e, seq, data)
             return
         self._done()
 
-    def _failed(self, error: BaseException | None, data: bytes) -> None:
+    def _failed(self, error: BaseException | None, seq: int, data: bytes) -> None:
+        """Keep ``data`` to send again, unless newer records replaced it meanwhile."""
         with self._lock:
             if error is not None:
                 self.failed_writes += 1
-            if self._data is None:
-                self._data = data  # to be sent again with the next record (or now)
+            if self._data is None and seq == self._seq:
+                self._data = (seq, data)  # sent again with the next record (or now)
         if error is not None:
             log.debug("group %s consumer %s: rebalance history write failed: %r",
                       self._group, self._cid, error)
@@ -312,5 +360,6 @@ class RebalanceHistory:
     def _done(self, retry: bool = True) -> None:
         with self._lock:
             self._inflight = False
+            self._lock.notify_all()
         if retry:
             self._send()

@@ -413,3 +413,26 @@ async def test_an_asyncio_member_records_its_rebalances_too(zk_connect, zk_clien
         await asyncio.to_thread(wait_record, zk_client, "hg_aio", "started")
     closing = await asyncio.to_thread(wait_record, zk_client, "hg_aio", "closing")
     assert set(closing.released) == set(parts(n=2))
+
+
+def test_a_member_restarted_with_its_id_goes_on_with_its_history(zk_connect, zk_client):
+    """A static member, or one with a fixed consumer id, restarted: the new process keeps
+    the records of the one before (which may be what explains the restart)."""
+    publish(zk_client, 0, 2)
+    first = make(zk_connect, "s")
+    first.start()
+    wait_until(lambda: settled([first], parts(n=2)), timeout=20, what="first settled")
+    first.close()
+    wait_record(zk_client, "hg_s", "closing")
+    again = make(zk_connect, "s")
+    try:
+        again.start()
+        wait_until(lambda: settled([again], parts(n=2)), timeout=20, what="again settled")
+        recs = wait_until(lambda: len(rs := records_of(zk_client, "hg_s")) >= 3 and rs,
+                          timeout=20, what="both processes' records")
+        assert [r.trigger for r in recs] == ["started", "closing", "started"]
+        tl = ownership_timeline(recs)
+        assert [(i.trigger_in, i.trigger_out) for i in tl[f"{TOPIC}/0-0"]] == [
+            ("started", "closing"), ("started", None)]
+    finally:
+        again.close()
