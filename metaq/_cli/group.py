@@ -1,8 +1,9 @@
-"""``metaq group list|describe|reset-offsets|history`` and ``metaq topic list|describe``.
+"""``metaq group list|describe|reset-offsets`` and ``metaq topic list|describe``.
 
 Read commands take ``--json``.  Exit codes: 0 done, 1 ZooKeeper or a broker
 failed, 2 bad arguments (including an unknown group or topic, and a reset
-refused because the group has live members).
+refused because the group has live members).  ``metaq group history`` is
+:mod:`metaq._cli.history`'s.
 """
 
 from __future__ import annotations
