@@ -109,6 +109,7 @@ from zk_layout._static import (
 )
 from zk_layout._timeline import (
     OwnershipInterval,
+    history_to_json,
     holder_at,
     ownership_timeline,
     parse_since,
@@ -155,6 +156,7 @@ __all__ = [
     "parse_since",
     "render_history",
     "select_history",
+    "history_to_json",
     "REPLICATION_MODES",
     "EpochStart",
     "ReplicationState",

@@ -37,7 +37,7 @@ from zk_layout._render import (
     to_jsonable,
 )
 from zk_layout._snapshot import GroupInfo, Snapshot, read_tree, take_snapshot
-from zk_layout._timeline import parse_since, render_history, select_history, timeline_to_json
+from zk_layout._timeline import history_to_json, parse_since, render_history, select_history
 
 __all__ = ["build_parser", "main", "parse_zk_hosts"]
 
@@ -154,9 +154,7 @@ def _history(args: argparse.Namespace, client: object) -> int:
     records, timeline = select_history(read_history(client, layout, args.name),
                                        since=args.since, partition=args.partition)
     if args.json:
-        sys.stdout.write(to_json({"group": args.name,
-                                  "records": [r.to_json() for r in records],
-                                  "timeline": timeline_to_json(timeline)}))
+        sys.stdout.write(to_json(history_to_json(args.name, records, timeline)))
     else:
         sys.stdout.write(render_history(records, timeline if args.partition else None))
     sys.stdout.write("\n")

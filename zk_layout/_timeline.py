@@ -19,7 +19,7 @@ from zk_layout._history import RebalanceRecord, matches_partition
 from zk_layout._static import iso_ms
 
 __all__ = ["OwnershipInterval", "ownership_timeline", "timeline_to_json", "holder_at",
-           "select_history", "parse_since", "render_history"]
+           "select_history", "history_to_json", "parse_since", "render_history"]
 
 
 class OwnershipInterval(NamedTuple):
@@ -109,6 +109,14 @@ def timeline_to_json(timeline: Mapping[str, Sequence[OwnershipInterval]]
                      ) -> dict[str, list[dict[str, Any]]]:
     """:func:`ownership_timeline`'s result as plain JSON values."""
     return {p: [i.to_json() for i in intervals] for p, intervals in timeline.items()}
+
+
+def history_to_json(group: str, records: Sequence[RebalanceRecord],
+                    timeline: Mapping[str, Sequence[OwnershipInterval]]) -> dict[str, Any]:
+    """The document ``group history --json`` prints (and the dashboard serves):
+    ``{"group", "records": [record.to_json()...], "timeline": {partition: [...]}}``."""
+    return {"group": group, "records": [r.to_json() for r in records],
+            "timeline": timeline_to_json(timeline)}
 
 
 def select_history(records: Sequence[RebalanceRecord], *, since: int | None = None,

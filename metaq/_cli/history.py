@@ -20,11 +20,11 @@ from metaq._errors import ConfigError
 from zk_layout import (
     InvalidNameError,
     Layout,
+    history_to_json,
     parse_since,
     read_history,
     render_history,
     select_history,
-    timeline_to_json,
 )
 
 __all__ = ["add_history_parser"]
@@ -75,8 +75,7 @@ def group_history(args: argparse.Namespace,
         records, timeline = select_history(read_history(client, layout, args.group),
                                            since=since, partition=args.partition)
     if args.json:
-        print(json.dumps({"group": args.group, "records": [r.to_json() for r in records],
-                          "timeline": timeline_to_json(timeline)}, indent=2))
+        print(json.dumps(history_to_json(args.group, records, timeline), indent=2))
         return 0
     print(render_history(records, timeline if args.partition else None))
     return 0
