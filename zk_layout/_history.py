@@ -33,13 +33,14 @@ Compact JSON, readable with ``zkCli get``, versioned::
 
     {"v":1,"consumerId":"g_a","records":[{"gen":3,"at":1764241323120,"ms":12,
       "trigger":"member_joined","detail":"joined g_b","state":"stable",
-      "strategy":"default","plan":{"t":["0-0","0-1"]},"released":{"t":["0-2"]},
+      "strategy":"default","plan":{"t":["0-0..1"]},"released":{"t":["0-2"]},
       "claimed":{},"waiting":{}}, ...]}
 
-Partitions are grouped by topic; in a :class:`RebalanceRecord` each is the string
-``"<topic>/<brokerId>-<index>"`` (a topic never holds ``/``).  A reader never
-raises on garbage: a node it cannot decode, or one record in it, comes back as a
-record with ``trigger == "damaged"`` and ``error`` saying what was wrong
+Partitions are grouped by topic, a broker's consecutive ones as one run
+(``"0-0..0-15"`` is written ``"0-0..15"``); in a :class:`RebalanceRecord` each is the
+string ``"<topic>/<brokerId>-<index>"`` (a topic never holds ``/``), in numeric order.
+A reader never raises on garbage: a node it cannot decode, or one record in it,
+comes back as a record with ``trigger == "damaged"`` and ``error`` saying what was wrong
 (:func:`read_history`).  A version newer than this reader's is flagged the same way.
 
 Reading
@@ -51,6 +52,7 @@ turns them into who held each partition when, and prints both for people.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -174,11 +176,34 @@ class RebalanceRecord:
 # -- the codec -----------------------------------------------------------------------------
 
 def _grouped(parts: Sequence[str]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
+    """topic -> its partitions, runs of one broker's consecutive indexes written as
+    ``"<b>-<first>..<last>"`` (a member's share is usually a few runs)."""
+    names: dict[str, list[str]] = {}
     for p in parts:
         topic, _, name = p.partition("/")
-        out.setdefault(topic, []).append(name)
+        names.setdefault(topic, []).append(name)
+    out: dict[str, list[str]] = {}
+    for topic, items in names.items():
+        runs: list[str] = []
+        numbered = sorted({(int(b), int(i)) for b, i in
+                           (n.split("-") for n in items if _NAME.fullmatch(n))})
+        start = prev = None
+        for b, i in numbered + [(-1, -1)]:
+            if prev is not None and (b, i) == (prev[0], prev[1] + 1):
+                prev = (b, i)
+                continue
+            if start is not None and prev is not None:
+                runs.append(f"{start[0]}-{start[1]}" + (f"..{prev[1]}" if prev != start
+                                                         else ""))
+            start = prev = (b, i)
+        out[topic] = runs + [n for n in items if not _NAME.fullmatch(n)]
     return out
+
+
+_NAME = re.compile(r"[0-9]{1,10}-[0-9]{1,10}")
+_RUN = re.compile(r"([0-9]{1,10})-([0-9]{1,10})\.\.([0-9]{1,10})")
+#: Most partitions one run may stand for (a typo, not a plan, past it).
+_MAX_RUN = 1_000_000
 
 
 def _record_obj(r: RebalanceRecord) -> dict[str, Any]:
@@ -256,7 +281,15 @@ def _parts(obj: dict, key: str, path: str, data: object) -> tuple[str, ...]:
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise NodeDataError(path, data, f"{key}[{topic!r}] must be a list of partition "
                                             f"names, not {names!r}")
-        out += [f"{topic}/{n}" for n in names]
+        for n in names:
+            m = _RUN.fullmatch(n)
+            if m is None:
+                out.append(f"{topic}/{n}")
+                continue
+            b, first, last = (int(x) for x in m.groups())
+            if not 0 < last - first < _MAX_RUN:
+                raise NodeDataError(path, data, f"{key}[{topic!r}]: bad run {n!r}")
+            out += [f"{topic}/{b}-{i}" for i in range(first, last + 1)]
     return tuple(out)
 
 

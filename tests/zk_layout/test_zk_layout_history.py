@@ -60,7 +60,7 @@ def test_codec_round_trip_is_compact_versioned_json():
     data = encode_history("g_a", records)
     obj = json.loads(data)
     assert obj["v"] == HISTORY_VERSION and obj["consumerId"] == "g_a"
-    assert obj["records"][0]["plan"] == {"t": ["0-0", "0-1"], "u": ["1-0"]}
+    assert obj["records"][0]["plan"] == {"t": ["0-0..1"], "u": ["1-0"]}
     assert b" " not in data.replace(b"joined: ", b"")
     path = L.history_member(G, "g_a")
     assert decode_history(data, path) == [
@@ -72,9 +72,26 @@ def test_codec_round_trip_is_compact_versioned_json():
                           "claimed", "waiting", "truncated", "error", "path"]
 
 
+def test_a_brokers_consecutive_partitions_are_written_as_one_run():
+    share = [f"t/0-{i}" for i in (0, 1, 2, 3, 10, 11, 12, 5)] + ["t/1-7", "t/1-8", "u/0-4"]
+    data = encode_history("g_a", [rec("g_a", 1, 1, "started", plan=share)])
+    assert json.loads(data)["records"][0]["plan"] == {"t": ["0-0..3", "0-5", "0-10..12",
+                                                            "1-7..8"], "u": ["0-4"]}
+    (back,) = decode_history(data)
+    assert sorted(back.plan) == sorted(share)
+    # 1,024 partitions of one broker: one run, not 1,024 names
+    whole = [f"t/0-{i}" for i in range(1024)]
+    assert len(encode_history("g_a", [rec("g_a", 1, 1, "started", plan=whole)])) < 300
+    for bad in ('"0-5..5"', '"0-9..2"', '"0-0..99999999"'):
+        data = (b'{"v":1,"consumerId":"g_a","records":[{"gen":1,"at":1,"ms":0,'
+                b'"trigger":"started","plan":{"t":[' + bad.encode() + b']}}]}')
+        (flagged,) = decode_history(data)
+        assert flagged.damaged and "bad run" in flagged.error
+
+
 def test_encoding_keeps_the_newest_records_within_count_and_bytes():
-    records = [rec("g_a", i, 1000 * i, "unchanged", plan=[f"t/0-{j}" for j in range(20)])
-               for i in range(1, 31)]
+    records = [rec("g_a", i, 1000 * i, "unchanged",
+                   plan=[f"t/0-{j}" for j in range(0, 40, 2)]) for i in range(1, 31)]
     kept = decode_history(encode_history("g_a", records, max_records=10))
     assert [r.generation for r in kept] == list(range(21, 31))
     data = encode_history("g_a", records, max_bytes=2048)
@@ -82,8 +99,8 @@ def test_encoding_keeps_the_newest_records_within_count_and_bytes():
     assert len(data) <= 2048 and kept[-1].generation == 30
     assert [r.generation for r in kept] == list(range(31 - len(kept), 31))
     # one record too big alone: its partition lists are cut, and it says so
-    huge = rec("g_a", 99, 5000, "started", plan=[f"t/0-{j}" for j in range(5000)],
-               claimed=[f"t/0-{j}" for j in range(5000)])
+    every_other = [f"t/0-{j}" for j in range(0, 10000, 2)]  # no runs to shorten it
+    huge = rec("g_a", 99, 5000, "started", plan=every_other, claimed=every_other)
     data = encode_history("g_a", [huge], max_bytes=1024)
     (cut,) = decode_history(data)
     assert len(data) <= 1024 and cut.truncated and 0 < len(cut.plan) < 5000
