@@ -435,3 +435,32 @@ def test_a_member_restarted_with_its_id_goes_on_with_its_history(zk_connect, zk_
             ("started", "closing"), ("started", None)]
     finally:
         again.close()
+
+
+def test_a_failed_member_records_leaving_and_rejoining(zk_connect, zk_client, monkeypatch):
+    publish(zk_client, 0, 2)
+    a, b = make(zk_connect, "a"), make(zk_connect, "b")
+    try:
+        a.start()
+        wait_until(lambda: settled([a], parts(n=2)), timeout=20, what="a settled")
+        real = a._coordinator._strategy
+        calls = {"n": 0}
+
+        def once(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("injected coordinator bug")
+            return real(*args, **kw)
+
+        once.uses_previous = real.uses_previous
+        monkeypatch.setattr(a._coordinator, "_strategy", once)
+        b.start()  # a's rebalance fails: it leaves, then rejoins after a backoff
+        failed = wait_record(zk_client, "hg_a", "failed")
+        assert "injected coordinator bug" in failed.detail
+        assert set(failed.released) == set(parts(n=2)) and failed.state == "connecting"
+        back = wait_record(zk_client, "hg_a", "rejoined", failed.generation)
+        assert back.detail.startswith("after a failure")
+        wait_until(lambda: settled([a, b], parts(n=2)), timeout=30, what="split again")
+    finally:
+        a.close()
+        b.close()
