@@ -85,6 +85,16 @@ def _list(ids: Iterable[str], limit: int = 8) -> str:
     return ", ".join(ids[:limit]) + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
 
 
+def _where(replicas: object) -> str:
+    """A broker id's master (and how many slaves) for a detail line."""
+    if replicas is None:
+        return "absent"
+    master = getattr(replicas, "master", replicas)
+    slaves = getattr(replicas, "slaves", ())
+    text = "no master" if not master else f"{master[0]}:{master[1]}"
+    return text + (f" +{len(slaves)} slave(s)" if slaves else "")
+
+
 class RebalanceHistory:
     """This member's rebalance records and the writes of its history node."""
 
@@ -269,8 +279,9 @@ class RebalanceHistory:
             moved = sorted(b for b in set(prev.brokers) | set(seen.brokers)
                            if prev.brokers.get(b) != seen.brokers.get(b))
             if moved:
-                causes.append(("broker_changed",
-                               "broker ids " + ", ".join(map(str, moved)) + " changed"))
+                causes.append(("broker_changed", "; ".join(
+                    f"broker {b}: {_where(prev.brokers.get(b))} -> {_where(seen.brokers.get(b))}"
+                    for b in moved[:8])))
             if prev.owners != seen.owners and seen.owners:
                 causes.append(("owners_changed", "owner nodes changed"))
         if why in _WHY:

@@ -131,6 +131,7 @@ def test_join_leave_and_partitions_added_are_recorded_with_why(zk_connect, zk_cl
             r = wait_record(zk_client, c.consumer_id, "partitions_changed",
                             gens[c.consumer_id] - 1)
             assert f"{TOPIC}: 4 -> 8 partitions" in r.detail
+            assert "broker 1: absent -> no master" in r.detail
             assert len(r.plan) == 4
 
         # b leaves: its last record says so, a's says why it took b's partitions
@@ -464,3 +465,24 @@ def test_a_failed_member_records_leaving_and_rejoining(zk_connect, zk_client, mo
     finally:
         a.close()
         b.close()
+
+
+def test_a_broker_moving_is_recorded(zk_connect, zk_client):
+    """A broker restarted on another port: nothing moves, and the record says why the
+    member rebalanced."""
+    from zk_layout import BrokerUri, encode_broker_uri
+
+    publish(zk_client, 0, 2)
+    master = L.broker_master(0)
+    zk_client.create(master, encode_broker_uri(BrokerUri("127.0.0.1", 1)), makepath=True)
+    a = make(zk_connect, "a")
+    try:
+        a.start()
+        wait_until(lambda: settled([a], parts(n=2)), timeout=20, what="settled")
+        first = wait_record(zk_client, "hg_a", "started")
+        zk_client.set(master, encode_broker_uri(BrokerUri("127.0.0.1", 2)))
+        moved = wait_record(zk_client, "hg_a", "broker_changed", first.generation)
+        assert moved.detail == "broker 0: 127.0.0.1:1 -> 127.0.0.1:2"
+        assert moved.released == moved.claimed == () and set(moved.plan) == set(parts(n=2))
+    finally:
+        a.close()
