@@ -63,14 +63,15 @@ _WHY = {HOLD_ENDED: "static_hold_ended", CONNECTION_BACK: "connection_back", "re
 class _Seen:
     """What one rebalance planned with, to tell the next one what changed."""
 
-    members: frozenset[str]
+    live: frozenset[str]  # members with an id node
+    held: frozenset[str]  # away static members whose partitions are held for them
     partitions: dict[str, tuple[str, ...]]
     brokers: dict[int, object]
     owners: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, topo: Topology, held: Iterable[str]) -> _Seen:
-        return cls(members=frozenset(topo.member_topics) | frozenset(held),
+        return cls(live=frozenset(topo.member_topics), held=frozenset(held),
                    partitions={t: tuple(p) for t, p in topo.partitions.items()},
                    brokers=dict(getattr(topo, "replicas", None) or topo.brokers),
                    owners={t: dict(o) for t, o in topo.owners.items()})
@@ -263,14 +264,19 @@ class RebalanceHistory:
         prev = self._seen
         if prev is None:
             if not causes:
-                causes.append(("started", f"joined with {len(seen.members)} member(s) seen"))
+                causes.append(("started", f"joined with {len(seen.live)} member(s) seen"))
         else:
-            left = sort_consumer_ids(prev.members - seen.members - {self._cid})
-            joined = sort_consumer_ids(seen.members - prev.members - {self._cid})
+            left = sort_consumer_ids(prev.live - seen.live - {self._cid})
+            joined = sort_consumer_ids(seen.live - prev.live - {self._cid})
+            ended = sort_consumer_ids(prev.held - seen.held - seen.live)
             if left:
-                causes.append(("member_left", f"left: {_list(left)}"))
+                causes.append(("member_left", "left: " + _list(
+                    f"{c} (static: its partitions held for it)" if c in seen.held else c
+                    for c in left)))
             if joined:
                 causes.append(("member_joined", f"joined: {_list(joined)}"))
+            if ended:
+                causes.append(("static_hold_ended", f"hold ended: {_list(ended)}"))
             parts = [f"{t}: {len(prev.partitions.get(t, ()))} -> {len(p)} partitions"
                      for t, p in sorted(seen.partitions.items())
                      if t in prev.partitions and prev.partitions[t] != p]
@@ -284,7 +290,7 @@ class RebalanceHistory:
                     for b in moved[:8])))
             if prev.owners != seen.owners and seen.owners:
                 causes.append(("owners_changed", "owner nodes changed"))
-        if why in _WHY:
+        if why in _WHY and all(t != _WHY[why] for t, _ in causes):
             causes.append((_WHY[why], why))
         if not causes:
             causes.append(("unchanged", why))

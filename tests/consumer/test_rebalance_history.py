@@ -486,3 +486,30 @@ def test_a_broker_moving_is_recorded(zk_connect, zk_client):
         assert moved.released == moved.claimed == () and set(moved.plan) == set(parts(n=2))
     finally:
         a.close()
+
+
+def test_a_static_member_away_then_its_hold_ending_is_recorded(zk_connect, zk_client):
+    publish(zk_client, 0, 4)
+
+    def static(name: str) -> MessageConsumer:
+        c = MessageConsumer(G, zk_connect, instance_id=name, static_grace=2.0,
+                            zk_session_timeout=4.0, commit_period=0.5)
+        c.subscribe(TOPIC, lambda m: None)
+        return c
+
+    s1, s2 = static("s1"), static("s2")
+    try:
+        s1.start()
+        s2.start()
+        wait_until(lambda: settled([s1, s2], parts()), timeout=30, what="two static members")
+        gen = s1.generation
+        s2.close()  # away, not for good: its partitions are held for it for 2 s
+        away = wait_record(zk_client, "hg_s1", "member_left", gen)
+        assert away.detail == "left: hg_s2 (static: its partitions held for it)"
+        assert away.claimed == () and len(away.plan) == 2
+        ended = wait_record(zk_client, "hg_s1", "static_hold_ended", away.generation)
+        assert ended.detail.startswith("hold ended: hg_s2")
+        assert len(ended.claimed) == 2 and len(ended.plan) == 4
+    finally:
+        s1.close(leave=True)
+        s2.close(leave=True)
