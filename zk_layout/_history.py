@@ -7,8 +7,9 @@ holding that member's last rebalances (:class:`RebalanceRecord`), rewritten whol
 by the member after each one.  Persistent, because the history must outlive the
 member: the interesting question is usually about one that is gone (killed,
 expired, scaled away).  One node per member, because then each member writes only
-its own node (no two writers, no versions to race on, one ``set`` per rebalance
-and never a read), and a reader gets the group's history with one listing and one
+its own node (no two writers, no versions to race on, one ``set`` per rebalance;
+one read when it starts, to go on with what a previous process with its consumer
+id left), and a reader gets the group's history with one listing and one
 pipelined read per member.  Beside ``ids``, ``owners`` and ``offsets`` under the
 group, as the ``static`` records are: Java Metaq's consumer reads only those three
 by name (``ZKGroupDirs`` / ``ZKGroupTopicDirs`` in ZKLoadRebalanceListener) and
