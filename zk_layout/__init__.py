@@ -15,6 +15,10 @@
   :func:`broker_replicas` a broker id's master and slaves, and
   :meth:`BrokerReplicas.choose` the one rule picking which of them a reader reads.
   :func:`read_master_partitions` is a slave broker's read of one master's partitions.
+* Rebalance history (``consumers/<group>/history/<consumerId>``, ``_history``): the
+  :class:`RebalanceRecord` codec, :func:`read_history` (a group's, merged and sorted),
+  :func:`ownership_timeline` (who held each partition when, and why it moved),
+  :func:`prune_history` (the group's bound).
 
 Does not import ``metaq``.
 """
@@ -40,6 +44,19 @@ from zk_layout._codecs import (
     local_ip,
 )
 from zk_layout._errors import InvalidNameError, NodeDataError
+from zk_layout._history import (
+    DEFAULT_MAX_MEMBERS,
+    DEFAULT_MAX_TOTAL_BYTES,
+    DEFAULT_NODE_BYTES,
+    DEFAULT_RECORDS,
+    HISTORY_VERSION,
+    TRIGGERS,
+    RebalanceRecord,
+    decode_history,
+    encode_history,
+    prune_history,
+    read_history,
+)
 from zk_layout._names import (
     RANDOM_PARTITION,
     BrokerChild,
@@ -90,6 +107,16 @@ from zk_layout._static import (
     encode_static_member,
     iso_ms,
 )
+from zk_layout._timeline import (
+    OwnershipInterval,
+    history_to_json,
+    holder_at,
+    ownership_timeline,
+    parse_since,
+    render_history,
+    select_history,
+    timeline_to_json,
+)
 from zk_layout._topology import (
     READ_FROM,
     BrokerReplicas,
@@ -110,6 +137,26 @@ from zk_layout._topology import (
 )
 
 __all__ = [
+    # rebalance history
+    "HISTORY_VERSION",
+    "TRIGGERS",
+    "DEFAULT_RECORDS",
+    "DEFAULT_NODE_BYTES",
+    "DEFAULT_MAX_MEMBERS",
+    "DEFAULT_MAX_TOTAL_BYTES",
+    "RebalanceRecord",
+    "OwnershipInterval",
+    "encode_history",
+    "decode_history",
+    "read_history",
+    "prune_history",
+    "ownership_timeline",
+    "timeline_to_json",
+    "holder_at",
+    "parse_since",
+    "render_history",
+    "select_history",
+    "history_to_json",
     "REPLICATION_MODES",
     "EpochStart",
     "ReplicationState",

@@ -3,7 +3,8 @@
 ::
 
     python -m zk_layout --zk HOST:PORT[,HOST:PORT...][/chroot] [--zk-root /meta] [--timeout 10]
-                        {tree,brokers,topics,groups,group NAME [--brokers]} [--json]
+                        {tree,brokers,topics,groups,group NAME [--brokers],
+                         history NAME [--since T] [--partition P]} [--json]
 
 It reads ZooKeeper only, except ``group NAME --brokers``, which also asks each
 partition's broker for its log end: lag in bytes and seconds (``_probe``).
@@ -22,6 +23,7 @@ import sys
 from collections.abc import Sequence
 
 from zk_layout._errors import InvalidNameError
+from zk_layout._history import read_history
 from zk_layout._names import Partition, check_group
 from zk_layout._paths import DEFAULT_ROOT, Layout
 from zk_layout._probe import PartitionLag, probe_partitions
@@ -35,6 +37,7 @@ from zk_layout._render import (
     to_jsonable,
 )
 from zk_layout._snapshot import GroupInfo, Snapshot, read_tree, take_snapshot
+from zk_layout._timeline import history_to_json, parse_since, render_history, select_history
 
 __all__ = ["build_parser", "main", "parse_zk_hosts"]
 
@@ -109,12 +112,23 @@ def build_parser() -> argparse.ArgumentParser:
         "groups": "consumer groups: members (live, or static members away) and counts",
         "group": "one consumer group: its members' states (live, static, away and held "
                  "until when) and per partition its owner, committed offset and msgId",
+        "history": "one consumer group's rebalance history: each member's rebalances "
+                   "(trigger, released, claimed, took) by time; with --partition, who held "
+                   "it when and why it moved",
     }
     for name, help_text in helps.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         # SUPPRESS: a --json given before the sub-command is not reset to False here.
         p.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
                        help="print machine-readable JSON")
+        if name == "history":
+            p.add_argument("name", type=_group_name, metavar="NAME", help="the group name")
+            p.add_argument("--since", type=_since, metavar="T",
+                           help="since T: 30s, 10m, 2h, 1d back from now, ISO-8601 or "
+                                "epoch ms")
+            p.add_argument("--partition", metavar="P",
+                           help="only this partition (topic/0-3, or 0-3 in any topic), "
+                                "with its ownership timeline")
         if name == "group":
             p.add_argument("name", type=_group_name, metavar="NAME", help="the group name")
             p.add_argument("--brokers", action="store_true",
@@ -124,9 +138,34 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _since(text: str) -> int:
+    try:
+        return parse_since(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _history(args: argparse.Namespace, client: object) -> int:
+    layout: Layout = args.root
+    if client.exists(layout.group(args.name)) is None:  # type: ignore[attr-defined]
+        print(f"{PROG}: error: no consumer group {args.name!r} under "
+              f"{layout.consumer_groups()}", file=sys.stderr)
+        return 1
+    records, timeline = select_history(read_history(client, layout, args.name),
+                                       since=args.since, partition=args.partition)
+    if args.json:
+        sys.stdout.write(to_json(history_to_json(args.name, records, timeline)))
+    else:
+        sys.stdout.write(render_history(records, timeline if args.partition else None))
+    sys.stdout.write("\n")
+    return 0
+
+
 def _run(args: argparse.Namespace, client: object) -> int:
     layout: Layout = args.root
     out = sys.stdout
+    if args.command == "history":
+        return _history(args, client)
     if args.command == "tree":
         nodes = read_tree(client, layout)
         if args.json:

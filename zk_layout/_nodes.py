@@ -18,6 +18,7 @@ from zk_layout._codecs import (
     node_text,
 )
 from zk_layout._errors import InvalidNameError, NodeDataError
+from zk_layout._history import RebalanceRecord, decode_history
 from zk_layout._names import BrokerChild, Partition, parse_broker_child, sort_partitions
 from zk_layout._paths import NodeKind, NodeRef
 from zk_layout._replication import decode_epoch_start, decode_replication_state
@@ -33,7 +34,7 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_PARTS_PER_BROKER = 100_000
 
 NodeValue = (BrokerUri | TopicBroker | StoredOffset | StaticMember | tuple[str, ...] | str | int
-             | None)
+             | tuple[RebalanceRecord, ...] | None)
 
 
 def _check_topic_broker(value: TopicBroker, child: BrokerChild, path: str, data: object) -> None:
@@ -78,6 +79,8 @@ def decode_node(ref: NodeRef, data: bytes | str | None) -> NodeValue:
         return decode_offset(data, path)
     if kind is NodeKind.STATIC_MEMBER:
         return decode_static_member(data, path)
+    if kind is NodeKind.HISTORY_MEMBER:
+        return tuple(decode_history(data, path))
     if kind is NodeKind.REPLICATION:
         return decode_replication_state(data, path)
     if kind is NodeKind.REPLICATION_EPOCH:

@@ -17,6 +17,8 @@
     <root>/consumers/<group>/offsets/<topic>/<b>-<p>     <msgId>-<offset>
     <root>/consumers/<group>/static/<consumerId>         static member record (metaq-py
                                                          only, persistent; Java ignores it)
+    <root>/consumers/<group>/history/<consumerId>        a member's last rebalances (metaq-py
+                                                         only, persistent; Java ignores it)
 
 :class:`Layout` builds them for a configurable root (default ``/meta``);
 :meth:`Layout.classify` turns a path back into a :class:`NodeRef` saying which
@@ -90,6 +92,8 @@ class NodeKind(enum.Enum):
     OFFSET = "offset"
     STATIC_MEMBERS = "static_members"
     STATIC_MEMBER = "static_member"
+    HISTORY = "history"
+    HISTORY_MEMBER = "history_member"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -249,6 +253,14 @@ class Layout:
     def static_member(self, group: str, consumer_id: str) -> str:
         return self.static_members(group) + "/" + check_consumer_id(consumer_id)
 
+    def history(self, group: str) -> str:
+        """The group's rebalance history nodes (``_history``)."""
+        return self.group(group) + "/history"
+
+    def history_member(self, group: str, consumer_id: str) -> str:
+        """One member's rebalance history (kept after it is gone)."""
+        return self.history(group) + "/" + check_consumer_id(consumer_id)
+
     # -- parsing ---------------------------------------------------------------------------
     def relative(self, path: str) -> list[str] | None:
         """The segments of ``path`` below the root, or ``None`` when outside it."""
@@ -310,11 +322,13 @@ def _classify(path: str, seg: list[str]) -> NodeRef | None:
             return NodeRef(kind=NodeKind.CONSUMER_ID, path=path, group=group,
                            consumer_id=check_consumer_id(seg[3]))
         return None
-    if sub == "static":
+    if sub in ("static", "history"):
+        kinds = ((NodeKind.STATIC_MEMBERS, NodeKind.STATIC_MEMBER) if sub == "static"
+                 else (NodeKind.HISTORY, NodeKind.HISTORY_MEMBER))
         if n == 3:
-            return NodeRef(kind=NodeKind.STATIC_MEMBERS, path=path, group=group)
+            return NodeRef(kind=kinds[0], path=path, group=group)
         if n == 4:
-            return NodeRef(kind=NodeKind.STATIC_MEMBER, path=path, group=group,
+            return NodeRef(kind=kinds[1], path=path, group=group,
                            consumer_id=check_consumer_id(seg[3]))
         return None
     kinds = {"owners": (NodeKind.OWNERS, NodeKind.OWNERS_DIR, NodeKind.OWNER),

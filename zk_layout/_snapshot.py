@@ -348,7 +348,7 @@ class _Reader:
         lay = self.layout
         damaged: list[Damage] = []
         for name in self.children(lay.group(group)):
-            if name not in ("ids", "owners", "offsets", "static"):
+            if name not in ("ids", "owners", "offsets", "static", "history"):
                 self.unknown.append(f"{lay.group(group)}/{name}")
         members = []
         ids_dir = lay.consumer_ids(group)

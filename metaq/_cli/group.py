@@ -6,7 +6,8 @@ capacity hint, ``what-if`` the assignment after a change (all from
 
 Read commands take ``--json``.  Exit codes: 0 done, 1 ZooKeeper or a broker
 failed, 2 bad arguments (including an unknown group or topic, and a reset
-refused because the group has live members).
+refused because the group has live members).  ``metaq group history`` is
+:mod:`metaq._cli.history`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from metaq._admin import UNWRITTEN_NOTE, describe_group, log_damage, log_ends, reset_offsets
 from metaq._cli._numbers import duration, non_negative_int
 from metaq._cli._zkflags import add_zk_root_arg, add_zk_security_args, security_from_args
+from metaq._cli.history import add_history_parser
 from metaq._errors import ConfigError, CoordinationError
 from metaq._insight import CapacityHint, audit, capacity, read_logs, take_reading, what_if
 from metaq._time import parse_time_ms
@@ -112,6 +114,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the old and new positions, write nothing")
     p.set_defaults(func=group_reset)
+    add_history_parser(gs, _common, _client)
 
     t = sub.add_parser("topic", help="topics: list, describe")
     ts = t.add_subparsers(dest="topic_command", metavar="ACTION", required=True)

@@ -19,6 +19,8 @@ One concept per module:
 ``_handoff``       partitions in and out of fetching as a plan says, with the
                    user's on_assigned/on_revoked
 ``_commits``       the commit timer
+``_history``       the rebalance history this member writes (each rebalance,
+                   with why, in ZooKeeper after it is gone)
 ``_backoff``       retry timing: capped exponential backoff with jitter
 ``_lease``         the delivery lease a frozen member cannot outlive
 ``_assignors``     assignment strategies (pure functions)

@@ -14,7 +14,16 @@ from typing import Any
 from metaq._errors import ConfigError
 from metaq._time import parse_time_ms
 from metaq._zkclient import ZkSecurity
-from zk_layout import DEFAULT_ROOT, READ_FROM, InvalidNameError, Layout
+from zk_layout import (
+    DEFAULT_MAX_MEMBERS,
+    DEFAULT_MAX_TOTAL_BYTES,
+    DEFAULT_NODE_BYTES,
+    DEFAULT_RECORDS,
+    DEFAULT_ROOT,
+    READ_FROM,
+    InvalidNameError,
+    Layout,
+)
 
 __all__ = ["ConsumerConfig", "START_POSITIONS"]
 
@@ -135,6 +144,15 @@ class ConsumerConfig:
     claim_backoff_max: float = 2.0
     #: Deadline for ``close()`` to stop fetchers and release partitions, seconds.
     close_timeout: float = 30.0
+    #: Rebalance history (``consumers/<group>/history/<consumerId>``, kept after the
+    #: member is gone; ``metaq group history``): this member's last rebalances kept
+    #: [50] (0: record none), in a node of at most history_node_bytes [32 KiB]; the
+    #: group keeps at most history_max_members nodes [100] and history_max_bytes
+    #: bytes [2 MiB], the nodes written longest ago (gone members first) deleted.
+    history_records: int = DEFAULT_RECORDS
+    history_node_bytes: int = DEFAULT_NODE_BYTES
+    history_max_members: int = DEFAULT_MAX_MEMBERS
+    history_max_bytes: int = DEFAULT_MAX_TOTAL_BYTES
 
     def __post_init__(self) -> None:
         if not isinstance(self.group, str) or not _NAME.match(self.group):
@@ -221,6 +239,20 @@ class ConsumerConfig:
 
         get_codec(self.codec)
         get_strategy(self.strategy)
+        self._check_history()
+
+    def _check_history(self) -> None:
+        for name, low, high in (("history_records", 0, 10_000),
+                                ("history_node_bytes", 1024, 512 * 1024),
+                                ("history_max_members", 1, 100_000),
+                                ("history_max_bytes", 1024, 1024 * MIB)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise ConfigError(f"{name} must be an int in {low}..{high}, got {value!r}")
+        if self.history_max_bytes < self.history_node_bytes:
+            raise ConfigError(f"history_max_bytes ({self.history_max_bytes}) must be at least "
+                              f"history_node_bytes ({self.history_node_bytes}): the group "
+                              f"must hold one member's node")
 
     @property
     def start_time_ms(self) -> int | None:

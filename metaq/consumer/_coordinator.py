@@ -23,6 +23,8 @@ makes one rebalance.  What it drives, one concept a part:
 ``Committer``       the commit timer (``_commits``)
 ``Backoff``         retry timing of a failed step and of rejoining
                     (``_backoff``)
+``RebalanceHistory``  each rebalance recorded, with why, in ZooKeeper after it
+                    (``_history``): written asynchronously, never waited for
 ==================  ==========================================================
 
 Each rebalance is a *generation*; its decisions are logged at INFO with the
@@ -70,6 +72,7 @@ from metaq.consumer._backoff import Backoff
 from metaq.consumer._commits import Committer
 from metaq.consumer._config import ConsumerConfig
 from metaq.consumer._handoff import Fetching, Handoff, names
+from metaq.consumer._history import RebalanceHistory
 from metaq.consumer._lease import Lease
 from metaq.consumer._lifecycle import Lifecycle, State, Transition, Want
 from metaq.consumer._membership import Membership
@@ -143,6 +146,7 @@ class Coordinator:
                                 commits=self._commits, store=self.store, config=config,
                                 life=self.life, on_error=on_error, on_assigned=on_assigned,
                                 on_revoked=on_revoked)
+        self.history = RebalanceHistory(client, layout, group, consumer_id, config)
         self._cond = threading.Condition()
         self._asked = _Asked()
         #: a rebalance asked for while disconnected: run once connected again
@@ -372,6 +376,7 @@ class Coordinator:
             f"({error!r}); " + (f"closed after {failures} failures in a row"
                                 if final else "left the group, rejoining"))
         err.__cause__ = error
+        dropped = self._subs.assigned_keys()
         self._handoff.stop_all()
         self._view.reset()
         try:
@@ -388,6 +393,9 @@ class Coordinator:
             self._retry.defer(rejoin_at)  # the rejoin's rebalance
             self.life.set_state(State.CONNECTING, f"left after a failure; rejoining in "
                                 f"{wait:.1f}s", new_generation=True)
+        self.history.dropped("failed", f"{error!r}"[:200], self.life.generation,
+                             released=dropped, state=self.life.state.value,
+                             then=None if final else ("rejoined", "after a failure"))
         self._on_error(err)
         return final
 
@@ -416,6 +424,10 @@ class Coordinator:
         self._owners.clear()  # the orphans are ephemeral: they ended with the session
         self._membership.forget()
         self.life.set_state(State.CONNECTING, "ZooKeeper session lost", new_generation=True)
+        self.history.dropped("session_expired", f"dropped {len(owned)} partition(s) without "
+                             "committing", self.life.generation,
+                             released=[pf.key for pf in owned], state=self.life.state.value,
+                             then=("session_expired", "rejoined in a new session"))
         log.warning("%s: ZooKeeper session lost; dropped %d partitions without committing",
                     self.life.label, len(owned))
         self._fetcher.resume()
@@ -435,6 +447,7 @@ class Coordinator:
         hold its partitions from the moment they see it go; leaving for good, it
         deletes its record, and the others rebalance at once."""
         session = self._membership.session
+        owned = self._subs.assigned_keys()
         self._handoff.stop_all()
         if self._client.connected and session is not None:
             try:
@@ -449,6 +462,9 @@ class Coordinator:
                 self._owners.delete_orphans()
             except KazooException as e:
                 log.warning("deleting owner nodes left by failed releases at close: %r", e)
+            self.history.dropped("closing", "left for good" if leave_for_good else "closed",
+                                 self.life.generation, released=owned, state="closed")
+            self.history.flush(min(self._cfg.close_timeout, 5.0))
             self._membership.delete(session)
         self._subs.drop_all()
         self.life.set_state(State.CLOSED, "closed")
@@ -460,6 +476,7 @@ class Coordinator:
         self._membership.register()
         self._owners.delete_orphans()
         self.life.set_state(State.REBALANCING, why, new_generation=True)
+        self.history.begin()
         topics = self._subs.topics()
         topo = self._view.read(topics)
         held = self._membership.static.holds(topo, self.life.generation)
@@ -467,6 +484,11 @@ class Coordinator:
                          broadcast=self._cfg.broadcast, replicas=topo.replicas)
         release, claim = self._handoff.apply(plan)
         self._settle("rebalanced")
+        self.history.rebalanced(
+            why, topo, held, self.life.generation, plan=plan.target, released=release,
+            claimed=[k for k in claim if self._subs.partition(*k) is not None],
+            waiting=self._owners.waiting(), state=self.life.state.value)
+        self.history.prune(topo)
         if release or claim:
             log.info("%s: owns %d, released %s, claimed %s, waiting for %s", self.life.label,
                      len(self._subs.assigned_keys()), names(release),
@@ -485,6 +507,9 @@ class Coordinator:
         no re-read of the group, which has not changed (its watches would have said)."""
         won = self._handoff.retry_claims()
         self._settle("claims retried")
+        self.history.claimed_late(self.life.generation, plan=self._handoff.plan.target,
+                                  won=won, waiting=self._owners.waiting(),
+                                  state=self.life.state.value)
         if won:
             log.info("%s: claimed %s, waiting for %s", self.life.label, names(won),
                      names(self._owners.waiting()))
