@@ -12,8 +12,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from helpers.java_client import JavaProc, JavaRunner
 from kazoo.exceptions import NoNodeError
-from test_java_client import JavaProc, JavaRunner, events, java, java_client  # noqa: F401
+from test_java_client import events
 
 from metaq import MessageConsumer, Producer
 from metaq.testing import wait_until

@@ -28,8 +28,8 @@ from collections.abc import Callable
 
 import pytest
 from helpers.java_broker import TELL_MAX_OFFSET, JavaBroker, JavaServer, java_server
+from helpers.java_client import JavaRunner
 from helpers.procs import read_partition
-from test_java_client import JavaRunner, java, java_client  # noqa: F401 (its fixtures)
 
 from metaq import Producer
 from metaq.broker import Broker
