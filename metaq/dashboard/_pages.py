@@ -296,8 +296,7 @@ def messages_page(q: dict[str, str], result: dict[str, Any] | None,
     rows = []
     for m in result["messages"]:
         body = m["body"]
-        text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False,
-                                                             indent=1)
+        text = body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
         cls = "before" if m["before_target"] else ""
         rows.append((_flag(bool(m["body_error"]), cls) + f' data-offset="{m["offset"]}"',
                      [_e(m["offset"]), _e(m["msg_id"]), _e(m["time"]), _e(m["attribute"]),
