@@ -18,6 +18,8 @@ Measured:
   offsets read through one kazoo client, sequentially (``get`` per node, as
   ``zk_layout.take_snapshot`` and ``metaq group describe`` read), and pipelined
   (every ``get_async`` sent, then every reply waited for); the ratio page / pipelined;
+- **page after a change**: the same page fetched right after offsets changed (the
+  snapshot of the cached tree and the report are built anew, not memoized);
 - **ZooKeeper reads per poll**: the page polled every second for ``--polls`` polls,
   first with nothing changing (idle: should be 0 reads), then with ``--changes``
   offset nodes committed anew before each poll (a writer client, as members commit);
@@ -218,6 +220,7 @@ def main() -> None:
             r0 = reads()
             changed = 0
             offset = 1
+            busy_ms = []
             for _ in range(args.polls):
                 batch = names[(changed % len(names)):][:args.changes]
                 ops = [client.set_async(L.offset(GROUP, TOPIC, p),
@@ -228,7 +231,7 @@ def main() -> None:
                 changed += len(batch)
                 offset += 1
                 time.sleep(1)
-                timed_get(url + f"/api/groups/{GROUP}")
+                busy_ms.append(timed_get(url + f"/groups/{GROUP}"))
             deadline = time.monotonic() + 10
             while reads() - r0 < changed and time.monotonic() < deadline:
                 time.sleep(0.1)  # the last watches' reads may still be on their way
@@ -239,6 +242,8 @@ def main() -> None:
                   f"before each: {busy} for {changed} changed nodes "
                   f"({busy / max(1, changed):.2f} per changed node; target at most 1: "
                   f"{'met' if busy <= changed else 'MISSED'})")
+            print(f"{'GET /groups/g after each change':<38} ms {stats(busy_ms)} (the tree "
+                  f"changed since the last request: snapshot and report built anew)")
         finally:
             if dash is not None:
                 dash.terminate()

@@ -91,6 +91,7 @@ class Dashboard:
         self.cache = ZkTreeCache(client, self.layout.root)
         self._lock = threading.Lock()
         self._snapshots: dict[str | None, tuple[int, float, Snapshot]] = {}
+        self._reports: dict[str, tuple[tuple[int, int], float, dict[str, Any]]] = {}
         self._ends: dict[str, dict[str, tuple[int | None, int | None]]] = {}
         self._ends_at = 0.0
         self._unwritten: dict[str, set[str]] = {}
@@ -134,8 +135,12 @@ class Dashboard:
         now = time.time()
         with self._lock:
             memo = self._snapshots.get(group)
+            whole = self._snapshots.get(None)
         if memo is not None and memo[0] == version and now - memo[1] < 1.0:
             return memo[2]
+        if group is not None and whole is not None and whole[0] == version and \
+                now - whole[1] < 1.0:
+            return whole[2]  # the whole tree, as current: it has the group too
         snap = take_snapshot(self.cache.view(only_group=group), self.layout)
         with self._lock:
             if len(self._snapshots) > 64:
@@ -317,8 +322,14 @@ class Dashboard:
         report = evaluate_group(view, self.layout, info, ends=adjusted, times=times,
                                 unwritten=unwritten, capped=capped, first=first,
                                 ends_first=ends_first, interval=interval, now=now)
-        out = report.as_json()
-        rows = out["partitions"]
+        # GroupReport.as_json()'s fields, without dataclasses.asdict's deep copies (a
+        # third of the page's time at 1,024 partitions)
+        rows = [dict(vars(p)) for p in report.partitions]
+        out = {"group": report.group, "status": report.status,
+               "members": list(report.members),
+               "member_states": [dict(vars(m), topics=list(m.topics))
+                                 for m in report.member_states],
+               "partitions": rows, "total_lag": sum(p["lag"] or 0 for p in rows)}
         total_msgs = 0
         max_seconds = 0.0
         for row in rows:
@@ -451,12 +462,24 @@ class Dashboard:
         return rows
 
     def group(self, name: str) -> dict[str, Any]:
+        """The group's report; the same dict (not to be changed) for every request until
+        the tree or the sample changed or half a second passed (its lag in seconds)."""
+        key = (self.cache.version, self._samples)
+        now = time.time()
+        with self._lock:
+            memo = self._reports.get(name)
+        if memo is not None and memo[0] == key and now - memo[1] < 0.5:
+            return memo[2]
         snap = self.snapshot(group=name)
         info = snap.group(name)
         if info is None:
             raise NotFound(f"no consumer group {name!r} under {self.layout.root}")
-        out = self._report(info, time.time())
+        out = self._report(info, now)
         out["read_only"] = not self.allow_writes
+        with self._lock:
+            if len(self._reports) > 256:
+                self._reports.clear()
+            self._reports[name] = (key, now, out)
         return out
 
     def lag_series(self, name: str) -> dict[str, Any]:
