@@ -6,7 +6,10 @@ and keeps each group's lag over the last hour.
 
 A page costs no ZooKeeper read and no broker round trip: the group report is
 :func:`metaq._admin.evaluate_group` (what ``metaq group describe`` computes) over the
-cached tree and the last sample.  Only the message browser, a broker's ``stats``
+cached tree and the last sample.  Members and owners are live (the tree as the
+watches keep it); each partition's committed offset, log end and lag are as of the
+last sample, the commit read just before the log end, so that the lag is never
+understated by a log end older than the commit.  Only the message browser, a broker's ``stats``
 and the write actions talk to a broker or to ZooKeeper, when asked.
 
 Garbage in ZooKeeper and unreachable brokers are data here, never exceptions: a
@@ -22,7 +25,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -271,7 +274,7 @@ class Dashboard:
             win.append((now, info, ends))
             while len(win) > 2 and now - win[1][0] >= self.window:
                 win.popleft()
-            report = self._report(info, now)
+            report = self._report(info, now, live=False)
             points = self._lag.setdefault(info.group, deque())
             points.append({"time_ms": int(now * 1000), "lag": report["total_lag"],
                            "lag_messages": report["total_lag_messages"],
@@ -285,10 +288,33 @@ class Dashboard:
             self._windows.pop(g, None)
 
     # -- the group report -----------------------------------------------------------------
-    def _report(self, info: GroupInfo, now: float) -> dict[str, Any]:
+    def _as_sampled(self, info: GroupInfo) -> GroupInfo:
+        """``info`` (live: members and owners as they are now) with each partition's
+        committed offset as of the last sample, read just before its log ends: the
+        lag then compares a commit with a log end read after it, never with an older
+        one (which would show a busy group as caught up)."""
+        win = self._windows.get(info.group)
+        if not win:
+            return info
+        sampled = {(gt.topic, str(ps.partition)): ps for gt in win[-1][1].topics
+                   for ps in gt.partitions}
+        topics = []
+        for gt in info.topics:
+            parts = []
+            for ps in gt.partitions:
+                old = sampled.get((gt.topic, str(ps.partition)))
+                if old is not None and (old.offset != ps.offset or old.errors != ps.errors):
+                    ps = replace(ps, offset=old.offset, errors=old.errors)
+                parts.append(ps)
+            topics.append(replace(gt, partitions=tuple(parts)))
+        return replace(info, topics=tuple(topics))
+
+    def _report(self, info: GroupInfo, now: float, *, live: bool = True) -> dict[str, Any]:
         with self._lock:
             ends, ends_at = self._ends, self._ends_at
             heads, capped, unwritten = self._heads, self._capped, self._unwritten
+        if live:
+            info = self._as_sampled(info)
         view = self.cache.view()
         # a commit newer than the last sample of the log end is not "out of range": the
         # end moved since (it is taken as the end until the next sample says)
