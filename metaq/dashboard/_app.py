@@ -19,6 +19,7 @@ import asyncio
 import functools
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,12 @@ async def api_audit(request: web.Request) -> web.Response:
     return _json(_unavailable("audit", g) if out is None else {"available": True, **out})
 
 
+async def api_capacity(request: web.Request) -> web.Response:
+    g = request.match_info["group"]
+    out = await _blocking(request.app[_DASH].capacity, g, request.query.get("target"))
+    return _json(_unavailable("capacity", g) if out is None else out)
+
+
 def _browse_args(q: Any) -> dict[str, Any]:
     return {"offset": _int(q.get("offset"), "offset"), "when": q.get("time") or None,
             "count": _int(q.get("count"), "count", 20), "before": _int(q.get("before"),
@@ -261,7 +268,13 @@ async def page_group(request: web.Request) -> web.Response:
     report = dash.group(g)
     points = dash.lag_series(g)["points"]
     token = request.app[_TOKEN] if dash.allow_writes else None
-    return _page(request, f"group {g}", pages.group_page(report, points, token=token), "group",
+    try:
+        capacity = dash.capacity(g, request.query.get("target"))
+    except Exception as e:  # noqa: BLE001 - an optional line: never the page's failure
+        log.warning("dashboard: capacity hint of %s failed: %s", g, e)
+        capacity = {"available": False, "error": str(e)}
+    return _page(request, f"group {g}",
+                 pages.group_page(report, points, token=token, capacity=capacity), "group",
                  {"group": g, "sample-interval": str(dash.sample_interval)})
 
 
@@ -288,8 +301,12 @@ async def page_messages(request: web.Request) -> web.Response:
 
 async def page_history(request: web.Request) -> web.Response:
     g = request.match_info["group"]
-    data = await _blocking(request.app[_DASH].history, g, request.query.get("since"))
-    return _page(request, f"history of {g}", pages.plugin_page("history", g, data), "history")
+    since = request.query.get("since", "")
+    data = await _blocking(request.app[_DASH].history, g, since)
+    body = None if data is None else pages.history_page(g, data, since,
+                                                        int(time.time() * 1000))
+    return _page(request, f"history of {g}", pages.plugin_page("history", g, data, body=body),
+                 "history")
 
 
 async def page_what_if(request: web.Request) -> web.Response:
@@ -300,14 +317,17 @@ async def page_what_if(request: web.Request) -> web.Response:
             '</label> <label>remove <input name="remove" placeholder="consumer id"></label> '
             '<label>strategy <input name="strategy" placeholder="e.g. roundrobin"></label> '
             "<button>compute</button></form>")
-    return _page(request, f"what-if for {g}", pages.plugin_page("what-if", g, data, form),
-                 "what-if")
+    body = None if data is None else pages.what_if_page(data)
+    return _page(request, f"what-if for {g}",
+                 pages.plugin_page("what-if", g, data, form, body=body), "what-if")
 
 
 async def page_audit(request: web.Request) -> web.Response:
     g = request.match_info["group"]
     data = await _blocking(request.app[_DASH].audit, g)
-    return _page(request, f"audit of {g}", pages.plugin_page("audit", g, data), "audit")
+    body = None if data is None else pages.audit_page(data)
+    return _page(request, f"audit of {g}", pages.plugin_page("audit", g, data, body=body),
+                 "audit")
 
 
 async def _write_page(request: web.Request, fn: Callable[[web.Request], Awaitable[dict]]
@@ -364,6 +384,7 @@ def make_app(dashboard: Dashboard, *, token: str | None = None) -> web.Applicati
     r.add_get("/api/groups/{group}/history", api_history)
     r.add_get("/api/groups/{group}/what-if", api_what_if)
     r.add_get("/api/groups/{group}/audit", api_audit)
+    r.add_get("/api/groups/{group}/capacity", api_capacity)
     r.add_get("/api/messages", api_messages)
     r.add_post("/api/groups/{group}/reset-offsets", api_reset)
     r.add_post("/api/groups/{group}/skip", api_skip)

@@ -33,6 +33,7 @@ from kazoo.client import KazooClient
 from metaq._admin import evaluate_group, lag_positions, reset_offsets
 from metaq._errors import BrokerError, BrokerUnavailableError, ConfigError, MetaqError
 from metaq._time import format_time_ms, parse_time_ms
+from metaq._types import PartitionKey
 from metaq.dashboard._messages import browse
 from metaq.dashboard._tree import ZkTreeCache
 from metaq.net import BrokerConnection, header_at
@@ -604,6 +605,37 @@ class Dashboard:
             raise NotFound(f"no consumer group {name!r} under {self.layout.root}")
         return {"group": name, "findings": [f.to_json() for f in audit(snap, name)]}
 
+    def capacity(self, name: str, target: str | None = None) -> dict[str, Any] | None:
+        """The capacity hint over the sampled window (the oldest sample kept and the
+        last), where the build has it; ``target``: seconds, or ``90s``, ``10m``, ``1h``."""
+        try:
+            from metaq._insight import PartitionReading, Reading, capacity
+        except ImportError:
+            return None
+        if self.snapshot(group=name).group(name) is None:
+            raise NotFound(f"no consumer group {name!r} under {self.layout.root}")
+        target_s = _duration(target) if target not in (None, "") else None
+        win = self._windows.get(name)
+        if not win or len(win) < 2:
+            return {"group": name, "available": True, "error": "not enough samples yet: "
+                    "the hint needs two, one sample interval apart"}
+
+        def reading(sample: tuple[float, GroupInfo, dict]) -> Any:
+            at, info, ends = sample
+            parts = {}
+            for gt in info.topics:
+                for ps in gt.partitions:
+                    part = str(ps.partition)
+                    parts[PartitionKey(gt.topic, part)] = PartitionReading(
+                        owner=ps.owner, committed=ps.offset.offset if ps.offset else None,
+                        log_end=ends.get(gt.topic, {}).get(part, (None, None))[1])
+            return Reading(group=name, at=at,
+                           members=tuple(m.consumer_id for m in info.members),
+                           partitions=parts)
+
+        hint = capacity(reading(win[0]), reading(win[-1]), target=target_s)
+        return {"available": True, **hint.to_json()}
+
     # -- writes (only with allow_writes; the caller checked the confirmation) --------------
     def reset(self, group: str, topic: str, to: str | int | tuple[str, int], *,
               partitions: Iterable[str] | None = None, who: str = "?"
@@ -624,6 +656,21 @@ class Dashboard:
         log.warning("dashboard write by %s done: group %r topic %r: %s", who, group, topic,
                     {p: new for p, (_old, new) in done.items()})
         return done
+
+
+def _duration(text: str) -> float:
+    """Seconds from ``600``, ``90s``, ``10m`` or ``1h``."""
+    value = text.strip().lower()
+    scale = {"s": 1, "m": 60, "h": 3600}.get(value[-1:])
+    number = value[:-1] if scale else value
+    try:
+        seconds = float(number) * (scale or 1)
+    except ValueError:
+        raise ConfigError(f"a duration must be seconds or like 90s, 10m, 1h; got {text!r}"
+                          ) from None
+    if not seconds > 0:
+        raise ConfigError(f"a duration must be > 0, got {text!r}")
+    return seconds
 
 
 def parse_target(value: str) -> str | int | tuple[str, int]:

@@ -13,7 +13,9 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 __all__ = ["page", "cluster_page", "group_page", "topic_page", "broker_page",
-           "messages_page", "plugin_page", "lag_svg", "error_body", "NOT_AVAILABLE"]
+           "messages_page", "plugin_page", "lag_svg", "error_body",
+           "history_page", "what_if_page", "audit_page", "capacity_line", "timeline_svg",
+           "json_table", "NOT_AVAILABLE"]
 
 NOT_AVAILABLE = "not available in this build"
 
@@ -185,8 +187,8 @@ def _partitions(g: dict[str, Any], *, writes: bool) -> str:
                   empty="no partition")
 
 
-def group_page(g: dict[str, Any], points: Sequence[dict[str, Any]], *, token: str | None
-               ) -> str:
+def group_page(g: dict[str, Any], points: Sequence[dict[str, Any]], *, token: str | None,
+               capacity: dict[str, Any] | None = None) -> str:
     name = g["group"]
     writes = ""
     if token is not None:
@@ -218,6 +220,7 @@ lag <span id="total-lag">{_e(g["total_lag"])}</span> bytes,
 <span id="total-lag-messages">{_e(g["total_lag_messages"])}</span> messages,
 oldest <span id="max-lag-seconds">{_e(g["max_lag_seconds"])}</span> s
 <span class="links">{links}</span></p>
+{capacity_line(capacity)}
 <h2>Members</h2>{_members(g)}
 <h2>Lag over the last hour</h2>{lag_svg(points)}
 <h2>Partitions</h2>{_partitions(g, writes=token is not None)}
@@ -309,8 +312,120 @@ def messages_page(q: dict[str, str], result: dict[str, Any] | None,
         empty="no message there")
 
 
-def plugin_page(kind: str, group: str, data: dict[str, Any] | None, form: str = "") -> str:
+def _cell(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return escape(", ".join(str(v) for v in value)) if value else "-"
+    if isinstance(value, dict):
+        return escape(json.dumps(value, ensure_ascii=False))
+    return _e(value)
+
+
+def json_table(rows: Sequence[dict[str, Any]], *, id: str | None = None,
+               empty: str = "none", keys: Sequence[str] | None = None) -> str:
+    """A list of JSON objects as a table (the union of their keys, in order)."""
+    cols = list(keys or dict.fromkeys(k for r in rows for k in r))
+    return _table(cols, ((_flag(bool(r.get("error") or r.get("damaged"))),
+                          [_cell(r.get(k)) for k in cols]) for r in rows), id=id, empty=empty)
+
+
+def _hue(name: str) -> int:
+    import zlib
+
+    return zlib.crc32(name.encode()) % 360
+
+
+def timeline_svg(timeline: dict[str, list[dict[str, Any]]], now_ms: int,
+                 width: int = 900) -> str:
+    """Ownership over time: one row per partition, one bar per holding, coloured by
+    member; each bar's title says who, from when to when, and why it came and went."""
+    starts = [i["start_ms"] for iv in timeline.values() for i in iv if i["start_ms"]]
+    ends = [i["end_ms"] for iv in timeline.values() for i in iv if i["end_ms"]]
+    if not timeline or not (starts or ends):
+        return '<p id="timeline">no ownership recorded</p>'
+    t0 = min(starts + ends)
+    t1 = max([now_ms] + ends)
+    label, row_h, pad = 150, 16, 4
+    w = width - label - 10
+    span = max(1, t1 - t0)
+    h = row_h * len(timeline) + 30
+    out = [f'<svg id="timeline" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+           f'height="{h}" viewBox="0 0 {width} {h}" role="img" '
+           f'aria-label="who held each partition when">']
+    for k, (part, intervals) in enumerate(timeline.items()):
+        y = 4 + k * row_h
+        out.append(f'<text x="2" y="{y + row_h - pad}">{escape(part)}</text>')
+        for i in intervals:
+            a = t0 if i["start_ms"] is None else i["start_ms"]
+            b = t1 if i["end_ms"] is None else i["end_ms"]
+            x = label + w * (a - t0) / span
+            bw = max(1.5, w * (b - a) / span)
+            title = (f'{i["consumer_id"]}: {i.get("start") or "before the history"} .. '
+                     f'{i.get("end") or "now"}; came by {i.get("trigger_in") or "?"}'
+                     + (f', went by {i["trigger_out"]}' if i.get("trigger_out") else ""))
+            out.append(f'<rect class="hold" x="{x:.1f}" y="{y}" width="{bw:.1f}" '
+                       f'height="{row_h - pad}" fill="hsl({_hue(i["consumer_id"])},55%,60%)" '
+                       f'data-member="{escape(i["consumer_id"])}"><title>{escape(title)}'
+                       f'</title></rect>')
+    from metaq._time import format_time_ms
+
+    out.append(f'<text class="axis" x="{label}" y="{h - 6}">{format_time_ms(t0)}</text>'
+               f'<text class="axis" x="{width - 200}" y="{h - 6}">{format_time_ms(t1)}'
+               f'</text></svg>')
+    return "".join(out)
+
+
+def history_page(group: str, data: dict[str, Any], since: str, now_ms: int) -> str:
+    form = (f'<form method="get"><label>since <input name="since" value="{escape(since)}" '
+            'placeholder="2026-11-25T14:00:00Z or epoch ms"></label><button>show</button>'
+            "</form>")
+    members = sorted({i["consumer_id"] for iv in data["timeline"].values() for i in iv})
+    legend = " ".join(f'<span class="swatch" style="background:hsl({_hue(m)},55%,60%)">'
+                      f"{escape(m)}</span>" for m in members)
+    keys = [k for k in ("time", "consumer_id", "generation", "trigger", "detail", "state",
+                        "duration_ms", "released", "claimed", "waiting", "error")
+            if any(k in r for r in data["records"])]
+    return (form + "<h2>Ownership over time</h2>" + f"<p>{legend}</p>"
+            + timeline_svg(data["timeline"], now_ms)
+            + f'<h2>Rebalances ({len(data["records"])})</h2>'
+            + json_table(data["records"], id="records", empty="no rebalance recorded",
+                         keys=keys or None))
+
+
+def what_if_page(data: dict[str, Any]) -> str:
+    load = [{"member": m, "partitions": n} for m, n in data.get("load", {}).items()]
+    notes = "".join(f"<li>{escape(str(n))}</li>" for n in data.get("notes", []))
+    return (f'<p id="what-if-summary">strategy {_e(data.get("strategy"))}: '
+            f'{_e(data.get("moved"))} of {_e(data.get("partitions"))} partition(s) would move; '
+            f'added {_cell(data.get("added"))}, removed {_cell(data.get("removed"))}</p>'
+            + (f"<ul>{notes}</ul>" if notes else "")
+            + "<h2>Load per member</h2>" + json_table(load, id="load")
+            + "<h2>Moves</h2>" + json_table(data.get("moves", []), id="moves",
+                                            empty="nothing would move"))
+
+
+def audit_page(data: dict[str, Any]) -> str:
+    findings = data.get("findings", [])
+    rows = [dict(f, error=True) for f in findings]
+    return (f'<p id="audit-summary">{len(findings)} finding(s)</p>'
+            + json_table(rows, id="findings", empty="no fault found",
+                         keys=["kind", "topic", "partition", "member", "detail"]))
+
+
+def capacity_line(data: dict[str, Any] | None) -> str:
+    if data is None or data.get("available") is False:
+        return ""
+    need = data.get("members_needed")
+    return (f'<p id="capacity">capacity: consuming {_e(data.get("consume_rate"))} B/s, '
+            f'producing {_e(data.get("produce_rate"))} B/s; catch-up in '
+            f'{_e(data.get("catch_up_seconds"))} s'
+            + (f'; members needed for {_e(data.get("target_seconds"))} s: {_e(need)}'
+               if data.get("target_seconds") is not None else "") + "</p>")
+
+
+def plugin_page(kind: str, group: str, data: dict[str, Any] | None, form: str = "",
+                body: str | None = None) -> str:
     back = f'<p><a href="/groups/{_q(group)}">back to {escape(group)}</a></p>'
     if data is None:
         return back + f'<p class="unavailable">{escape(kind)}: {NOT_AVAILABLE}</p>'
-    return back + form + f'<pre class="json">{escape(json.dumps(data, indent=1))}</pre>'
+    return back + form + (body if body is not None else
+                          f'<pre class="json">{escape(json.dumps(data, indent=1))}</pre>')

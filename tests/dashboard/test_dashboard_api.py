@@ -107,7 +107,7 @@ def test_every_json_endpoint_on_a_live_group(zk_connect, cluster, members, dashb
     tail = d.json(f"/api/messages?topic={TOPIC}&partition={part}&before=2")
     assert tail["messages"] and tail["messages"][-1]["next_offset"] == ends[part]
     # the plug-in views answer either way (their data, or "not available in this build")
-    for view in ("history", "what-if", "audit"):
+    for view in ("history", "what-if", "audit", "capacity"):
         out = d.json(f"/api/groups/{GROUP}/{view}")
         assert out["group"] == GROUP and isinstance(out["available"], bool)
         if not out["available"]:
@@ -124,7 +124,7 @@ def test_every_json_endpoint_on_a_live_group(zk_connect, cluster, members, dashb
     for path in ("/", f"/topics/{TOPIC}", "/brokers/0", "/messages",
                  f"/messages?topic={TOPIC}&partition=0-0&offset=0",
                  f"/groups/{GROUP}/history", f"/groups/{GROUP}/what-if",
-                 f"/groups/{GROUP}/audit"):
+                 f"/groups/{GROUP}/audit", f"/groups/{GROUP}?target=10m"):
         d.page(path)
     assert "no consumer group" in d.page("/groups/nope", status=404)
     code, ctype, css = d.request("/static/dashboard.css")
