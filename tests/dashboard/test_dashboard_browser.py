@@ -108,6 +108,15 @@ def test_group_page_live_owners_lag_chart_and_a_member_leaving(cluster, members,
     browser.get(d.url + f"/topics/{TOPIC}")
     assert len(_cells(browser, "#partitions tbody tr")) == 4
     _shot(browser, tmp_path, "dashboard-topic")
+    # history (its ownership timeline), what-if, audit: drawn where the build has them,
+    # "not available in this build" where it does not
+    for view, mark in (("history", "#timeline"), ("what-if", "#what-if-summary"),
+                       ("audit", "#audit-summary")):
+        browser.get(d.url + f"/groups/{GROUP}/{view}")
+        main = browser.find_element(By.TAG_NAME, "main").text
+        assert "not available in this build" in main or \
+            browser.find_elements(By.CSS_SELECTOR, mark), (view, main[:500])
+        _shot(browser, tmp_path, f"dashboard-{view}")
     browser.get(d.url + "/brokers/0")
     assert _cells(browser, "table td:first-child")
     _shot(browser, tmp_path, "dashboard-broker")
