@@ -21,8 +21,10 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from html import escape
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -338,14 +340,16 @@ async def _write_page(request: web.Request, fn: Callable[[web.Request], Awaitabl
     except (_Refused, ConfigError, MetaqError) as e:
         status = 409 if isinstance(e, _Refused) or "live member" in str(e) else \
             403 if "read-only" in str(e) else 400 if isinstance(e, ConfigError) else 502
+        back = f'<p><a href="/groups/{quote(g, safe="")}">back</a></p>'
         body = pages.error_body(f"refused: {e}")
-        return _html(pages.page(f"group {g}", body + f'<p><a href="/groups/{g}">back</a></p>',
+        return _html(pages.page(f"group {g}", body + back,
                                 status=request.app[_DASH].status(), page_name="write"),
                      status=status)
-    rows = "".join(f"<li>{p}: {v['old']} -> {v['new']}</li>"
+    rows = "".join(f"<li>{escape(p)}: {v['old']} -> {v['new']}</li>"
                    for p, v in done["partitions"].items())
+    back = f'<p><a href="/groups/{quote(g, safe="")}">back</a></p>'
     return _page(request, f"group {g}: {done['action']} done",
-                 f'<ul id="done">{rows}</ul><p><a href="/groups/{g}">back</a></p>', "write")
+                 f'<ul id="done">{rows}</ul>{back}', "write")
 
 
 async def page_reset(request: web.Request) -> web.Response:

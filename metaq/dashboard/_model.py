@@ -276,17 +276,18 @@ class Dashboard:
             while len(win) > 2 and now - win[1][0] >= self.window:
                 win.popleft()
             report = self._report(info, now, live=False)
-            points = self._lag.setdefault(info.group, deque())
-            points.append({"time_ms": int(now * 1000), "lag": report["total_lag"],
-                           "lag_messages": report["total_lag_messages"],
-                           "lag_seconds": report["max_lag_seconds"],
-                           "status": report["status"]})
-            while points and now - points[0]["time_ms"] / 1000 > LAG_HISTORY_SECONDS:
-                points.popleft()
-        gone = set(self._lag) - {g.group for g in snap.groups}
-        for g in gone:
-            self._lag.pop(g, None)
-            self._windows.pop(g, None)
+            point = {"time_ms": int(now * 1000), "lag": report["total_lag"],
+                     "lag_messages": report["total_lag_messages"],
+                     "lag_seconds": report["max_lag_seconds"], "status": report["status"]}
+            with self._lock:  # lag_series copies it from a request's thread
+                points = self._lag.setdefault(info.group, deque())
+                points.append(point)
+                while points and now - points[0]["time_ms"] / 1000 > LAG_HISTORY_SECONDS:
+                    points.popleft()
+        with self._lock:
+            for g in set(self._lag) - {g.group for g in snap.groups}:
+                self._lag.pop(g, None)
+                self._windows.pop(g, None)
 
     # -- the group report -----------------------------------------------------------------
     def _as_sampled(self, info: GroupInfo) -> GroupInfo:
@@ -512,7 +513,8 @@ class Dashboard:
     def lag_series(self, name: str) -> dict[str, Any]:
         if self.snapshot(group=name).group(name) is None:
             raise NotFound(f"no consumer group {name!r} under {self.layout.root}")
-        points = list(self._lag.get(name, ()))
+        with self._lock:
+            points = list(self._lag.get(name, ()))
         return {"group": name, "sample_interval": self.sample_interval,
                 "seconds": LAG_HISTORY_SECONDS, "points": points}
 
