@@ -109,3 +109,28 @@ def test_pages_escape_what_they_show_and_the_chart_has_a_point_per_sample():
     assert "reset offsets" not in html  # no token: read-only, no forms
     assert 'name="token" value="tok"' in pages.group_page(g, points, token="tok")
     assert "no sample yet" in pages.lag_svg([])
+
+
+def test_masters_and_slaves_with_their_replication_state(zk_client):
+    from metaq.dashboard import Dashboard
+    from zk_layout import ReplicationState, encode_replication_state
+
+    zk_client.create(L.broker_master(3), b"meta://127.0.0.1:7001", makepath=True)
+    zk_client.create(L.broker_slave(3, 1), b"meta://127.0.0.1:7002")
+    zk_client.create(L.broker_slave(3, 2), b"meta://127.0.0.1:7003")
+    zk_client.create(L.replication(3), encode_replication_state(
+        ReplicationState(epoch=4, master=0, in_sync=(1,), mode="sync")), makepath=True)
+    dash = Dashboard(zk_client, L)
+    dash.cache.start(timeout=30)  # the tree alone: no sampler, no broker asked
+    try:
+        rows = {(r["role"], r["slave_no"]): r for r in dash.brokers()}
+        assert set(rows) == {("master", None), ("slave", 1), ("slave", 2)}
+        assert rows[("master", None)]["address"] == "127.0.0.1:7001"
+        assert rows[("slave", 1)]["in_sync"] is True and not rows[("slave", 1)]["flagged"]
+        assert rows[("slave", 2)]["in_sync"] is False and rows[("slave", 2)]["flagged"]
+        assert {r["epoch"] for r in rows.values()} == {4}
+        assert {r["replication_mode"] for r in rows.values()} == {"sync"}
+        html = pages.cluster_page(dash.cluster())
+        assert html.count("slave ") >= 2 and "127.0.0.1:7003" in html
+    finally:
+        dash.close()
