@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ from metaq._errors import BrokerError, BrokerUnavailableError, ConfigError, Meta
 from metaq.net import BrokerConnection, header_at, offset_for_time
 from zk_layout import (
     GroupInfo,
+    GroupTopic,
     Layout,
     NodeDataError,
     StoredOffset,
@@ -55,8 +57,8 @@ from zk_layout import (
     take_snapshot,
 )
 
-__all__ = ["MemberState", "PartitionLag", "GroupReport", "describe_group", "log_ends",
-           "position_times", "reset_offsets", "times_to_offsets"]
+__all__ = ["MemberState", "PartitionLag", "GroupReport", "describe_group", "evaluate_group",
+           "lag_positions", "log_ends", "position_times", "reset_offsets", "times_to_offsets"]
 
 log = logging.getLogger(__name__)
 _LOG_END = 2**63 - 1
@@ -240,31 +242,73 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
         info = _sample(client, layout, group)
     else:
         info = first
-    before = {(gt.topic, str(ps.partition)): ps.offset for gt in first.topics
-              for ps in gt.partitions}
+    now = time.time()
+    ends: dict[str, dict[str, tuple[int | None, int | None]]] = {}
+    unwritten: dict[str, set[str]] = {}
+    times: dict[str, dict[str, int]] = {}
+    capped: dict[str, dict[str, tuple[int, int]]] = {}
+    for gt in info.topics:
+        unwritten[gt.topic] = set()
+        ends[gt.topic] = log_ends(client, layout, gt.topic, timeout=timeout,
+                                  unwritten=unwritten[gt.topic])
+        capped[gt.topic] = {}
+        times[gt.topic] = position_times(client, layout, gt.topic,
+                                         lag_positions(gt, ends[gt.topic]), timeout=timeout,
+                                         capped=capped[gt.topic])
+    return evaluate_group(client, layout, info, ends=ends, times=times, unwritten=unwritten,
+                          capped=capped, first=first if interval > 0 else None,
+                          ends_first=topics_first, interval=interval, now=now)
+
+
+def lag_positions(gt: GroupTopic, ends: Mapping[str, tuple[int | None, int | None]]
+                  ) -> dict[str, int]:
+    """partition -> position (committed offset, else the log start) of the partitions
+    of ``gt`` that have something to consume: whose msgId time gives the lag in seconds."""
+    out: dict[str, int] = {}
+    for ps in gt.partitions:
+        name = str(ps.partition)
+        start, end = ends.get(name, (None, None))
+        position = ps.offset.offset if ps.offset else (start or 0)
+        if end is not None and end > position:
+            out[name] = position
+    return out
+
+
+def evaluate_group(client: KazooClient, layout: Layout, info: GroupInfo, *,
+                   ends: Mapping[str, Mapping[str, tuple[int | None, int | None]]],
+                   times: Mapping[str, Mapping[str, int]],
+                   unwritten: Mapping[str, Collection[str]] | None = None,
+                   capped: Mapping[str, Mapping[str, tuple[int, int]]] | None = None,
+                   first: GroupInfo | None = None,
+                   ends_first: Mapping[str, Mapping[str, tuple[int | None, int | None]]]
+                   | None = None,
+                   interval: float = 0.0, now: float | None = None) -> GroupReport:
+    """The report of :func:`describe_group` from what was already read: the group as
+    read (``info``), per topic each partition's (log start, log end) (``ends``), the
+    msgId time at each lagging position (``times``: see :func:`lag_positions`), the
+    partitions never written and those over the transfer cap.  With ``first`` (the
+    group read ``interval`` seconds earlier) and ``ends_first``, states follow
+    Burrow's rules over that window; ``client`` is asked only then, for the mtime of
+    an offset node that did not move.  No broker is asked: the dashboard calls this
+    with the log ends it samples and a cached view of the tree."""
+    now = time.time() if now is None else now
+    before = {} if first is None else {(gt.topic, str(ps.partition)): ps.offset
+                                       for gt in first.topics for ps in gt.partitions}
     rows: list[PartitionLag] = []
     held = info.held_topics
-    now = time.time()
     for gt in info.topics:
-        unwritten: set[str] = set()
-        ends = log_ends(client, layout, gt.topic, timeout=timeout, unwritten=unwritten)
-        behind: dict[str, int] = {}
-        pending = []
+        topic_ends = ends.get(gt.topic, {})
+        topic_times = times.get(gt.topic, {})
+        topic_unwritten = (unwritten or {}).get(gt.topic, ())
+        topic_capped = (capped or {}).get(gt.topic, {})
         for ps in gt.partitions:
             name = str(ps.partition)
-            start, end = ends.get(name, (None, None))
+            start, end = topic_ends.get(name, (None, None))
             committed = ps.offset.offset if ps.offset else None
             position = committed if committed is not None else (start or 0)
             lag = None if end is None else max(0, end - position)
-            if lag:
-                behind[name] = position
-            pending.append((ps, name, start, end, committed, lag))
-        capped: dict[str, tuple[int, int]] = {}
-        times = position_times(client, layout, gt.topic, behind, timeout=timeout,
-                               capped=capped)
-        for ps, name, start, end, committed, lag in pending:
             msg_id = ps.offset.msg_id if ps.offset else None
-            t = times.get(name)
+            t = topic_times.get(name)
             lag_seconds = (0.0 if lag == 0 else None if t is None or lag is None
                            else round(max(0.0, now - t / 1000), 3))
             prev = before.get((gt.topic, name))
@@ -277,7 +321,7 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
                 state = "data lost"  # below the log start: retention deleted unread bytes
             elif lag is None:
                 state = "unknown"
-            elif name in capped:
+            elif name in topic_capped:
                 state = "over transfer cap"  # its broker never sends the message whole
             elif lag == 0:
                 state = "ok"
@@ -286,18 +330,19 @@ def describe_group(client: KazooClient, layout: Layout, group: str, *, interval:
             elif interval <= 0 or prev is None or committed is None:
                 state = "lagging"  # one sample: Burrow's rules need a window (--interval)
             else:
-                state = _burrow(client, layout, group, gt.topic, name, prev.offset, committed,
-                                topics_first.get(gt.topic, {}).get(name, (None, None))[1],
+                state = _burrow(client, layout, info.group, gt.topic, name, prev.offset,
+                                committed,
+                                (ends_first or {}).get(gt.topic, {}).get(name, (None, None))[1],
                                 end, lag, interval, now)
             rows.append(PartitionLag(topic=gt.topic, partition=name, owner=ps.owner,
                                      committed=committed, msg_id=msg_id, log_start=start,
                                      log_end=end, lag=lag, lag_seconds=lag_seconds,
                                      state=state,
                                      note=HELD_NOTE if ps.owner is None and gt.topic in held
-                                     else UNWRITTEN_NOTE if name in unwritten
-                                     else _cap_note(*capped[name]) if name in capped
-                                     else None))
-    return GroupReport(group=group, members=tuple(m.consumer_id for m in info.members),
+                                     else UNWRITTEN_NOTE if name in topic_unwritten
+                                     else _cap_note(*topic_capped[name])
+                                     if name in topic_capped else None))
+    return GroupReport(group=info.group, members=tuple(m.consumer_id for m in info.members),
                        partitions=tuple(rows), member_states=member_states(info))
 
 
@@ -363,14 +408,17 @@ _CAP_CHECK_FROM = 64 * 1024
 
 def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *,
                   to: str | int | tuple[str, int], timeout: float = 5.0,
-                  dry_run: bool = False) -> dict[str, tuple[int | None, int]]:
+                  dry_run: bool = False, partitions: Iterable[str] | None = None
+                  ) -> dict[str, tuple[int | None, int]]:
     """Set every partition's committed offset to ``earliest``, ``latest``, an offset,
     or ``("time", epoch_ms)``: the first message at or after that time, found by a
     search over each partition's log by msgId time (Java Metaq brokers too).
 
     Returns partition -> (committed offset before, or None, new offset); with
-    ``dry_run`` nothing is written.  Refused while the group has live members: a
-    running member would overwrite the reset with its own progress at its next commit.
+    ``dry_run`` nothing is written.  ``partitions`` (names such as ``"0-3"``) limits it
+    to those (the dashboard's "skip a partition's pending messages": ``to="latest"``).
+    Refused while the group has live members: a running member would overwrite the
+    reset with its own progress at its next commit.
     """
     members = client.get_children(layout.consumer_ids(group)) if client.exists(
         layout.consumer_ids(group)) else []
@@ -390,6 +438,13 @@ def reset_offsets(client: KazooClient, layout: Layout, group: str, topic: str, *
                for part, (start, end) in ends.items()}
     if not new:
         raise ConfigError(f"topic {topic!r} has no partitions in ZooKeeper")
+    if partitions is not None:
+        wanted = set(partitions)
+        if not wanted or wanted - set(new):
+            raise ConfigError(f"topic {topic!r} has no partition(s) "
+                              f"{sorted(wanted - set(new)) or '(none given)'}; "
+                              f"it has {sorted(new)}")
+        new = {part: value for part, value in new.items() if part in wanted}
     out: dict[str, tuple[int | None, int]] = {}
     for part, value in sorted(new.items()):
         if value is None:

@@ -28,6 +28,7 @@ FACES = [
     ("metaq.spark", "pyspark"),
     ("metaq.testing", None),
     ("metaq.prometheus", "prometheus_client"),
+    ("metaq.dashboard", "aiohttp"),
     ("zk_layout", None),
 ]
 

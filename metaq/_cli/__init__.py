@@ -36,6 +36,7 @@ _COMMAND_MODULES = [
     "metaq._cli.consume",
     "metaq._cli.produce",
     "metaq._cli.group",
+    "metaq._cli.dashboard",
     "metaq._cli.demo",
 ]
 
