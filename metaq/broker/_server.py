@@ -222,7 +222,16 @@ class BrokerServer:
 
     # -- requests --------------------------------------------------------------------------
     def handle(self, conn: Connection, reqs: list) -> None:
-        """Serve one read's requests in order."""
+        """Serve one read's requests in order; then answer the held gets its puts woke
+        (``HeldGets.flush``: a slave's held get leaves in this turn of the loop)."""
+        held = self.held
+        held.defer()
+        try:
+            self._handle(conn, reqs)
+        finally:
+            held.flush()
+
+    def _handle(self, conn: Connection, reqs: list) -> None:
         i = 0
         n = len(reqs)
         if self._idem_open:  # an idem mark's puts continue in this read (idempotent puts)
@@ -324,16 +333,19 @@ class BrokerServer:
                                                       self.config.max_message_size)
         self.stats["put_failed"] += failed
         data = b"".join(replies)
-        synced = None if role is None or not written else role.wait(written)
-        if synced is not None or (written and self.config.unflush_threshold == 0):
-            futs = [plog.request_flush() for plog in written] \
-                if self.config.unflush_threshold == 0 else []
+        group_commit = self.config.unflush_threshold == 0
+        # without group commit the slaves' wait is all there is: the replica set
+        # writes the answer itself the moment the last in-sync slave holds it
+        synced = None if role is None or not written else \
+            role.wait(written, None if group_commit else conn.drain)
+        if synced is not None or (written and group_commit):
+            futs = [plog.request_flush() for plog in written] if group_commit else []
             if synced is not None:
                 futs.append(synced)
             fut = futs[0] if len(futs) == 1 else asyncio.gather(*futs)
             opaques = (list(map(int, map(opaque_of, puts))) if tuples_only else
                        [int(p[4]) if type(p) is tuple else p.opaque for p in puts])
-            conn.send_gated(Gate(fut, data, opaques))
+            conn.send_gated(Gate(fut, data, opaques), notified=not group_commit)
         else:
             conn.send(data)
 

@@ -42,6 +42,7 @@ __all__ = [
     "name_problem",
     "token_text",
     "parse_topic",
+    "parse_group",
     "parse_int",
     "show",
 ]
@@ -146,6 +147,8 @@ class Value(NamedTuple):
 
 #: A topic's bytes as they appear in a request -> the checked topic (see :func:`parse_topic`).
 topic_cache: dict[bytes, str] = {}
+#: A group's bytes as they appear in a request -> the checked group (:func:`parse_group`).
+_group_cache: dict[bytes, str] = {}
 _topic_bytes_cache: dict[str, bytes] = {}
 
 
@@ -220,6 +223,18 @@ def parse_topic(tok: bytes) -> str:
             topic_cache.clear()
         topic_cache[bytes(tok)] = t
     return t
+
+
+def parse_group(tok: bytes) -> str:
+    """A request's group token, checked (:func:`check_group`) once per distinct token
+    (every ``get`` names one; a slave's and a consumer's are the same every time)."""
+    g = _group_cache.get(tok)
+    if g is None:
+        g = check_group(token_text(tok, "group"))
+        if len(_group_cache) > 4096:
+            _group_cache.clear()
+        _group_cache[bytes(tok)] = g
+    return g
 
 
 def parse_int(tok: bytes, what: str, lo: int, hi: int) -> int:

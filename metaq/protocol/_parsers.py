@@ -53,8 +53,8 @@ from metaq.protocol._commands import (
     SyncRequest,
     Value,
     VersionRequest,
-    check_group,
     name_problem,
+    parse_group,
     parse_int,
     parse_topic,
     show,
@@ -503,7 +503,7 @@ def _get_request(parts: list) -> GetRequest:
                             "<maxSize> <opaque> [hold=<ms>]'")
     hold = parts[7] if len(parts) > 7 else b""
     return GetRequest(
-        parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
+        parse_topic(parts[1]), parse_group(parts[2]),
         parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
         parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
         parse_int(parts[5], "maxSize", INT32_MIN, INT32_MAX),
@@ -517,7 +517,7 @@ def _offset_request(parts: list) -> OffsetRequest:
                             " [time=<ms>]'")
     time = parts[6] if len(parts) > 6 else b""
     return OffsetRequest(
-        parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
+        parse_topic(parts[1]), parse_group(parts[2]),
         parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
         parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
         parse_int(parts[5], "opaque", INT32_MIN, INT32_MAX),
