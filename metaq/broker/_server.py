@@ -46,6 +46,7 @@ from metaq.protocol import (
     CHECKSUM_MASK,
     HOLD_CAPABILITY,
     IDEMPOTENT_CAPABILITY,
+    RECORDS_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     BadRequest,
     GetRequest,
@@ -99,7 +100,8 @@ class BrokerServer:
             f" {cap}" for cap, offered in ((HOLD_CAPABILITY, config.max_hold > 0),
                                           (TIME_INDEX_CAPABILITY, config.time_index),
                                           (BOUNDARY_CAPABILITY, not config.java_tell_max_offset),
-                                          (IDEMPOTENT_CAPABILITY, config.idempotent))
+                                          (IDEMPOTENT_CAPABILITY, config.idempotent),
+                                          (RECORDS_CAPABILITY, config.idempotent))
             if offered)
         self._continue_ids()
         #: idempotent producers: per partition, the table of stored runs (``_producers``)
@@ -395,7 +397,7 @@ class BrokerServer:
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1
-        topic, _group, partition, offset, max_size, opaque, hold_ms = r
+        topic, _group, partition, offset, max_size, opaque, hold_ms, records = r
         if hold_ms:
             self.stats["get_hold_asked"] += 1
         if max_size <= 0:
@@ -456,6 +458,14 @@ class BrokerServer:
             conn.send(result(404, f"no message at offset {offset} (end {end})", opaque))
             return
         self.stats["get_bytes"] += s.length
+        if records is not None and self.config.idempotent:
+            # a slave's get (``+records``): the producer records of what it copies go
+            # first, so they are on their way before its next get counts it as holding
+            # their messages; none, no answer (``_idempotence``)
+            data = self.producers.table(plog).records_bytes(offset)
+            if data:
+                self.stats["cmd_producers"] += 1
+                conn.send(answer(data, records))
         conn.send_file(FileReply(encode_value_header(s.length, opaque), s, plog))
 
     def _continue_ids(self) -> None:

@@ -92,6 +92,10 @@ class GetRequest(NamedTuple):
     #: metaq-py's extension (``hold=<ms>`` after the opaque): how long the broker may
     #: hold a get that finds nothing new before it answers "no message"; 0 = a plain get
     hold_ms: int = 0
+    #: metaq-py's extension for slaves (``records=<opaque>`` after ``hold=``): the opaque
+    #: under which a ``+records`` master sends the producer records of what it serves,
+    #: right before the value (``_idempotence``); None: not asked
+    records: int | None = None
 
 
 class OffsetRequest(NamedTuple):
@@ -288,9 +292,15 @@ def _name_bytes(s: str, what: str) -> bytes:
 
 
 def encode_get(topic: str, group: str, partition: int, offset: int, max_size: int,
-               opaque: int, hold_ms: int = 0) -> bytes:
+               opaque: int, hold_ms: int = 0, records: int | None = None) -> bytes:
     """A ``get``; ``hold_ms`` > 0 adds metaq-py's ``hold=<ms>`` field (send it only to
-    a broker whose ``version`` answer lists the ``+hold`` capability)."""
+    a broker whose ``version`` answer lists the ``+hold`` capability); ``records``
+    adds ``records=<opaque>`` after it (only to a ``+records`` broker, see
+    ``_idempotence``)."""
+    if records is not None:
+        return b"get %b %b %d %d %d %d hold=%d records=%d\r\n" % (
+            _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size,
+            opaque, max(hold_ms, 0), records)
     if hold_ms > 0:
         return b"get %b %b %d %d %d %d hold=%d\r\n" % (
             _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size,
