@@ -8,12 +8,6 @@ moves (a put landed; with group commit, its fsync finished), or with the usual
 404 when its hold runs out.  A plain get, as every Java Metaq client sends it,
 is never held.
 
-A put's own read wakes its held gets as soon as the read is served (the server
-brackets each read with :meth:`HeldGets.defer` and :meth:`HeldGets.flush`): a
-slave's held get is answered in the same turn of the event loop as the put that
-woke it, not a turn later.  Moves of the readable end outside a read (an fsync
-done, the high watermark moving) wake them on the next turn.
-
 Costs: one small object and one timer handle of the event loop per held get; no
 thread and no polling.  A held get takes no place in its connection's ordered
 reply queue, so replies to later requests on the same connection are never
@@ -76,10 +70,6 @@ class HeldGets:
         self._by_log: dict[PartitionLog, dict[_Held, None]] = {}
         self._count = 0
         self._firing: set[PartitionLog] = set()
-        #: inside a read (:meth:`defer`): the logs whose readable end moved, answered
-        #: by :meth:`flush`
-        self._deferring = False
-        self._deferred: dict[PartitionLog, None] = {}
 
     def __len__(self) -> int:
         return self._count
@@ -105,28 +95,12 @@ class HeldGets:
         held.timer = asyncio.get_running_loop().call_later(seconds, self._expire, held)
         return True
 
-    def defer(self) -> None:
-        """A read's requests are being served: wake held gets at :meth:`flush`."""
-        self._deferring = True
-
-    def flush(self) -> None:
-        """The read is served: answer the held gets its puts woke (once per log)."""
-        self._deferring = False
-        if self._deferred:
-            logs, self._deferred = self._deferred, {}
-            for plog in logs:
-                self._fire(plog)
-
     def _readable(self, plog: PartitionLog) -> None:
         """(Called by the log, maybe inside a put) its readable end moved: answer its
-        held gets once the read being served is (:meth:`flush`), else on the next
-        turn of the loop, once for all puts of this turn."""
-        if plog in self._by_log:
-            if self._deferring:
-                self._deferred[plog] = None
-            elif plog not in self._firing:
-                self._firing.add(plog)
-                asyncio.get_running_loop().call_soon(self._fire, plog)
+        held gets on the next turn of the loop, once for all puts of this turn."""
+        if plog not in self._firing and plog in self._by_log:
+            self._firing.add(plog)
+            asyncio.get_running_loop().call_soon(self._fire, plog)
 
     def _fire(self, plog: PartitionLog) -> None:
         self._firing.discard(plog)

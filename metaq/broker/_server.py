@@ -224,16 +224,7 @@ class BrokerServer:
 
     # -- requests --------------------------------------------------------------------------
     def handle(self, conn: Connection, reqs: list) -> None:
-        """Serve one read's requests in order; then answer the held gets its puts woke
-        (``HeldGets.flush``: a slave's held get leaves in this turn of the loop)."""
-        held = self.held
-        held.defer()
-        try:
-            self._handle(conn, reqs)
-        finally:
-            held.flush()
-
-    def _handle(self, conn: Connection, reqs: list) -> None:
+        """Serve one read's requests in order."""
         i = 0
         n = len(reqs)
         if self._idem_open:  # an idem mark's puts continue in this read (idempotent puts)
