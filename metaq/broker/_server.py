@@ -453,7 +453,8 @@ class BrokerServer:
             # a slave's get (``+records``): the producer records of what it copies go
             # first, so they are on their way before its next get counts it as holding
             # their messages; none, no answer (``_idempotence``)
-            data = self.producers.table(plog).records_bytes(offset)
+            table = self.producers.table(plog)
+            data = table.records_bytes(offset) if table.pids else b""
             if data:
                 self.stats["cmd_producers"] += 1
                 conn.send(answer(data, records))
