@@ -8,7 +8,11 @@ group ``meta-slave-group-<N>``, held at the end when the master offers
 ``+hold``, polled every ``poll_delay`` otherwise, as from a Java master), append
 the whole messages of the reply with ``PartitionLog.append_copy`` (which checks
 every header and checksum), with group commit fsync before asking again (the
-next get's offset is what tells the master the slave holds it), repeat.
+next get's offset is what tells the master the slave holds it), repeat.  From a
+master with idempotent producers (``+idempotent``) it also stores their producer
+records: a ``+records`` master sends those of each chunk right before it (the get
+carries ``records=<opaque>``; none sent, none there), an older one is asked with
+``producers`` after each chunk (the request goes before the next get).
 
 What it reports instead of copying (``Follower.status``, ``stats``, a log line
 naming topic, partition and offset):
