@@ -197,9 +197,18 @@ class Connection(asyncio.Protocol):
         else:
             self.transport.write(data)
 
-    def send_gated(self, gate: Gate) -> None:
+    def send_gated(self, gate: Gate, *, notified: bool = False) -> None:
+        """Queue replies that wait for ``gate.fut``; ``notified``: whoever resolves it
+        calls :meth:`drain` right then (no callback of the future, a turn later)."""
         self._outq.append(gate)
-        gate.fut.add_done_callback(lambda _f: self._drain())
+        if not notified:
+            gate.fut.add_done_callback(lambda _f: self._drain())
+        elif gate.fut.done():
+            self._drain()
+
+    def drain(self) -> None:
+        """Write the queued replies that can go out now (a gate's wait ended)."""
+        self._drain()
 
     def send_file(self, item: FileReply) -> None:
         """Queue a ``value`` reply; its bytes are read from the log only when they can

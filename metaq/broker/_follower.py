@@ -8,7 +8,11 @@ group ``meta-slave-group-<N>``, held at the end when the master offers
 ``+hold``, polled every ``poll_delay`` otherwise, as from a Java master), append
 the whole messages of the reply with ``PartitionLog.append_copy`` (which checks
 every header and checksum), with group commit fsync before asking again (the
-next get's offset is what tells the master the slave holds it), repeat.
+next get's offset is what tells the master the slave holds it), repeat.  From a
+master with idempotent producers (``+idempotent``) it also stores their producer
+records: a ``+records`` master sends those of each chunk right before it (the get
+carries ``records=<opaque>``; none sent, none there), an older one is asked with
+``producers`` after each chunk (the request goes before the next get).
 
 What it reports instead of copying (``Follower.status``, ``stats``, a log line
 naming topic, partition and offset):
@@ -60,6 +64,7 @@ from metaq.protocol import (
     HOLD_CAPABILITY,
     IDEMPOTENT_CAPABILITY,
     OPAQUE_MASK,
+    RECORDS_CAPABILITY,
     TXLOG_CAPABILITY,
     WATERMARK_CAPABILITY,
     ReplyParser,
@@ -136,6 +141,17 @@ class _MasterLink(asyncio.Protocol):
         self.transport.write(encode(opaque))
         return fut
 
+    def expect(self) -> tuple[int, asyncio.Future]:
+        """An opaque for a reply that may come or not (``records=``), and its future;
+        :meth:`forget` it once it can no longer come."""
+        opaque = next(self.opaques) & OPAQUE_MASK
+        fut = asyncio.get_running_loop().create_future()
+        self.pending[opaque] = fut
+        return opaque, fut
+
+    def forget(self, opaque: int) -> None:
+        self.pending.pop(opaque, None)
+
     def close(self) -> None:
         self._fail(ConnectionClosedError("follower stopped", address=self.address))
 
@@ -145,7 +161,7 @@ class PartitionCopy:
 
     __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
                  "caught_up_at", "task", "max_size", "below_since", "records_to",
-                 "applying")
+                 "applying", "pushed")
 
     def __init__(self, plog: PartitionLog, max_size: int) -> None:
         self.plog = plog
@@ -162,6 +178,9 @@ class PartitionCopy:
         #: waiting for the producer records of what it copied (``Follower.stop`` lets
         #: that finish: the master may already count the copy as held)
         self.applying = False
+        #: the get in flight asked a ``+records`` master for its records: (the link,
+        #: the opaque, the future their answer resolves if there are any)
+        self.pushed: tuple[_MasterLink, int, asyncio.Future] | None = None
         #: when an unflushed Java master's max offset was first seen below this end
         self.below_since: float | None = None
 
@@ -348,6 +367,7 @@ class Follower:
                 continue
             if ahead_on is not link:  # sent on a connection since replaced: drop it
                 ahead = ahead_on = None
+                copy.pushed = None
             offset = plog.end
             hold = self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0
             try:
@@ -374,11 +394,15 @@ class Follower:
                 reply, ahead = await ahead, None
             except BrokerUnavailableError:
                 ahead = ahead_on = None
+                copy.pushed = None
                 if self._link is link:  # the connector reconnects; wait for it
                     self._link = None
                     self._linked.clear()
                 await asyncio.sleep(0)
                 continue
+            pushed, copy.pushed = copy.pushed, None
+            if pushed is not None:  # its records, if any, came before the reply
+                pushed[0].forget(pushed[1])
             if type(reply) is Value or reply.code != 301:
                 copy.below_since = None
             if type(reply) is Value:
@@ -386,6 +410,14 @@ class Follower:
                     if copy.state == "diverged":
                         return
                     await asyncio.sleep(self.retry_delay)
+                elif pushed is not None:
+                    # the records of what we copied came right before it (``+records``):
+                    # the next get goes first, then they are stored
+                    upto = plog.end
+                    ahead, ahead_on = self._get(link, copy, upto, hold), link
+                    ahead.add_done_callback(_retrieved)
+                    if self._pushed_records(copy, pushed[2]):
+                        copy.records_to = upto
                 elif self.apply_records is not None \
                         and IDEMPOTENT_CAPABILITY in link.capabilities:
                     # the idempotent producers' records of what we just copied (a master
@@ -418,14 +450,26 @@ class Follower:
     def _get(self, link: _MasterLink, copy: PartitionCopy, offset: int,
              hold: int) -> asyncio.Future:
         plog = copy.plog
+        if self.apply_records is not None and RECORDS_CAPABILITY in link.capabilities \
+                and IDEMPOTENT_CAPABILITY in link.capabilities:
+            records, fut = link.expect()
+            copy.pushed = (link, records, fut)
+            return link.request(lambda o: encode_get(plog.topic, self.group, plog.partition,
+                                                     offset, copy.max_size, o, hold, records))
         return link.request(lambda o: encode_get(plog.topic, self.group, plog.partition,
                                                  offset, copy.max_size, o, hold))
+
+    def _pushed_records(self, copy: PartitionCopy, fut: asyncio.Future) -> bool:
+        """Store the records a ``+records`` master sent before the value just copied
+        (not done: it had none for it); False when they are damaged or not stored."""
+        if not fut.done() or fut.cancelled() or fut.exception() is not None:
+            return True
+        return self._store_records(copy, fut.result())
 
     async def _apply_records(self, copy: PartitionCopy, records: asyncio.Future) -> bool:
         """Store the master's producer records whose messages this log now holds (a
         promoted slave then still answers a resent idempotent put with its first place);
         False when they did not come."""
-        plog = copy.plog
         copy.applying = True
         try:
             reply = await records
@@ -433,6 +477,12 @@ class Follower:
             return False  # asked again on the next connection
         finally:
             copy.applying = False
+        return self._store_records(copy, reply)
+
+    def _store_records(self, copy: PartitionCopy, reply: object) -> bool:
+        """Store the producer records of a ``producers`` answer; False when it is not
+        one, or they are damaged or not stored."""
+        plog = copy.plog
         if type(reply) is not Result or reply.code != 200:
             return False
         found, used = decode_producer_records(reply.body)

@@ -112,6 +112,7 @@ class ReplicaSet:
         self._update_watermarks()               # moves them out
         self._writing: Future | None = None
         self._leaving: set[int] = set()   # leave memory once ZooKeeper no longer lists them
+        #: per log, the puts waiting: (the end they wait for, future, on_done)
         self._waiters: dict[PartitionLog, collections.deque] = {}
         self.failed: BaseException | None = None
         #: the transactions' feed (``_txfeed.TxFeed``): its waits follow the in-sync
@@ -170,27 +171,45 @@ class ReplicaSet:
             return "no slave is in sync (no_in_sync = refuse)"
         return None
 
-    def wait(self, plogs: list[PartitionLog]) -> asyncio.Future | None:
+    def wait(self, plogs: list[PartitionLog], on_done: Callable[[], None] | None = None
+             ) -> asyncio.Future | None:
         """A future done when every in-sync slave holds each log up to its current
-        end; None when nothing needs waiting for (async mode, or nobody in sync)."""
+        end; None when nothing needs waiting for (async mode, or nobody in sync).
+
+        ``on_done`` (the waiting put's connection writing what it can) is called
+        right where the future is resolved, for a wait on one log: in the call
+        that records the slave's position, so the acknowledgement leaves in the
+        same turn of the event loop as the slave's get (a future's own callbacks
+        run a turn later).  For several logs it is the gathered future's callback."""
         if self.mode != "sync":
             return None
         if not self.in_sync:
             self.stats["replication_alone"] += 1
             return None
         loop = asyncio.get_running_loop()
-        futs = []
-        for plog in plogs:
+        self.stats["replication_waits"] += 1
+        if len(plogs) == 1:
+            plog = plogs[0]
             fut = loop.create_future()
-            end = plog.end
             q = self._waiters.get(plog)
             if q is None:
                 q = self._waiters[plog] = collections.deque()
-            q.append((end, fut))
+            q.append((plog.end, fut, on_done))
+            self._release(plog)
+            return fut
+        futs = []
+        for plog in plogs:
+            fut = loop.create_future()
+            q = self._waiters.get(plog)
+            if q is None:
+                q = self._waiters[plog] = collections.deque()
+            q.append((plog.end, fut, None))
             futs.append(fut)
             self._release(plog)
-        self.stats["replication_waits"] += 1
-        return futs[0] if len(futs) == 1 else asyncio.gather(*futs)
+        gathered = asyncio.gather(*futs)
+        if on_done is not None:
+            gathered.add_done_callback(lambda _f: on_done())
+        return gathered
 
     def _release(self, plog: PartitionLog) -> None:
         q = self._waiters.get(plog)
@@ -199,9 +218,11 @@ class ReplicaSet:
         low = min((self.replicas[r].positions.get(plog, -1) for r in self.in_sync),
                   default=None)
         while q and (low is None or q[0][0] <= low):
-            _end, fut = q.popleft()
+            _end, fut, on_done = q.popleft()
             if not fut.done():
                 fut.set_result(None)
+            if on_done is not None:
+                _notify(on_done)
 
     # -- the high watermark ----------------------------------------------------------------
     def _update_watermark(self, plog: PartitionLog) -> None:
@@ -237,10 +258,12 @@ class ReplicaSet:
             self.watermarks.close()
         for q in self._waiters.values():
             while q:
-                _end, fut = q.popleft()
+                _end, fut, on_done = q.popleft()
                 if not fut.done():
                     fut.set_exception(NotReplicatedError(str(err)))
                     fut.exception()
+                if on_done is not None:
+                    _notify(on_done)
         self._waiters.clear()
 
     # -- the periodic check ----------------------------------------------------------------
@@ -327,3 +350,12 @@ class ReplicaSet:
                         "lag_seconds": round(worst_secs, 3),
                         "last_fetch_seconds": round(now - rep.last_fetch, 3)})
         return out
+
+
+def _notify(on_done: Callable[[], None]) -> None:
+    """Tell a waiting put its wait ended (its connection writes its answer); a failure
+    there is its connection's, never the caller's (a slave's get being served)."""
+    try:
+        on_done()
+    except Exception:
+        log.exception("answering a put whose replication wait ended failed")

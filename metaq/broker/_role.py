@@ -178,10 +178,12 @@ class Role:
         return self.replicas.refusal if self.replicas is not None else None
 
     # -- the data path (event loop) ---------------------------------------------------------
-    def wait(self, written: list) -> asyncio.Future | None:
-        """(Master, after a put) what its acknowledgement waits for, or None."""
+    def wait(self, written: list, on_done: Callable[[], None] | None = None
+             ) -> asyncio.Future | None:
+        """(Master, after a put) what its acknowledgement waits for, or None
+        (``on_done``: see ``ReplicaSet.wait``)."""
         replicas = self.replicas
-        return None if replicas is None else replicas.wait(written)
+        return None if replicas is None else replicas.wait(written, on_done)
 
     def fetched(self, replica: int, plog: object, offset: int) -> None:
         """(Master) a slave's get: it holds ``plog`` below ``offset``."""

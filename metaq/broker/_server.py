@@ -46,6 +46,7 @@ from metaq.protocol import (
     CHECKSUM_MASK,
     HOLD_CAPABILITY,
     IDEMPOTENT_CAPABILITY,
+    RECORDS_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     TXLOG_CAPABILITY,
     WATERMARK_CAPABILITY,
@@ -104,6 +105,7 @@ class BrokerServer:
                                           (TIME_INDEX_CAPABILITY, config.time_index),
                                           (BOUNDARY_CAPABILITY, not config.java_tell_max_offset),
                                           (IDEMPOTENT_CAPABILITY, config.idempotent),
+                                          (RECORDS_CAPABILITY, config.idempotent),
                                           (TXLOG_CAPABILITY, True),
                                           (WATERMARK_CAPABILITY, True))
             if offered)
@@ -348,16 +350,19 @@ class BrokerServer:
                                                       self.config.max_message_size)
         self.stats["put_failed"] += failed
         data = b"".join(replies)
-        synced = None if role is None or not written else role.wait(written)
-        if synced is not None or (written and self.config.unflush_threshold == 0):
-            futs = [plog.request_flush() for plog in written] \
-                if self.config.unflush_threshold == 0 else []
+        group_commit = self.config.unflush_threshold == 0
+        # without group commit the slaves' wait is all there is: the replica set
+        # writes the answer itself the moment the last in-sync slave holds it
+        synced = None if role is None or not written else \
+            role.wait(written, None if group_commit else conn.drain)
+        if synced is not None or (written and group_commit):
+            futs = [plog.request_flush() for plog in written] if group_commit else []
             if synced is not None:
                 futs.append(synced)
             fut = futs[0] if len(futs) == 1 else asyncio.gather(*futs)
             opaques = (list(map(int, map(opaque_of, puts))) if tuples_only else
                        [int(p[4]) if type(p) is tuple else p.opaque for p in puts])
-            conn.send_gated(Gate(fut, data, opaques))
+            conn.send_gated(Gate(fut, data, opaques), notified=not group_commit)
         else:
             conn.send(data)
 
@@ -407,7 +412,7 @@ class BrokerServer:
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1
-        topic, _group, partition, offset, max_size, opaque, hold_ms = r
+        topic, _group, partition, offset, max_size, opaque, hold_ms, records = r
         if hold_ms:
             self.stats["get_hold_asked"] += 1
         if max_size <= 0:
@@ -468,6 +473,15 @@ class BrokerServer:
             conn.send(result(404, f"no message at offset {offset} (end {end})", opaque))
             return
         self.stats["get_bytes"] += s.length
+        if records is not None and self.config.idempotent:
+            # a slave's get (``+records``): the producer records of what it copies go
+            # first, so they are on their way before its next get counts it as holding
+            # their messages; none, no answer (``_idempotence``)
+            table = self.producers.table(plog)
+            data = table.records_bytes(offset) if table.pids else b""
+            if data:
+                self.stats["cmd_producers"] += 1
+                conn.send(answer(data, records))
         conn.send_file(FileReply(encode_value_header(s.length, opaque), s, plog))
 
     def _continue_ids(self) -> None:

@@ -64,6 +64,7 @@ from metaq.protocol._constants import (
     MSG_ID_EPOCH_MS,
     OPAQUE_MASK,
     QUIT,
+    RECORDS_CAPABILITY,
     REPLICA_GROUP,
     TIME_INDEX_CAPABILITY,
     is_unwritten_partition,
@@ -182,7 +183,8 @@ __all__ = [
     "WATERMARK_CAPABILITY", "WATERMARK_HEAD", "WatermarkRequest", "decode_watermark_body",
     "encode_watermark_body", "encode_watermarks",
     # idempotent puts
-    "IDEMPOTENT_CAPABILITY", "IdemMark", "ProducersRequest", "ProducerRecord", "RECORD_SIZE",
+    "IDEMPOTENT_CAPABILITY", "RECORDS_CAPABILITY", "IdemMark", "ProducersRequest",
+    "ProducerRecord", "RECORD_SIZE",
     "GAP_CODE", "TOO_OLD_CODE", "encode_idem_mark", "encode_producers",
     "encode_producer_records", "decode_producer_records",
 ]

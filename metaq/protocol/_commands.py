@@ -42,6 +42,7 @@ __all__ = [
     "name_problem",
     "token_text",
     "parse_topic",
+    "parse_group",
     "parse_int",
     "show",
 ]
@@ -91,6 +92,10 @@ class GetRequest(NamedTuple):
     #: metaq-py's extension (``hold=<ms>`` after the opaque): how long the broker may
     #: hold a get that finds nothing new before it answers "no message"; 0 = a plain get
     hold_ms: int = 0
+    #: metaq-py's extension for slaves (``records=<opaque>`` after ``hold=``): the opaque
+    #: under which a ``+records`` master sends the producer records of what it serves,
+    #: right before the value (``_idempotence``); None: not asked
+    records: int | None = None
 
 
 class OffsetRequest(NamedTuple):
@@ -146,6 +151,8 @@ class Value(NamedTuple):
 
 #: A topic's bytes as they appear in a request -> the checked topic (see :func:`parse_topic`).
 topic_cache: dict[bytes, str] = {}
+#: A group's bytes as they appear in a request -> the checked group (:func:`parse_group`).
+_group_cache: dict[bytes, str] = {}
 _topic_bytes_cache: dict[str, bytes] = {}
 
 
@@ -222,6 +229,18 @@ def parse_topic(tok: bytes) -> str:
     return t
 
 
+def parse_group(tok: bytes) -> str:
+    """A request's group token, checked (:func:`check_group`) once per distinct token
+    (every ``get`` names one; a slave's and a consumer's are the same every time)."""
+    g = _group_cache.get(tok)
+    if g is None:
+        g = check_group(token_text(tok, "group"))
+        if len(_group_cache) > 4096:
+            _group_cache.clear()
+        _group_cache[bytes(tok)] = g
+    return g
+
+
 def parse_int(tok: bytes, what: str, lo: int, hi: int) -> int:
     """A decimal token in ``lo..hi``; ProtocolError naming ``what`` otherwise."""
     if len(tok) <= 20 and (tok.isdigit() or (tok[:1] == b"-" and tok[1:].isdigit())):
@@ -273,9 +292,15 @@ def _name_bytes(s: str, what: str) -> bytes:
 
 
 def encode_get(topic: str, group: str, partition: int, offset: int, max_size: int,
-               opaque: int, hold_ms: int = 0) -> bytes:
+               opaque: int, hold_ms: int = 0, records: int | None = None) -> bytes:
     """A ``get``; ``hold_ms`` > 0 adds metaq-py's ``hold=<ms>`` field (send it only to
-    a broker whose ``version`` answer lists the ``+hold`` capability)."""
+    a broker whose ``version`` answer lists the ``+hold`` capability); ``records``
+    adds ``records=<opaque>`` after it (only to a ``+records`` broker, see
+    ``_idempotence``)."""
+    if records is not None:
+        return b"get %b %b %d %d %d %d hold=%d records=%d\r\n" % (
+            _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size,
+            opaque, max(hold_ms, 0), records)
     if hold_ms > 0:
         return b"get %b %b %d %d %d %d hold=%d\r\n" % (
             _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size,

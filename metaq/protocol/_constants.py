@@ -33,6 +33,7 @@ __all__ = [
     "TIME_INDEX_CAPABILITY",
     "BOUNDARY_CAPABILITY",
     "IDEMPOTENT_CAPABILITY",
+    "RECORDS_CAPABILITY",
     "unwritten_partition_text",
     "is_unwritten_partition",
 ]
@@ -122,3 +123,7 @@ def is_unwritten_partition(text: str) -> bool:
 #: Token in a broker's ``version`` answer saying it reads the ``idem`` mark before puts
 #: and stores a resent put once (metaq-py's idempotent producer; ``_idempotence``).
 IDEMPOTENT_CAPABILITY = "+idempotent"
+#: Token in a broker's ``version`` answer saying it answers a slave's ``get ...
+#: records=<opaque>`` with the producer records of what it serves, under that opaque,
+#: right before the ``value`` (only when there are any; ``_idempotence``).
+RECORDS_CAPABILITY = "+records"

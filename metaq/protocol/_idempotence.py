@@ -44,6 +44,15 @@ messages are ``count`` whole messages at log offsets ``start..end``
 before it.  The same records, the same bytes, make the
 journal ``producers.jnl`` in each partition directory.
 
+A slave copying a master that also lists :data:`RECORDS_CAPABILITY` (``+records``)
+does without that request on its data path: it adds ``records=<opaque>`` to its
+``get`` (after ``hold=<ms>``, see :func:`~metaq.protocol.encode_get`), and the master,
+right before the ``value`` answering that get, writes the ``producers`` answer for
+the get's offset under that opaque, when it holds any such record.  No answer before
+the ``value`` means no record: the plain-put path costs no request and no answer,
+and a record always reaches the slave before the get that tells the master it holds
+the record's messages.
+
 Transactions (puts with a transaction key) are not covered: a mark covers plain puts
 only, and its run ends at any other request (a transactional put, a ``get``...); such
 a request is served as Metaq serves it.

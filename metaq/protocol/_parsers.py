@@ -55,8 +55,8 @@ from metaq.protocol._commands import (
     SyncRequest,
     Value,
     VersionRequest,
-    check_group,
     name_problem,
+    parse_group,
     parse_int,
     parse_topic,
     show,
@@ -505,15 +505,18 @@ class RequestParser(_Buffered):
 def _get_request(parts: list) -> GetRequest:
     if len(parts) < 7:
         raise ProtocolError("expected 'get <topic> <group> <partition> <offset> "
-                            "<maxSize> <opaque> [hold=<ms>]'")
+                            "<maxSize> <opaque> [hold=<ms> [records=<opaque>]]'")
     hold = parts[7] if len(parts) > 7 else b""
+    records = parts[8] if len(parts) > 8 and hold[:5] == b"hold=" else b""
     return GetRequest(
-        parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
+        parse_topic(parts[1]), parse_group(parts[2]),
         parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
         parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
         parse_int(parts[5], "maxSize", INT32_MIN, INT32_MAX),
         parse_int(parts[6], "opaque", INT32_MIN, INT32_MAX),
-        parse_int(hold[5:], "hold", 0, INT32_MAX) if hold[:5] == b"hold=" else 0)
+        parse_int(hold[5:], "hold", 0, INT32_MAX) if hold[:5] == b"hold=" else 0,
+        parse_int(records[8:], "records", INT32_MIN, INT32_MAX)
+        if records[:8] == b"records=" else None)
 
 
 def _offset_request(parts: list) -> OffsetRequest:
@@ -522,7 +525,7 @@ def _offset_request(parts: list) -> OffsetRequest:
                             " [time=<ms>]'")
     time = parts[6] if len(parts) > 6 else b""
     return OffsetRequest(
-        parse_topic(parts[1]), check_group(token_text(parts[2], "group")),
+        parse_topic(parts[1]), parse_group(parts[2]),
         parse_int(parts[3], "partition", INT32_MIN, INT32_MAX),
         parse_int(parts[4], "offset", INT64_MIN, INT64_MAX),
         parse_int(parts[5], "opaque", INT32_MIN, INT32_MAX),

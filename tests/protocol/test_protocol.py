@@ -62,6 +62,8 @@ def test_exact_bytes():
     assert encode_put("t", 3, b"abc", 1, 99, 7) == b"put t 3 3 1 99 7\r\nabc"
     assert encode_put("t", -1, b"", 0, 0, 8, tx_key="tx1") == b"put t -1 0 0 0 tx1 8\r\n"
     assert encode_get("t", "g", 0, 4096, 1024, 9) == b"get t g 0 4096 1024 9\r\n"
+    assert encode_get("t", "g", 0, 4096, 1024, 9, 500, 10) == \
+        b"get t g 0 4096 1024 9 hold=500 records=10\r\n"
     assert encode_offset("t", "g", 1, 5, 10) == b"offset t g 1 5 10\r\n"
     assert encode_offset("t", "g", 1, 0, 10, 1_700_000_000_000) == \
         b"offset t g 1 0 10 time=1700000000000\r\n"
@@ -85,7 +87,8 @@ requests = st.one_of(
               names, int32, st.binary(max_size=200), int32, st.integers(0, 2**31 - 1),
               st.one_of(st.none(), names), int32),
     st.builds(GetRequest, names, names, int32, int64, int32, int32,
-              st.one_of(st.just(0), st.integers(1, 2**31 - 1))),
+              st.one_of(st.just(0), st.integers(1, 2**31 - 1)),
+              st.one_of(st.none(), int32)),
     st.builds(OffsetRequest, names, names, int32, int64, int32,
               st.one_of(st.just(-1), st.integers(0, 2**63 - 1))),
     st.builds(StatsRequest, st.one_of(st.none(), names), int32),
@@ -99,7 +102,7 @@ def encode_request(r) -> bytes:
         return encode_put(r.topic, r.partition, r.payload, r.flag, r.checksum, r.opaque, r.tx_key)
     if isinstance(r, GetRequest):
         return encode_get(r.topic, r.group, r.partition, r.offset, r.max_size, r.opaque,
-                          r.hold_ms)
+                          r.hold_ms, r.records)
     if isinstance(r, OffsetRequest):
         return encode_offset(r.topic, r.group, r.partition, r.offset, r.opaque, r.time_ms)
     if isinstance(r, StatsRequest):
@@ -453,6 +456,11 @@ JAVA_FORMS = [
     (b"get t g 0 0 100 7 a b c\r\n", GetRequest("t", "g", 0, 0, 100, 7)),
     (b"get t g 0 0 100 7 hold=50 extra\r\n", GetRequest("t", "g", 0, 0, 100, 7, 50)),
     (b"get t g 0 0 100 7 extra hold=50\r\n", GetRequest("t", "g", 0, 0, 100, 7, 0)),
+    # a slave's records=<opaque> (``+records``): right after hold=, else ignored
+    (b"get t g 0 0 100 7 hold=50 records=-3\r\n", GetRequest("t", "g", 0, 0, 100, 7, 50, -3)),
+    (b"get t g 0 0 100 7 hold=0 records=9 x\r\n", GetRequest("t", "g", 0, 0, 100, 7, 0, 9)),
+    (b"get t g 0 0 100 7 records=9\r\n", GetRequest("t", "g", 0, 0, 100, 7)),
+    (b"get t g 0 0 100 7 hold=5 x records=9\r\n", GetRequest("t", "g", 0, 0, 100, 7, 5)),
     (b"offset t g 1 5 7 extra\r\n", OffsetRequest("t", "g", 1, 5, 7)),
     (b"offset t g 1 5 7 time=9 extra\r\n", OffsetRequest("t", "g", 1, 5, 7, 9)),
     (b"offset t g 1 5 7 \r\n", OffsetRequest("t", "g", 1, 5, 7)),
