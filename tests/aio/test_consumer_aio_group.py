@@ -135,7 +135,6 @@ async def test_rebalance_with_coroutines_in_flight_commits_only_finished(
 @pytest.mark.asyncio
 async def test_a_group_of_async_and_threaded_members(zk_connect, broker_factory, tmp_path):
     broker_factory({TOPIC: 4}, zk_connect=zk_connect)
-    produce(zk_connect, 300)
     got_a: list = []
     got_t: list = []
     lock = threading.Lock()
@@ -156,6 +155,9 @@ async def test_a_group_of_async_and_threaded_members(zk_connect, broker_factory,
         try:
             await until(lambda: len(a.assignment().get(TOPIC, [])) == 2 and
                         len(threaded.assignment().get(TOPIC, [])) == 2, what="2 + 2")
+            # sent once both hold their share: a member that started first cannot have
+            # read them all before the other joined
+            await asyncio.to_thread(produce, zk_connect, 300)
             await until(lambda: len(got_a) + len(got_t) == 300, what="all 300")
             assert got_a and got_t
             assert not {p for p, *_ in got_a} & {p for p, *_ in got_t}
