@@ -158,8 +158,9 @@ def test_our_slave_follows_a_java_master(server, zk_connect, broker_factory, tmp
         sent[TOPIC] += send_concurrently(producer, TOPIC, "during", 4, 400)
         sent[LATE] += send(producer, LATE, "late", 50)
         same_messages(slave)
-        copies = slave.replication_status()["copies"]
-        assert {c["state"] for c in copies} == {"caught-up"}, copies
+        # caught up once its next get past the end finds nothing new (a poll later)
+        wait(lambda: {c["state"] for c in slave.replication_status()["copies"]}
+             == {"caught-up"}, "every copy to report caught-up", slave)
         told = [line for line in jb.log_text().splitlines()
                 if TELL_MAX_OFFSET in line and "group=meta-slave-group-" in line]
         print(f"the Java master answered the slave 301 (max offset below the slave's end, "
