@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from helpers.audit import OwnerAudit
+from helpers.group_nodes import owners as group_owners
 from kazoo.client import KazooClient
 
 from metaq import ConfigError, DuplicateInstanceError, MessageConsumer
@@ -62,14 +63,7 @@ def member(zk_connect: str, instance: str | None, **kw) -> MessageConsumer:
 
 
 def owners(zk_client: KazooClient) -> dict[str, str]:
-    d = L.owners_dir(GROUP, TOPIC)
-    out = {}
-    for p in zk_client.get_children(d) if zk_client.exists(d) else []:
-        try:
-            out[p] = zk_client.get(f"{d}/{p}")[0].decode()
-        except Exception:  # noqa: BLE001 - released while we read
-            pass
-    return out
+    return group_owners(zk_client, GROUP, TOPIC, L)
 
 
 def plan(ids: list[str]) -> dict[str, list[str]]:

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
+from helpers.group_nodes import owners as group_owners
 from helpers.java_client import JavaClient, JavaProc
 from helpers.procs import BrokerProc, read_partition
 from java_stub_broker import StubBroker
@@ -451,17 +452,10 @@ def test_new_java_member_after_kill9_always_receives(zk_connect, zk_client, brok
     member's uncommitted progress is delivered again)."""
     broker = brokers(0, {MIXED_TOPIC: MIXED_PARTS})
     layout = Layout("/meta")
-    owners_dir = layout.owners_dir(MIXED_GROUP, MIXED_TOPIC)
     py_id, half = f"{MIXED_GROUP}_py", MIXED_PARTS // 2
 
     def owners() -> dict[str, str]:
-        out = {}
-        for p in zk_client.get_children(owners_dir) if zk_client.exists(owners_dir) else []:
-            try:
-                out[p] = zk_client.get(f"{owners_dir}/{p}")[0].decode()
-            except NoNodeError:
-                pass
-        return out
+        return group_owners(zk_client, MIXED_GROUP, MIXED_TOPIC, layout)
 
     def members() -> list[str]:
         path = layout.consumer_ids(MIXED_GROUP)

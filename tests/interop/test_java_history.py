@@ -12,8 +12,8 @@ from __future__ import annotations
 import threading
 
 import pytest
+from helpers.group_nodes import owners as group_owners
 from helpers.java_client import JavaProc, JavaRunner
-from kazoo.exceptions import NoNodeError
 from test_java_client import events
 
 from metaq import MessageConsumer, Producer
@@ -52,16 +52,9 @@ class Member:
 def test_java_member_is_undisturbed_by_the_history_nodes(zk_connect, zk_client, brokers,
                                                          java: JavaRunner) -> None:  # noqa: F811
     brokers(0, {TOPIC: PARTS})
-    owners_dir = L.owners_dir(GROUP, TOPIC)
 
     def owners() -> dict[str, str]:
-        out = {}
-        for p in zk_client.get_children(owners_dir) if zk_client.exists(owners_dir) else []:
-            try:
-                out[p] = zk_client.get(f"{owners_dir}/{p}")[0].decode()
-            except NoNodeError:
-                pass
-        return out
+        return group_owners(zk_client, GROUP, TOPIC, L)
 
     def records(cid: str, trigger: str):  # noqa: ANN202
         return [r for r in read_history(zk_client, L, GROUP)
