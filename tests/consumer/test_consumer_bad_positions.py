@@ -9,6 +9,7 @@ import sys
 import threading
 
 import pytest
+from helpers.faults import fail_next_rebalance
 from kazoo.exceptions import NoNodeError
 
 from metaq import (
@@ -160,17 +161,7 @@ def test_a_failing_coordinator_leaves_the_group_and_rejoins(zk_connect, loaded, 
     with a, b:
         a.start()
         assert a.wait_settled(30) and len(a.assignment()[TOPIC]) == 2
-        real = a._coordinator._strategy
-        calls = {"n": 0}
-
-        def once(*args, **kw):  # noqa: ANN002, ANN003, ANN202
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise RuntimeError("injected coordinator bug")
-            return real(*args, **kw)
-
-        once.uses_previous = real.uses_previous
-        monkeypatch.setattr(a._coordinator, "_strategy", once)
+        calls = fail_next_rebalance(a, monkeypatch)
         b.start()  # a's watch fires; its rebalance fails
         wait_until(lambda: any(isinstance(e, MemberFailedError) for e in errors), 30,
                    what="a's failure reported")

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers.faults import fail_next_rebalance
 from kazoo.client import KazooClient
 
 from metaq import ConfigError, MessageConsumer
@@ -444,17 +445,7 @@ def test_a_failed_member_records_leaving_and_rejoining(zk_connect, zk_client, mo
     try:
         a.start()
         wait_until(lambda: settled([a], parts(n=2)), timeout=20, what="a settled")
-        real = a._coordinator._strategy
-        calls = {"n": 0}
-
-        def once(*args, **kw):  # noqa: ANN002, ANN003, ANN202
-            calls["n"] += 1
-            if calls["n"] == 1:
-                raise RuntimeError("injected coordinator bug")
-            return real(*args, **kw)
-
-        once.uses_previous = real.uses_previous
-        monkeypatch.setattr(a._coordinator, "_strategy", once)
+        fail_next_rebalance(a, monkeypatch)
         b.start()  # a's rebalance fails: it leaves, then rejoins after a backoff
         failed = wait_record(zk_client, "hg_a", "failed")
         assert "injected coordinator bug" in failed.detail
