@@ -55,7 +55,7 @@ __all__ = [
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
 #: ``.so`` left next to newer sources) is ignored rather than misused.
-EXPECTED_VERSION = 5
+EXPECTED_VERSION = 6
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -398,10 +398,13 @@ else:
 # ----------------------------------------------------------------------------------
 
 
-# put <topic> <partition> <len> <flag> <checksum> <opaque>\r\n: the grammar of the C loop
+# put <topic> <partition> <len> <flag> [<checksum>] <opaque>\r\n: the grammar of the C loop
 # (``-?[0-9]{1,10}`` numbers, the sign only where Metaq allows one, a topic of 1..255
-# bytes without space or line break); group 1 is the key ``b"<topic> <partition>"``.
-_PUT_NUMBERS = rb" ([0-9]{1,10}) (-?[0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10})\r\n"
+# bytes without space or line break); group 1 is the key ``b"<topic> <partition>"``;
+# groups 4 and 5 are the checksum and the opaque, or (6 fields, no checksum: Java's
+# legacy form) the opaque and None.
+_PUT_NUMBERS = (rb" ([0-9]{1,10}) (-?[0-9]{1,10}) (-?[0-9]{1,10})(?: (-?[0-9]{1,10}))?"
+                rb"\r\n")
 _PUT = re.compile(rb"put ([^ \r\n]{1,255} -?[0-9]{1,10})" + _PUT_NUMBERS).match
 _KEYED_PUTS: dict[bytes, object] = {}
 
@@ -422,14 +425,15 @@ def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload
                      out: list) -> int:
     """The broker's put loop (``fast_puts`` of ``_speedups.c``), in Python.
 
-    From ``pos``, every whole ``put <topic> <part> <len> <flag> <checksum> <opaque>\\r\\n
+    From ``pos``, every whole ``put <topic> <part> <len> <flag> [<checksum>] <opaque>\\r\\n
     <payload>`` whose ``b"<topic> <part>"`` maps to a target other than None in ``fast``
     becomes the tuple ``(target, length, flag, checksum, opaque_token, payload)``
-    appended to ``out`` (the opaque as its decimal bytes, ready to echo); the loop
-    stops at the first request that is anything else (a put cut short, over
-    ``max_payload``, with a number out of the int32 range, with a transaction key, to
-    an unknown partition, another command) and returns where, for the general parser
-    to take it from there.  Numbers of at most 9 digits are in range without a check;
+    appended to ``out`` (the opaque as its decimal bytes, ready to echo; the checksum
+    -1 when the put has none, 6 fields, Java's legacy form); the loop stops at the
+    first request that is anything else (a put cut short, over ``max_payload``, with
+    a number out of the int32 range, with a transaction key, to an unknown
+    partition, another command) and returns where, for the general parser to take
+    it from there.  Numbers of at most 9 digits are in range without a check;
     after two puts in a row to one partition, a pattern for that partition is tried
     first (the general one again when it fails).
     """
@@ -448,6 +452,8 @@ def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload
             match = general
             continue
         key, length, flag, check, opaque = m.groups()
+        if opaque is None:  # 6 fields: no checksum (-1, "not computed", as Java's)
+            check, opaque = b"-1", check
         target = get(key)
         if target is None:
             return pos
@@ -462,7 +468,8 @@ def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload
             if not INT32_MIN <= flag <= INT32_MAX:
                 return pos
         check = int(check)
-        if check > INT32_MAX or (len(opaque) > 9 and not INT32_MIN <= int(opaque) <= INT32_MAX):
+        if not INT32_MIN <= check <= INT32_MAX or (
+                len(opaque) > 9 and not INT32_MIN <= int(opaque) <= INT32_MAX):
             return pos
         append((target, stop - start, flag, check, opaque, buf[start:stop]))
         pos = stop

@@ -34,7 +34,7 @@
 #define METAQ_X86_SIMD 1
 #endif
 
-#define VERSION 5
+#define VERSION 6
 #define HEADER 20
 
 enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
@@ -611,9 +611,10 @@ literal(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, const char *lit, Py
 }
 
 /* The broker's hot loop (metaq/protocol/_parsers.py, RequestParser._run): from ``pos``,
- * every whole ``put <topic> <part> <len> <flag> <checksum> <opaque>\r\n<payload>``
+ * every whole ``put <topic> <part> <len> <flag> [<checksum>] <opaque>\r\n<payload>``
  * whose ``b"<topic> <part>"`` is a key of ``fast`` becomes the tuple
- * ``(target, length, flag, checksum, opaque_token, payload)`` appended to ``out``;
+ * ``(target, length, flag, checksum, opaque_token, payload)`` appended to ``out``
+ * (checksum -1 when the put has none, or says -1: computed once, by the broker);
  * stops at the first request that is anything else (the Python parser takes
  * it from there) and returns where. */
 static PyObject *
@@ -648,15 +649,30 @@ py_fast_puts(PyObject *self, PyObject *args)
         Py_ssize_t key_end = p;
         if (!literal(d, n, &p, " ", 1) || !number(d, n, &p, 0, &length)
             || !literal(d, n, &p, " ", 1) || !number(d, n, &p, 1, &flag)
-            || !literal(d, n, &p, " ", 1) || !number(d, n, &p, 0, &check)
             || !literal(d, n, &p, " ", 1))
             break;
+        /* ---- issue 29 (broker): every put form of Java's clients -------------------
+         * ``<checksum> <opaque>`` (7 fields; Java's clients send checksum -1, "not
+         * computed", which stays -1 here: the broker computes it once, when it checks
+         * the puts) or ``<opaque>`` alone (6 fields, the legacy form without a
+         * checksum: -1 as well). */
         Py_ssize_t op = p;
-        if (!number(d, n, &p, 1, &opaque))
+        if (!number(d, n, &p, 1, &check))
             break;
         Py_ssize_t op_end = p;
-        if (!literal(d, n, &p, "\r\n", 2))
-            break;
+        if (literal(d, n, &p, "\r\n", 2)) {
+            opaque = check;
+            check = -1;
+        } else {
+            if (!literal(d, n, &p, " ", 1))
+                break;
+            op = p;
+            if (!number(d, n, &p, 1, &opaque))
+                break;
+            op_end = p;
+            if (!literal(d, n, &p, "\r\n", 2))
+                break;
+        }
         if (last_key == NULL || PyBytes_GET_SIZE(last_key) != key_end - key
             || memcmp(PyBytes_AS_STRING(last_key), d + key, (size_t)(key_end - key)) != 0) {
             PyObject *k = PyBytes_FromStringAndSize((const char *)d + key, key_end - key);
@@ -677,7 +693,7 @@ py_fast_puts(PyObject *self, PyObject *args)
             break;
         if (length > max_payload || n - p < length)
             break;
-        if (flag < INT32_MIN || flag > INT32_MAX || check > INT32_MAX
+        if (flag < INT32_MIN || flag > INT32_MAX || check < INT32_MIN || check > INT32_MAX
             || (op_end - op > 9 && (opaque < INT32_MIN || opaque > INT32_MAX)))
             break;
         PyObject *t = PyTuple_New(6);

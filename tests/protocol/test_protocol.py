@@ -294,7 +294,34 @@ def _unfast(r):
 fast_puts = st.builds(
     lambda t, p, pl, f, c, o: PutRequest(t, p, len(pl), f, c, None, o, pl),
     st.sampled_from(["t", "ü", "x"]), st.sampled_from([0, 12, -1, 3, 7]),
-    st.binary(max_size=50), int32, st.integers(0, 2**31 - 1), int32)
+    st.binary(max_size=50), int32, st.one_of(st.integers(0, 2**31 - 1), st.just(-1), int32),
+    int32)
+
+
+class _Legacy(bytes):
+    """The bytes of Java's legacy put without a checksum (6 fields), and the
+    PutRequest it means (checksum -1)."""
+
+    request: PutRequest
+
+
+def _legacy_put(t: str, p: int, pl: bytes, f: int, o: int) -> _Legacy:
+    b = _Legacy(b"put %s %d %d %d %d\r\n%s" % (t.encode(), p, len(pl), f, o, pl))
+    b.request = PutRequest(t, p, len(pl), f, -1, None, o, pl)
+    return b
+
+
+legacy_puts = st.builds(_legacy_put, st.sampled_from(["t", "ü", "x"]),
+                        st.sampled_from([0, 12, -1, 3, 7]), st.binary(max_size=50), int32,
+                        int32)
+
+
+def _wire(r) -> bytes:  # noqa: ANN001
+    return r if isinstance(r, _Legacy) else encode_request(r)
+
+
+def _meant(r):  # noqa: ANN001, ANN202
+    return r.request if isinstance(r, _Legacy) else r
 
 
 @pytest.fixture(params=["c", "python"])
@@ -314,10 +341,13 @@ def put_loop(request, monkeypatch):
 
 @pytest.mark.usefixtures("put_loop")
 @settings(max_examples=300)
-@given(st.lists(st.one_of(fast_puts, requests), max_size=20),
+@given(st.lists(st.one_of(fast_puts, legacy_puts, requests), max_size=20),
        st.lists(st.integers(0, 3000), max_size=6), st.binary(max_size=30))
 def test_fast_put_path_agrees_with_the_slow_path(reqs, cuts, junk):
-    data = b"".join(map(encode_request, reqs)) + junk
+    """Every put form (ours, Java's checksum -1, the 6-field legacy form) in the put loop
+    (C and Python) gives what the general parser gives."""
+    data = b"".join(map(_wire, reqs)) + junk
+    reqs = list(map(_meant, reqs))
     fast = RequestParser(fast_puts=FAST, max_payload=60)
     slow = RequestParser(max_payload=60)
     got_fast, got_slow = [], []
@@ -339,6 +369,9 @@ def test_fast_put_path_exact_bytes():
     out = parser.feed(b"put t 12 3 1 99 -7\r\nabcput t 0 0 0 0 2147483647\r\n")
     assert out[0] == ("T12", 3, 1, 99, b"-7", b"abc")
     assert out[1] == ("T0", 0, 0, 0, b"2147483647", b"")
+    # Java's forms are fast too: checksum -1 ("not computed"), and none at all (6 fields)
+    out = RequestParser(fast_puts=FAST).feed(b"put t 0 2 0 -1 5\r\nabput t 12 1 0 -6\r\nc")
+    assert out == [("T0", 2, 0, -1, b"5", b"ab"), ("T12", 1, 0, -1, b"-6", b"c")]
     # an opaque out of int32 range is not fast: the slow path names it
     parser = RequestParser(fast_puts=FAST)
     with pytest.raises(metaq.ProtocolError, match="opaque 2147483648 is out of range"):
@@ -472,7 +505,8 @@ def _norm(items: list) -> list:
 @pytest.mark.parametrize("fast", [None, FAST], ids=["plain", "fast_puts"])
 def test_java_forms(line, want, fast):
     """Each form as Java reads it, with the stream going on after it; the fast put loop
-    (C and Python) takes none of them but the plain 7-field put and hands the rest over."""
+    (C and Python) takes the puts without transaction key in their exact forms (7
+    fields, checksum -1 included, and 6 fields) and hands the rest over."""
     follow = encode_version(77)
     assert [_unfast(r) for r in RequestParser(fast_puts=fast).feed(line + follow)] == [
         want, VersionRequest(77)]
@@ -483,7 +517,8 @@ def test_java_forms(line, want, fast):
     assert [_unfast(r) for r in got] == [want, VersionRequest(77)]
     if fast is not None and line.startswith(b"put t 0 "):
         taken = RequestParser(fast_puts=fast).feed(line)[0]
-        assert (type(taken) is tuple) == (line == b"put t 0 3 0 12345 7\r\nabc")
+        assert (type(taken) is tuple) == (line in (
+            b"put t 0 3 0 12345 7\r\nabc", b"put t 0 3 0 -1 7\r\nabc", b"put t 0 3 0 7\r\nabc"))
 
 
 @pytest.mark.usefixtures("put_loop")

@@ -771,7 +771,9 @@ _put_fields = st.tuples(
     _token(["len"], ["0len", "-1", "99999999999", "+1"]),
     _token(["0", "1", "-1"], ["00", "-0", "2147483647", "2147483648", "-2147483648",
                               "-2147483649", "9999999999", "99999999999"]),
-    _token(["0", "5", "2147483647"], ["2147483648", "-1", "9999999999", "00"]),
+    # a checksum: ours, Java's -1 ("not computed"), or none (6 fields, Java's legacy form)
+    _token(["0", "5", "2147483647", "-1", "<none>"],
+           ["2147483648", "-2", "-2147483648", "-2147483649", "9999999999", "00", "-0"]),
     _token(["1", "-7", "2147483647"], ["2147483648", "-2147483648", "-2147483649",
                                        "0000000001", "-000000001", "12345678901", "", "-"]),
     _token([" "], ["  ", "\t"]),
@@ -782,7 +784,10 @@ _put_fields = st.tuples(
 def _put_bytes(fields: tuple) -> bytes:
     topic, part, length, flag, check, opaque, sep, eol, payload = fields
     length = length.replace("len", str(len(payload)))
-    return (sep.join(["put", topic, part, length, flag, check, opaque]) + eol).encode() + payload
+    fields = ["put", topic, part, length, flag, check, opaque]
+    if check == "<none>":
+        del fields[5]
+    return (sep.join(fields) + eol).encode() + payload
 
 
 @needs_c
