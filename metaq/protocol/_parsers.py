@@ -204,6 +204,12 @@ class RequestParser(_Buffered):
         self._put: tuple | None = None       # header of a put waiting for its payload
         self._put_cls: type = PutRequest     # what it is (PutRequest or SyncRequest)
 
+    @property
+    def in_request(self) -> bool:
+        """A request has begun arriving and is not whole yet: bytes of its line, a put's
+        payload still to come, or a refused put's payload still to skip."""
+        return self._put is not None or self._skip > 0 or self.buffered > 0
+
     def feed(self, data: bytes) -> list:
         """Add bytes; return the complete requests. Raises ProtocolError on bad input.
 

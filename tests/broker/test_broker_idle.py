@@ -45,3 +45,39 @@ def test_idle_connection_closed_talking_one_kept(tmp_path):
 def test_bad_idle_timeout_named(tmp_path):
     with pytest.raises(ConfigError, match="idle_timeout"):
         BrokerConfig(broker_id=0, data_dir=tmp_path, idle_timeout=-1)
+
+
+def test_unused_connection_closed_and_counted_in_metrics(tmp_path):
+    """``first_request_timeout``: a connection that never sends a request is closed, one
+    that did stays; both show in ``stats`` and the Prometheus metrics."""
+    pytest.importorskip("prometheus_client")
+    import urllib.request
+
+    from metaq.prometheus import serve_metrics
+
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=0, topics={"t": 1},
+                       first_request_timeout=0.3)
+    with Broker(cfg) as broker:
+        unused = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+        worker = socket.create_connection(("127.0.0.1", broker.port), timeout=10)
+        worker.sendall(b"version 1\r\n")
+        assert worker.recv(4096).startswith(b"result 200")
+        assert unused.recv(1) == b""  # closed by the broker (the timeout is 10 s)
+        assert broker.connection_stats()["unused_closed"] == 1
+        worker.sendall(b"version 2\r\n")
+        assert worker.recv(4096).startswith(b"result 200")
+        with serve_metrics(brokers=[broker]) as server:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics",
+                                          timeout=10).read().decode()
+        assert 'metaq_broker_connections_unused_closed_total{broker_id="0"} 1.0' in text
+        assert 'metaq_broker_connections{broker_id="0"} 1.0' in text
+        assert "STAT unused_closed 1" in broker.stats()
+        unused.close()
+        worker.close()
+
+
+def test_bad_first_request_timeout_named(tmp_path):
+    with pytest.raises(ConfigError, match="first_request_timeout"):
+        BrokerConfig(broker_id=0, data_dir=tmp_path, first_request_timeout=-1)
+    with pytest.raises(ConfigError, match="evict_unused_connections"):
+        BrokerConfig(broker_id=0, data_dir=tmp_path, evict_unused_connections=1)
