@@ -81,3 +81,27 @@ def test_bad_first_request_timeout_named(tmp_path):
         BrokerConfig(broker_id=0, data_dir=tmp_path, first_request_timeout=-1)
     with pytest.raises(ConfigError, match="evict_unused_connections"):
         BrokerConfig(broker_id=0, data_dir=tmp_path, evict_unused_connections=1)
+
+
+def test_a_client_whose_reads_end_mid_request_is_not_slow(tmp_path):
+    """``request_timeout`` is the deadline of one request: a pipelining client whose every
+    write completes a request and begins the next is never "slow", however long it goes."""
+    from helpers.raw_client import RawClient
+
+    from metaq.protocol import checksum, encode_put
+
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=0, topics={"t": 1},
+                       request_timeout=0.3)
+    with Broker(cfg) as broker, RawClient(broker.port) as c:
+        put = encode_put("t", 0, b"x" * 10, 0, checksum(b"x" * 10), 1)
+        half = len(put) // 2
+        c.send(put[:half])
+        until = time.monotonic() + 1.2  # four deadlines
+        n = 0
+        while time.monotonic() < until:  # round trips, each leaving a request half sent
+            c.send(put[half:] + put[:half])
+            assert c.replies(1)[0].code == 200
+            n += 1
+        c.send(put[half:])
+        assert c.replies(1)[0].code == 200
+        assert n > 10 and "STAT slow_closed 0" in broker.stats()
