@@ -73,7 +73,7 @@ class Connection(asyncio.Protocol):
         self.server = server
         cfg = server.config
         self.parser = RequestParser(max_line=cfg.max_line, max_payload=cfg.max_message_size,
-                                    fast_puts=server.fast_keys)
+                                    fast_puts=server.fast_keys, tx_puts=True)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._outq: collections.deque = collections.deque()

@@ -61,6 +61,7 @@ from metaq.protocol import (
     SyncRequest,
     TransactionRequest,
     TxLogRequest,
+    TxPut,
     VersionRequest,
     WatermarkRequest,
     crc32,
@@ -325,9 +326,10 @@ class BrokerServer:
                 return
             r = reqs[i]
             t = type(r)
-            if t is PutRequest and r.tx_key is not None:  # a run joining transactions
-                j = i + 1
-                while j < n and type(reqs[j]) is PutRequest and reqs[j].tx_key is not None:
+            if t is TxPut or (t is PutRequest and r.tx_key is not None):  # a run joining
+                j = i + 1                                                    # transactions
+                while j < n and (type(reqs[j]) is TxPut or (
+                        type(reqs[j]) is PutRequest and reqs[j].tx_key is not None)):
                     j += 1
                 why = None if self.role is None else self.role.put_refusal()
                 if why is not None:  # a slave (or a master without its lease) keeps none
@@ -447,7 +449,7 @@ class BrokerServer:
         self.stats["put_failed"] += len(puts)
         self.stats["put_refused_role"] += len(puts)
         conn.send(b"".join(
-            result(503, why, int(p[4]) if type(p) is tuple else p.opaque) for p in puts))
+            result(503, why, p.opaque if type(p) is PutRequest else int(p[4])) for p in puts))
 
     def _put_group(self, target: PutTarget, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:

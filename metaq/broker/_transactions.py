@@ -79,8 +79,8 @@ from metaq.protocol import (
     XAER_RMERR,
     PutRequest,
     TransactionRequest,
+    TxPut,
     crc32,
-    encode_message,
     parse_transaction_key,
     scan_messages,
 )
@@ -376,62 +376,78 @@ class Transactions:
             log.error("transaction %s: %s", r.key.text, e)
             conn.send(result(500, f"XAException:code={XA_RBOTHER},msg={e}", r.opaque))
 
-    def puts(self, conn: Connection, run: list[PutRequest]) -> None:
-        """A run of puts carrying transaction keys: kept (and journaled) until their
-        commit; answered with one send (after the journal's fsync with group commit)."""
-        data = b"".join([self._put(conn, p) for p in run])
+    def puts(self, conn: Connection, run: list) -> None:
+        """A run of puts carrying transaction keys (:class:`~metaq.protocol.PutRequest`, or
+        the put loop's :class:`~metaq.protocol.TxPut`): kept (and journaled) until their
+        commit; answered with one send (after the journal's fsync with group commit).
+        Their msgIds are taken together; each payload's CRC32 is computed once."""
+        ids = self.ids.next_ids(len(run))
+        put = self._put
+        data = b"".join([put(conn, p, msg_id) for p, msg_id in zip(run, ids, strict=True)])
         if self.group_commit:
-            self._reply(conn, run[0].opaque, data, sync=True, ok_is_body=True,
-                        opaques=[p.opaque for p in run])
+            opaques = [p.opaque if type(p) is PutRequest else int(p[4]) for p in run]
+            self._reply(conn, opaques[0], data, sync=True, ok_is_body=True, opaques=opaques)
         else:
             conn.send(data)
 
-    def _put(self, conn: Connection, p: PutRequest) -> bytes:
+    def _put(self, conn: Connection, p: PutRequest | TxPut, msg_id: int) -> bytes:
         self.stats["cmd_put"] += 1
+        plog: PartitionLog | None
+        if type(p) is TxPut:  # the put loop's: its target (a PickTarget for partition -1)
+            target, _length, flag, check, opaque_token, payload, tx_key = p
+            opaque = int(opaque_token)
+            plog = target.log
+            if plog is None:
+                topic, partition = target.topic, -1
+            else:
+                topic, partition = plog.topic, plog.partition
+        else:
+            topic, partition, _length, flag, check, tx_key, opaque, payload = p
+            plog = None
         try:
-            key = self._keys.get(p.tx_key)
+            key = self._keys.get(tx_key)
             if key is None:
                 try:
-                    key = parse_transaction_key(p.tx_key)
+                    key = parse_transaction_key(
+                        tx_key.decode() if type(tx_key) is bytes else tx_key)
                 except ProtocolError as e:  # Java's decoder would close the connection
-                    return result(400, str(e), p.opaque)
+                    return result(400, str(e), opaque)
                 if len(self._keys) > 10_000:
                     self._keys.clear()
-                self._keys[p.tx_key] = key
+                self._keys[tx_key] = key
             tx = self._find(conn, key.text, key.is_xa)
             if tx.state not in (START, IN_USE):
                 raise TxError(f"transaction {key.text} is {tx.state.lower()}: no more puts",
                               XAER_PROTO)
-            if p.partition < 0:
-                raise TxError(f"Invalid partition for transaction command:{p.partition}")
-            plog = self.storage.get(p.topic, p.partition)
+            if partition < 0:
+                raise TxError(f"Invalid partition for transaction command:{partition}")
             if plog is None:
-                return result(404, f"topic {p.topic} partition {p.partition} not found",
-                              p.opaque)
-            payload = p.payload
-            check = crc32(payload) & CHECKSUM_MASK
-            if p.checksum != -1 and p.checksum != check:  # -1: not given (Java's)
-                return result(400, "checksum mismatch", p.opaque)
+                plog = self.storage.get(topic, partition)
+                if plog is None:
+                    return result(404, f"topic {topic} partition {partition} not found",
+                                  opaque)
+            actual = crc32(payload) & CHECKSUM_MASK  # once
+            if check != -1 and check != actual:  # -1: not given (Java's)
+                return result(400, "checksum mismatch", opaque)
             if len(payload) > self.max_message_size:
                 return result(400, f"message of {len(payload)} bytes is over "
-                                   f"max_message_size {self.max_message_size}", p.opaque)
+                                   f"max_message_size {self.max_message_size}", opaque)
             if tx.size + len(payload) > self.max_size:
                 raise TxError(f"transaction {key.text} would hold more than "
                               f"max_transaction_size={self.max_size} bytes", XAER_RMERR)
-            msg_id = self.ids.next_ids(1)[0]
-            message = encode_message(msg_id, p.flag, payload)
-            self.journal.put(key.text, p.topic, p.partition, message)
-            tx.puts.append((plog, p.topic, p.partition, message))
+            message = _pack_header(len(payload), actual, msg_id, flag) + payload
+            self.journal.put(key.text, topic, partition, message)
+            tx.puts.append((plog, topic, partition, message))
             tx.size += len(message)
             tx.state = IN_USE
             self.stats["tx_puts"] += 1
-            return answer(b"%d %d -1" % (msg_id, p.partition), p.opaque)
+            return answer(b"%d %d -1" % (msg_id, partition), opaque)
         except TxError as e:
             self.stats["put_failed"] += 1
-            return result(500, e.text, p.opaque)
+            return result(500, e.text, opaque)
         except StorageError as e:
             self.stats["put_failed"] += 1
-            return result(500, f"write failed: {e}", p.opaque)
+            return result(500, f"write failed: {e}", opaque)
 
     def connection_closed(self, conn: Connection) -> None:
         """Roll back the local transactions ``conn`` left open (Java's
@@ -662,6 +678,7 @@ def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
     return {plog: (t, p, b"".join(msgs), len(msgs)) for plog, (t, p, msgs) in groups.items()}
 
 
+_pack_header = HEADER.pack
 _SEARCH_CHUNK = 4 << 20
 
 
