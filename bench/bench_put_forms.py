@@ -103,9 +103,8 @@ def main() -> None:
     body = b"x" * args.size
     tmp = Path(tempfile.mkdtemp(prefix="metaq-bench-forms-"))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "metaq", "broker", "start", "--broker-id", "0", "--port", "0",
-         "--data-dir", str(tmp / "data"), "--topic", f"{TOPIC}:1", "--max-transaction-size",
-         str(1 << 30)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        [sys.executable, "-m", "metaq", "broker", "start", "--id", "0", "--port", "0",
+         "--data-dir", str(tmp / "data"), "--topic", f"{TOPIC}:1"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     cpu: dict[str, list[float]] = {}
     wall: dict[str, list[float]] = {}
     try:

@@ -52,7 +52,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import operator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from metaq._errors import ProtocolError, StorageError
@@ -382,13 +384,62 @@ class Transactions:
         commit; answered with one send (after the journal's fsync with group commit).
         Their msgIds are taken together; each payload's CRC32 is computed once."""
         ids = self.ids.next_ids(len(run))
-        put = self._put
-        data = b"".join([put(conn, p, msg_id) for p, msg_id in zip(run, ids, strict=True)])
+        data = self._same_tx(conn, run, ids) if len(run) >= _COLUMNAR_MIN else None
+        if data is None:
+            put = self._put
+            data = b"".join([put(conn, p, msg_id) for p, msg_id in zip(run, ids, strict=True)])
         if self.group_commit:
             opaques = [p.opaque if type(p) is PutRequest else int(p[4]) for p in run]
             self._reply(conn, opaques[0], data, sync=True, ok_is_body=True, opaques=opaques)
         else:
             conn.send(data)
+
+    def _same_tx(self, conn: Connection, run: list, ids: list[int]) -> bytes | None:
+        """The usual run: the put loop's puts of one transaction to one partition, every
+        one accepted (their checksums right, the sizes within the limits), kept with
+        whole-list steps; their answers.  None, with nothing done, for any other run
+        (:meth:`_put` then takes each put, and says what is wrong)."""
+        m = len(run)
+        first = run[0]
+        target, tx_key = first[0], first[6]
+        if (type(first) is not TxPut or target.log is None
+                or list(map(type, run)).count(TxPut) != m
+                or list(map(_target_of, run)).count(target) != m
+                or list(map(_tx_key_of, run)).count(tx_key) != m):
+            return None
+        key = self._keys.get(tx_key)
+        if key is None:
+            try:
+                key = parse_transaction_key(tx_key.decode())
+            except ProtocolError:
+                return None
+            if len(self._keys) > 10_000:
+                self._keys.clear()
+            self._keys[tx_key] = key
+        tx = self.xa.get(key.text) if key.is_xa else self.local.get(conn, {}).get(key.text)
+        if tx is None or tx.state not in (START, IN_USE):
+            return None
+        _t, lengths, flags, checks, opaques, payloads, _k = zip(*run, strict=True)
+        crcs = list(map(CHECKSUM_MASK.__and__, map(crc32, payloads)))  # once per put
+        if crcs != list(checks) and any(c != -1 and c != a for c, a in zip(checks, crcs,
+                                                                           strict=True)):
+            return None
+        size = sum(lengths) + HEADER_SIZE * m
+        if max(lengths) > self.max_message_size or tx.size + size > self.max_size:
+            return None
+        plog = target.log
+        topic, partition = plog.topic, plog.partition
+        messages = list(map(bytes.__add__, map(_pack_header, lengths, crcs, ids, flags),
+                            payloads))
+        self.journal.puts(key.text, topic, partition, messages)
+        tx.puts += zip(repeat(plog), repeat(topic), repeat(partition), messages)
+        tx.size += size
+        tx.state = IN_USE
+        self.stats["cmd_put"] += m
+        self.stats["tx_puts"] += m
+        bodies = [b"%d %d -1" % (i, partition) for i in ids]
+        return b"".join([b"result 200 %d %d\r\n%b" % (len(b), o, b)
+                         for b, o in zip(bodies, map(int, opaques), strict=True)])
 
     def _put(self, conn: Connection, p: PutRequest | TxPut, msg_id: int) -> bytes:
         self.stats["cmd_put"] += 1
@@ -679,6 +730,10 @@ def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
 
 
 _pack_header = HEADER.pack
+_target_of = operator.itemgetter(0)
+_tx_key_of = operator.itemgetter(6)
+#: Smallest run worth :meth:`Transactions._same_tx`'s whole-list steps.
+_COLUMNAR_MIN = 8
 _SEARCH_CHUNK = 4 << 20
 
 

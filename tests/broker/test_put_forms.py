@@ -119,8 +119,10 @@ def test_every_transactional_put_form_is_committed_alike(tmp_path):
         @settings(max_examples=60, deadline=None,
                   suppress_health_check=[HealthCheck.too_slow,
                                          HealthCheck.function_scoped_fixture])
-        @given(tx_puts)
-        def one_transaction(items):
+        @given(tx_puts, st.sampled_from(["ours", "java", "legacy", "mixed"]))
+        def one_transaction(items, same):
+            if same != "mixed":  # a run of one form (whole-list steps from 8 puts)
+                items = [(same, p, pl, f) for _form, p, pl, f in items]
             count[0] += 1
             key = f"TX:s{count[0]}:1"
             assert c.call(encode_transaction(key, f"s{count[0]}", "BEGIN", 1)).code == 200
@@ -149,3 +151,11 @@ def test_every_transactional_put_form_is_committed_alike(tmp_path):
                     ends[p] += len(data)
 
         one_transaction()
+
+
+def test_put_records_are_put_record_each():
+    from metaq.broker._txjournal import put_record, put_records
+
+    msgs = [b"", b"a" * 30, b"\x00\xff"]
+    assert put_records("TX:s:1", "t", 3, msgs) == [put_record("TX:s:1", "t", 3, m)
+                                                    for m in msgs]
