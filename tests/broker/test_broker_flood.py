@@ -150,6 +150,8 @@ def test_slowloris_connections_are_closed_at_the_request_deadline(brokers):
         late = [closed[s] - first[s] for s in socks]
         # not before the deadline, and within it (plus the loop's and this test's delays)
         assert min(late) >= deadline - 0.05 and max(late) <= deadline + 1.0, late
+        print(f"slowloris: {len(socks)} closed {min(late):.3f}..{max(late):.3f} s after "
+              f"their first byte (deadline {deadline:g} s)")
         st = _stats(b.port)
         assert int(st["slow_closed"]) == len(socks)
         assert int(st["curr_connections"]) == 1  # the stats request's own
@@ -181,6 +183,8 @@ def test_connections_that_never_send_a_request_are_closed(brokers):
         wait_until(all_closed, 10, interval=0.05, what="the silent connections closed")
         took = time.monotonic() - start
         assert timeout - 0.05 <= took <= timeout + 1.5, took
+        print(f"unused: {len(silent)} closed {took:.3f} s after connecting (timeout "
+              f"{timeout:g} s)")
         # the one that sent a request stays, past the timeout
         assert worker.call(encode_version(2)).opaque == 2
         st = _stats(b.port)
