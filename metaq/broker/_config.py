@@ -114,9 +114,11 @@ class BrokerConfig:
     max_pending_bytes: int = 16 * MiB
     #: Stop reading from a connection while this many requests wait for an answer.
     max_inflight_requests: int = 100_000
-    #: Most simultaneous client connections; more are closed at once.
+    #: Most simultaneous client connections; more are closed at once (unless an unused
+    #: one makes way: ``evict_unused_connections``).
     max_connections: int = 10_000
-    #: Most simultaneous connections from one client address; more are closed at once.
+    #: Most simultaneous connections from one client address; more are closed at once
+    #: (unless an unused one of that address makes way: ``evict_unused_connections``).
     max_connections_per_address: int = 1_000
     #: The last this many places of max_connections admit only addresses holding fewer
     #: than 8 connections, so a client that hoards connections cannot lock others out.
