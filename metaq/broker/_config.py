@@ -131,7 +131,8 @@ class BrokerConfig:
     idle_timeout: float = 600.0
     #: Close a connection that has not sent one whole request this long after it was
     #: accepted, seconds (0: never): connections opened and left unused (a flood).
-    #: Clients send their first request as soon as they connect.
+    #: Clients send their first request as soon as they connect (Java's, Gecko's, a
+    #: ``version`` heartbeat after 10 s idle at the latest: ``ClientConfig.idleTime``).
     first_request_timeout: float = 30.0
     #: At a connection limit (``max_connections``, ``max_connections_per_address``, the
     #: reserve), admit the newcomer by closing a connection that has not sent a whole
