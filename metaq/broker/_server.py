@@ -118,6 +118,7 @@ class BrokerServer:
         self.unused: dict[str, dict[Connection, None]] = {}
         self._refusals_logged: dict[str, float] = {}
         self._evictions_logged: dict[str, float] = {}
+        self._unused_logged: dict[str, float] = {}
         self.started = time.time()
         self.stats = collections.Counter()
         self.version_text = VERSION + "".join(
@@ -253,10 +254,13 @@ class BrokerServer:
         """Close ``conn``: its first request did not come in ``first_request_timeout``
         (``why`` "first_request"), or the one coming in is not whole after
         ``request_timeout`` ("request", a slow client)."""
-        if why == "first_request":
+        if why == "first_request":  # a flood closes thousands: one line a minute an address
             t = self.config.first_request_timeout
-            log.info("closing %s: no request within %gs of connecting", conn.peer, t)
             self.stats["unused_closed"] += 1
+            if _due(self._unused_logged, conn.address):
+                log.info("closing connections from %s that sent no request within %gs of "
+                         "connecting (%d so far, all addresses)", conn.address, t,
+                         self.stats["unused_closed"])
             conn.abort(f"no request within {t:g}s")
         else:
             t = self.config.request_timeout
