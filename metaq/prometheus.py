@@ -82,7 +82,9 @@ class ConsumerCollector:
 class BrokerCollector:
     """A prometheus_client collector of in-process brokers' replication state
     (``Broker.replication_status()``): role, epoch, in-sync slaves, each slave's lag
-    (on a master) and each partition copy's lag and state (on a slave)."""
+    (on a master) and each partition copy's lag and state (on a slave); and their
+    connections (``Broker.connection_stats()``): open, unused, accepted, refused,
+    evicted, closed idle, slow or unused."""
 
     def __init__(self, brokers: Iterable[Any]) -> None:
         self.brokers = list(brokers)
@@ -126,6 +128,43 @@ class BrokerCollector:
                     copy_secs.add_metric(key, c["lag_seconds"])
                 copy_bad.add_metric(key, 1 if c["state"] in ("diverged", "stopped") else 0)
         yield from (role, epoch, in_sync, slave_bytes, slave_secs, copy_secs, copy_bad)
+        yield from self._connections()
+
+    def _connections(self) -> Iterator[Any]:
+        """The connections of each broker (``Broker.connection_stats``): open, unused,
+        and the counts accepted, refused, evicted and closed idle, slow or unused."""
+        lb = ["broker_id"]
+        open_ = GaugeMetricFamily("metaq_broker_connections", "Client connections open",
+                                  labels=lb)
+        unused = GaugeMetricFamily("metaq_broker_connections_unused",
+                                   "Open connections that have not sent a whole request",
+                                   labels=lb)
+        counters = {
+            "connections_total": ("metaq_broker_connections_accepted",
+                                  "Connections accepted (refused ones included)"),
+            "connections_refused": ("metaq_broker_connections_refused",
+                                    "Connections refused at a limit"),
+            "connections_evicted": ("metaq_broker_connections_evicted",
+                                    "Unused connections closed to admit a new one"),
+            "idle_closed": ("metaq_broker_connections_idle_closed",
+                            "Connections closed after idle_timeout"),
+            "slow_closed": ("metaq_broker_connections_slow_closed",
+                            "Connections closed: a request not whole within request_timeout"),
+            "unused_closed": ("metaq_broker_connections_unused_closed",
+                              "Connections closed: no request within first_request_timeout"),
+        }
+        families = {k: CounterMetricFamily(name, text, labels=lb)
+                    for k, (name, text) in counters.items()}
+        for b in self.brokers:
+            st = b.connection_stats()
+            lv = [str(b.config.broker_id)]
+            open_.add_metric(lv, st["curr_connections"])
+            unused.add_metric(lv, st["unused_connections"])
+            for k, fam in families.items():
+                fam.add_metric(lv, st[k])
+        yield open_
+        yield unused
+        yield from families.values()
 
 
 class _Quiet(WSGIRequestHandler):

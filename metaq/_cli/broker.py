@@ -74,6 +74,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
                             "seconds (default 30; 0: never)")
     start.add_argument("--idle-timeout", type=number,
                        help="close a client silent for this many seconds (default 600)")
+    start.add_argument("--first-request-timeout", type=number,
+                       help="close a client that sent no whole request this many seconds "
+                            "after connecting (default 30; 0: never)")
+    start.add_argument("--no-evict-unused-connections", dest="evict_unused_connections",
+                       action="store_const", const=False, default=None,
+                       help="at a connection limit refuse newcomers instead of closing "
+                            "connections that never sent a request")
     start.add_argument("--max-hold", type=number,
                        help="longest a get at the log end may be held for a metaq-py client, "
                             "seconds (default 30; 0: answer at once, as Metaq does)")
@@ -196,6 +203,8 @@ def _start(args: argparse.Namespace) -> int:
         max_connections=args.max_connections,
         max_connections_per_address=args.max_connections_per_address,
         request_timeout=args.request_timeout, idle_timeout=args.idle_timeout,
+        first_request_timeout=args.first_request_timeout,
+        evict_unused_connections=args.evict_unused_connections,
         zk_security=security_from_args(args), **args.java)
 
     def ready(broker: Broker) -> None:

@@ -192,7 +192,7 @@ class Broker:
                                               name="metaq-broker-replication"))
             tasks.append(loop.create_task(self._flush_loop(), name="metaq-broker-flush"))
             tasks.append(loop.create_task(self._retention_loop(), name="metaq-broker-retention"))
-            if cfg.idle_timeout > 0 or cfg.request_timeout > 0:
+            if cfg.idle_timeout > 0:
                 tasks.append(loop.create_task(self._idle_loop(), name="metaq-broker-idle"))
             self._running = True
             log.info("broker %d serving on %s:%d (%s)", cfg.broker_id, cfg.host, self.port,
@@ -244,13 +244,12 @@ class Broker:
                 log.exception("interval flush failed")
 
     async def _idle_loop(self) -> None:
-        """Close idle and slow connections (``idle_timeout``, ``request_timeout``)."""
+        """Close idle connections (``idle_timeout``; a slow request's and a missing first
+        request's deadlines are each connection's own timer)."""
         limit = self.config.idle_timeout
-        slow = self.config.request_timeout
-        tick = min(x / 4 for x in (limit, slow, 120.0) if x > 0)
         while True:
-            await asyncio.sleep(min(tick, 30.0))
-            self._server.close_idle(time.monotonic(), limit, slow)
+            await asyncio.sleep(min(limit / 4, 30.0))
+            self._server.close_idle(time.monotonic(), limit)
 
     async def _retention_loop(self) -> None:
         while True:  # once at start, then every retention_check_interval
@@ -338,6 +337,12 @@ class Broker:
 
     def stats(self, item: str | None = None) -> str:
         return self._call(lambda: self._server.stats_text(item))
+
+    def connection_stats(self) -> dict[str, int]:
+        """Connections open now (and of them unused: no whole request yet), and the
+        counts of those accepted, refused at a limit, evicted for a newcomer, and
+        closed idle, slow or unused (``BrokerServer.connection_stats``)."""
+        return self._call(self._server.connection_stats)
 
     # -- the idempotent producers' table (``_producers``; for replication) -----------------
     def producer_records(self, topic: str, partition: int,

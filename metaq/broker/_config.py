@@ -114,9 +114,11 @@ class BrokerConfig:
     max_pending_bytes: int = 16 * MiB
     #: Stop reading from a connection while this many requests wait for an answer.
     max_inflight_requests: int = 100_000
-    #: Most simultaneous client connections; more are closed at once.
+    #: Most simultaneous client connections; more are closed at once (unless an unused
+    #: one makes way: ``evict_unused_connections``).
     max_connections: int = 10_000
-    #: Most simultaneous connections from one client address; more are closed at once.
+    #: Most simultaneous connections from one client address; more are closed at once
+    #: (unless an unused one of that address makes way: ``evict_unused_connections``).
     max_connections_per_address: int = 1_000
     #: The last this many places of max_connections admit only addresses holding fewer
     #: than 8 connections, so a client that hoards connections cannot lock others out.
@@ -127,6 +129,18 @@ class BrokerConfig:
     #: Close a connection that sent nothing for this long, seconds (0: never).  Metaq
     #: clients send ``version`` heartbeats, so live ones are never idle this long.
     idle_timeout: float = 600.0
+    #: Close a connection that has not sent one whole request this long after it was
+    #: accepted, seconds (0: never): connections opened and left unused (a flood).
+    #: Clients send their first request as soon as they connect (Java's, Gecko's, a
+    #: ``version`` heartbeat after 10 s idle at the latest: ``ClientConfig.idleTime``).
+    first_request_timeout: float = 30.0
+    #: At a connection limit (``max_connections``, ``max_connections_per_address``, the
+    #: reserve), admit the newcomer by closing a connection that has not sent a whole
+    #: request yet, the oldest first (from the newcomer's address at its own limit, else
+    #: from the address holding most of them), rather than refusing it: a flood of
+    #: unused connections cannot lock out clients that do real work.  A connection that
+    #: has sent a request is never closed for a newcomer.  Off: refuse, as before.
+    evict_unused_connections: bool = True
     #: Longest a ``get`` at the log end may be held when its client asks (metaq-py's
     #: ``hold=<ms>`` extension), seconds; 0 answers every get at once (as Metaq does).
     max_hold: float = 30.0
@@ -255,6 +269,8 @@ class BrokerConfig:
         if isinstance(self.idle_timeout, bool) or not isinstance(self.idle_timeout, (int, float)) \
                 or self.idle_timeout < 0:
             raise ConfigError(f"idle_timeout must be a number >= 0, got {self.idle_timeout!r}")
+        _num("first_request_timeout", self.first_request_timeout, 0)
+        _bool("evict_unused_connections", self.evict_unused_connections)
         _num("max_hold", self.max_hold, 0)
         if self.slave_of is not None:
             _int("slave_of", self.slave_of, 0, 1023)

@@ -21,7 +21,7 @@ from typing import Protocol
 from metaq._errors import ProtocolError
 from metaq.broker._config import BrokerConfig
 from metaq.broker._replies import FileReply, Gate, result
-from metaq.protocol import RequestParser
+from metaq.protocol import BadRequest, RequestParser
 
 __all__ = ["Connection", "Host", "SENDFILE_MIN"]
 
@@ -55,6 +55,16 @@ class Host(Protocol):
         """Serve parsed requests (replies go back through :meth:`Connection.send`...)."""
         ...
 
+    def first_request(self, conn: Connection) -> None:
+        """``conn`` sent its first whole request (it is no longer unused)."""
+        ...
+
+    def timed_out(self, conn: Connection, why: str) -> None:
+        """Close ``conn``: ``"first_request"`` (none came within
+        ``first_request_timeout`` of its acceptance) or ``"request"`` (one has been
+        coming in for over ``request_timeout``)."""
+        ...
+
 
 class Connection(asyncio.Protocol):
     """One client: parse, hand to the server, send replies in order."""
@@ -63,7 +73,7 @@ class Connection(asyncio.Protocol):
         self.server = server
         cfg = server.config
         self.parser = RequestParser(max_line=cfg.max_line, max_payload=cfg.max_message_size,
-                                    fast_puts=server.fast_keys)
+                                    fast_puts=server.fast_keys, tx_puts=True)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self._outq: collections.deque = collections.deque()
@@ -72,9 +82,15 @@ class Connection(asyncio.Protocol):
         self._quit = False            # no more requests are read (quit, fatal error, EOF)
         self._write_paused = False
         self._read_paused = False
-        self.last_seen = time.monotonic()  # last bytes received, for the idle timeout
+        self.last_seen = self.accepted_at = time.monotonic()  # last bytes received, for
+        # the idle timeout; when accepted, for the first request's
         #: when the request now being received began (None between requests)
         self.partial_since: float | None = None
+        #: it has sent a whole request (one not refused as bad)
+        self.requested = False
+        #: the timer of the first request's and the current request's deadlines (armed
+        #: when one is due, re-armed by itself: no timer work per read)
+        self._deadline: asyncio.TimerHandle | None = None
         self.address = "?"
         self._dropped = 0  # replies not sent because the client had gone
         #: this client's held gets (see ``_hold``), answered outside the reply order
@@ -93,6 +109,8 @@ class Connection(asyncio.Protocol):
         if not self.server.connection_opened(self):
             self._closing = True
             transport.close()
+        elif self.server.config.first_request_timeout > 0:
+            self._arm(self.accepted_at + self.server.config.first_request_timeout)
 
     def data_received(self, data: bytes) -> None:
         now = self.last_seen = time.monotonic()
@@ -104,19 +122,56 @@ class Connection(asyncio.Protocol):
             self.abort(str(e))
             return
         if reqs:
+            if not self.requested and any(type(r) is not BadRequest for r in reqs):
+                self.requested = True
+                self.server.first_request(self)
             try:
                 self.server.handle(self, reqs)
             except Exception:
                 log.exception("internal error serving %s; closing its connection", self.peer)
                 self.send(result(500, "internal broker error", 0))
                 self.close_after_replies()
-        # a request begun and not complete: when it began (the slow-client timeout)
-        if self.parser.buffered:
-            if self.partial_since is None:
+        # a request begun and not complete: when it began (the slow-client deadline); a
+        # request completed in this read means the one coming in began in it too
+        if self.parser.in_request:
+            if reqs or self.partial_since is None:
                 self.partial_since = now
+                timeout = self.server.config.request_timeout
+                if timeout > 0 and (self._deadline is None
+                                    or self._deadline.when() > now + timeout):
+                    self._arm(now + timeout)
         else:
             self.partial_since = None
         self._check_backpressure()
+
+    def _arm(self, when: float) -> None:
+        """The deadline timer at ``when`` (``time.monotonic``, the loop's clock)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self._deadline = asyncio.get_running_loop().call_at(when, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        """Close this connection when its first request or the request coming in is
+        past its deadline; else wait for the next deadline, if one is due."""
+        self._deadline = None
+        if self._closing or self._quit:
+            return
+        cfg = self.server.config
+        now = time.monotonic()
+        due: float | None = None
+        if not self.requested and cfg.first_request_timeout > 0:
+            due = self.accepted_at + cfg.first_request_timeout
+            if now >= due:
+                self.server.timed_out(self, "first_request")
+                return
+        if self.partial_since is not None and cfg.request_timeout > 0:
+            when = self.partial_since + cfg.request_timeout
+            if now >= when:
+                self.server.timed_out(self, "request")
+                return
+            due = when if due is None else min(due, when)
+        if due is not None:
+            self._arm(due)
 
     def eof_received(self) -> bool:
         self.close_after_replies()
@@ -124,6 +179,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self.server.connection_closed(self)
         if self._dropped:
             log.info("client %s went away with %d replies unsent", self.peer, self._dropped)

@@ -13,11 +13,12 @@ either form or both, goes through the same steps:
    ``auto_create_topics`` says so); a put to partition -1 gets the next partition
    of its topic's round robin, in request order; a PutRequest the broker refuses
    whatever its payload (over ``max_message_size``) gets a target that says why
-   (its ``refused``, see ``_topics.PutTarget``); a PutRequest's checksum -1 ("not
-   computed", as Java's clients send it, or none given) becomes the payload's;
+   (its ``refused``, see ``_topics.PutTarget``);
 2. groups the puts by target: one group when all go to one partition, one per
    run when they come in runs (batches), else one per partition;
-3. stores each group (:func:`put_group`): every checksum checked (400), then the
+3. stores each group (:func:`put_group`): every checksum checked (400; a checksum
+   -1, "not computed", as Java's clients send it or none given, in either form,
+   becomes the payload's: its CRC32 is computed once, here, as for a check), then the
    partition's state (403 when closed) and the target's refusal (400), the
    messages packed and appended with one write, the replies formatted together
    (:func:`~metaq.broker._replies.put_results`).
@@ -180,8 +181,6 @@ def _targets(puts: list, topics: Topics, max_size: int,
             if length > max_size:
                 target = target._replace(
                     refused=f"message of {length} bytes is over the limit {max_size}")
-            if check == -1:  # not given (Java's clients, legacy forms): the broker's own
-                check = crc32(payload) & CHECKSUM_MASK
             put = (target, length, flag, check, b"%d" % opaque, payload)
         todo.append(put)
         targets.append(target)
@@ -216,8 +215,11 @@ def put_group(target: PutTarget, puts: list, ids: list[int]) -> tuple[list[bytes
     if m < _COLUMNAR_MIN:  # a few puts: whole-list steps would cost more than a loop
         return _put_group_checked(plog, partition, puts, ids)
     _t, lengths, flags, checks, opaques, payloads = zip(*puts, strict=True)
-    if list(map(CHECKSUM_MASK.__and__, map(crc32, payloads))) != list(checks):
-        return _put_group_checked(plog, partition, puts, ids)
+    crcs = list(map(CHECKSUM_MASK.__and__, map(crc32, payloads)))  # once per put
+    if crcs != list(checks):
+        if checks.count(-1) != m:  # not all "not computed" (Java's clients): one at a time
+            return _put_group_checked(plog, partition, puts, ids)
+        checks = crcs
     base = plog.end
     parts: list = [None] * (2 * m)
     parts[0::2] = map(_pack, lengths, checks, ids, flags)
@@ -238,8 +240,8 @@ def _refused(target: PutTarget, puts: list) -> list[bytes]:
         code, why = 403, f"partition {plog.topic}-{plog.partition} is closed"
     else:
         code, why = 400, target.refused
-    return [checksum_mismatch(opaque) if crc32(payload) & CHECKSUM_MASK != check else
-            result(code, why, int(opaque))
+    return [checksum_mismatch(opaque) if check != -1 and crc32(payload) & CHECKSUM_MASK != check
+            else result(code, why, int(opaque))
             for _t, _l, _f, check, opaque, payload in puts]
 
 
@@ -256,12 +258,16 @@ def _put_group_checked(plog: PartitionLog, partition: bytes, puts: list,
     base = plog.end
     size = 0
     for k, (_t, length, flag, check, opaque, payload) in enumerate(puts):
-        if crc32(payload) & CHECKSUM_MASK != check:
-            if bad is None:
+        actual = crc32(payload) & CHECKSUM_MASK
+        if actual != check:
+            if check == -1:  # not computed (Java's clients): the broker's own, this once
+                check = actual
+            elif bad is None:
                 bad = [k]
+                continue
             else:
                 bad.append(k)
-            continue
+                continue
         add(_pack(length, check, ids[k], flag))
         add(payload)
         offset(base + size)

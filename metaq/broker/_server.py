@@ -62,6 +62,7 @@ from metaq.protocol import (
     SyncRequest,
     TransactionRequest,
     TxLogRequest,
+    TxPut,
     VersionRequest,
     WatermarkRequest,
     crc32,
@@ -83,6 +84,22 @@ log = logging.getLogger(__name__)
 VERSION = f"1.4.6 metaq-py/{__version__}"
 
 
+#: The counters of :meth:`BrokerServer.connection_stats`.
+_CONNECTION_COUNTERS = ("connections_total", "connections_refused", "connections_evicted",
+                        "idle_closed", "slow_closed", "unused_closed")
+
+
+def _due(logged: dict[str, float], address: str) -> bool:
+    """True at most once a minute per address: whether to log for it now."""
+    now = time.monotonic()
+    if now - logged.get(address, -60.0) < 60.0:
+        return False
+    if len(logged) > 10_000:
+        logged.clear()
+    logged[address] = now
+    return True
+
+
 class BrokerServer:
     """Serves one :class:`Storage` over TCP (the :class:`~metaq.broker._connection.Host`
     of its connections)."""
@@ -97,7 +114,12 @@ class BrokerServer:
         self.connections: set[Connection] = set()
         #: client address -> connections open from it
         self.per_address: collections.Counter = collections.Counter()
+        #: client address -> its connections that have not sent a whole request yet, in
+        #: the order they were accepted (those a newcomer may take the place of)
+        self.unused: dict[str, dict[Connection, None]] = {}
         self._refusals_logged: dict[str, float] = {}
+        self._evictions_logged: dict[str, float] = {}
+        self._unused_logged: dict[str, float] = {}
         self.started = time.time()
         self.stats = collections.Counter()
         self.version_text = VERSION + "".join(
@@ -176,33 +198,93 @@ class BrokerServer:
     def refused(self, address: str, why: str) -> None:
         """Count a refused connection; log at most one line a minute per address."""
         self.stats["connections_refused"] += 1
-        now = time.monotonic()
-        if now - self._refusals_logged.get(address, -60.0) >= 60.0:
-            self._refusals_logged[address] = now
-            if len(self._refusals_logged) > 10_000:
-                self._refusals_logged.clear()
+        if _due(self._refusals_logged, address):
             log.warning("refusing connections from %s: %s", address, why)
 
     def connection_opened(self, conn: Connection) -> bool:
-        """Admit ``conn`` (count it) or refuse it (:meth:`admit`)."""
+        """Admit ``conn`` (count it) or refuse it (:meth:`admit`).  At a limit, with
+        ``evict_unused_connections``, a connection that has not sent a whole request
+        yet makes way for it (:meth:`_make_room`)."""
         self.stats["connections_total"] += 1
-        why = self.admit(conn.address)
+        address = conn.address
+        why = self.admit(address)
+        if why is not None and self.config.evict_unused_connections:
+            why = self._make_room(address, why)
         if why is not None:
-            self.refused(conn.address, why)
+            self.refused(address, why)
             return False
         self.connections.add(conn)
-        self.per_address[conn.address] += 1
+        self.per_address[address] += 1
+        mine = self.unused.get(address)
+        if mine is None:
+            self.unused[address] = {conn: None}
+        else:
+            mine[conn] = None
         return True
+
+    def _make_room(self, address: str, why: str) -> str | None:
+        """Close unused connections (none of their requests whole yet), the oldest
+        first, until a newcomer from ``address`` is admitted: ``address``'s own at its
+        per-address limit, else the address holding most of them.  Returns why the
+        newcomer is still refused, or None."""
+        cfg = self.config
+        while True:  # one eviction frees a place in both counts (the reserve may need more)
+            if self.per_address.get(address, 0) >= cfg.max_connections_per_address:
+                pool = self.unused.get(address)
+            else:
+                pool = max(self.unused.values(), key=len, default=None)
+            if not pool:
+                return why
+            victim = next(iter(pool))
+            self._forget(victim)
+            self.stats["connections_evicted"] += 1
+            if _due(self._evictions_logged, victim.address):
+                log.warning("closing unused connections from %s to admit new ones (%s)",
+                            victim.address, why)
+            victim.abort(f"unused, closed to admit a new connection ({why})")
+            why = self.admit(address)
+            if why is None:
+                return None
+
+    def first_request(self, conn: Connection) -> None:
+        """``conn`` sent its first whole request: no newcomer takes its place now."""
+        mine = self.unused.get(conn.address)
+        if mine is not None and mine.pop(conn, 0) is None and not mine:
+            del self.unused[conn.address]
+
+    def timed_out(self, conn: Connection, why: str) -> None:
+        """Close ``conn``: its first request did not come in ``first_request_timeout``
+        (``why`` "first_request"), or the one coming in is not whole after
+        ``request_timeout`` ("request", a slow client)."""
+        if why == "first_request":  # a flood closes thousands: one line a minute an address
+            t = self.config.first_request_timeout
+            self.stats["unused_closed"] += 1
+            if _due(self._unused_logged, conn.address):
+                log.info("closing connections from %s that sent no request within %gs of "
+                         "connecting (%d so far, all addresses)", conn.address, t,
+                         self.stats["unused_closed"])
+            conn.abort(f"no request within {t:g}s")
+        else:
+            t = self.config.request_timeout
+            log.info("closing %s: a request has been coming in for over %gs", conn.peer, t)
+            self.stats["slow_closed"] += 1
+            conn.abort(f"request incomplete after {t:g}s")
+
+    def _forget(self, conn: Connection) -> None:
+        """No longer count ``conn`` among the open connections."""
+        if conn in self.connections:
+            self.connections.discard(conn)
+            address = conn.address
+            n = self.per_address[address] - 1
+            if n > 0:
+                self.per_address[address] = n
+            else:
+                del self.per_address[address]
+            self.first_request(conn)
 
     def connection_closed(self, conn: Connection) -> None:
         """``conn`` is gone: forget it and its held gets."""
-        if conn in self.connections:
-            self.connections.discard(conn)
-            n = self.per_address[conn.address] - 1
-            if n > 0:
-                self.per_address[conn.address] = n
-            else:
-                del self.per_address[conn.address]
+        self._forget(conn)
         if conn.held:
             self.held.drop(conn)
         self._idem_open.pop(conn, None)
@@ -211,20 +293,23 @@ class BrokerServer:
         if replicas is not None and replicas.watermarks is not None:
             replicas.watermarks.connection_closed(conn)
 
-    def close_idle(self, now: float, idle: float, slow: float) -> None:
-        """Close the connections that sent nothing for ``idle`` seconds, and those whose
-        request has been coming in for over ``slow`` (slow clients); 0 = no limit."""
+    def close_idle(self, now: float, idle: float) -> None:
+        """Close the connections that sent nothing for ``idle`` seconds (> 0).  (The
+        deadlines of a request and of the first one are each connection's timer.)"""
         for conn in list(self.connections):
-            if idle > 0 and conn.idle_for(now) > idle:
+            if conn.idle_for(now) > idle:
                 log.info("closing %s: idle for over %gs", conn.peer, idle)
                 self.stats["idle_closed"] += 1
                 conn.abort(f"idle for over {idle:g}s")
-            elif slow > 0 and conn.partial_since is not None \
-                    and now - conn.partial_since > slow:
-                log.info("closing %s: a request has been coming in for over %gs",
-                         conn.peer, slow)
-                self.stats["slow_closed"] += 1
-                conn.abort(f"request incomplete after {slow:g}s")
+
+    def connection_stats(self) -> dict[str, int]:
+        """The connection counters (``stats`` and the Prometheus metrics): open now,
+        accepted, refused at a limit, evicted (unused, for a newcomer), and closed for
+        being idle, slow (a request not whole in time) or unused (no first request)."""
+        st = self.stats
+        return {"curr_connections": len(self.connections),
+                "unused_connections": sum(map(len, self.unused.values())),
+                **{k: st[k] for k in _CONNECTION_COUNTERS}}
 
     # -- topics ----------------------------------------------------------------------------
     def add_topic(self, topic: str, partitions: int) -> None:
@@ -247,9 +332,10 @@ class BrokerServer:
                 return
             r = reqs[i]
             t = type(r)
-            if t is PutRequest and r.tx_key is not None:  # a run joining transactions
-                j = i + 1
-                while j < n and type(reqs[j]) is PutRequest and reqs[j].tx_key is not None:
+            if t is TxPut or (t is PutRequest and r.tx_key is not None):  # a run joining
+                j = i + 1                                                    # transactions
+                while j < n and (type(reqs[j]) is TxPut or (
+                        type(reqs[j]) is PutRequest and reqs[j].tx_key is not None)):
                     j += 1
                 why = None if self.role is None else self.role.put_refusal()
                 if why is not None:  # a slave (or a master without its lease) keeps none
@@ -372,7 +458,7 @@ class BrokerServer:
         self.stats["put_failed"] += len(puts)
         self.stats["put_refused_role"] += len(puts)
         conn.send(b"".join(
-            result(503, why, int(p[4]) if type(p) is tuple else p.opaque) for p in puts))
+            result(503, why, p.opaque if type(p) is PutRequest else int(p[4])) for p in puts))
 
     def _put_group(self, target: PutTarget, puts: list, ids: list[int]
                    ) -> tuple[list[bytes], int, bool]:
@@ -636,6 +722,7 @@ class BrokerServer:
                 f"uptime {int(now - self.started)}",
                 f"version {VERSION}",
                 f"curr_connections {len(self.connections)}",
+                f"unused_connections {sum(map(len, self.unused.values()))}",
                 f"held_gets {len(self.held)}",
                 f"open_transactions {len(self.tx.xa) + sum(map(len, self.tx.local.values()))}",
                 f"queued_replies {sum(c.queued for c in self.connections)}",
@@ -656,7 +743,8 @@ class BrokerServer:
                         "tx_begun", "tx_puts", "tx_prepared",
                         "tx_committed", "tx_rolled_back", "tx_timed_out", "tx_errors",
                         "bad_requests", "connections_total", "connections_refused",
-                        "clients_vanished", "requests_dropped", "slow_closed", "idle_closed"):
+                        "clients_vanished", "requests_dropped", "slow_closed", "idle_closed",
+                        "unused_closed", "connections_evicted"):
                 lines.append(f"{key} {self.stats[key]}")
         elif item == "topics":
             for topic, n in sorted(self.storage.topics.items()):

@@ -52,7 +52,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import operator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from metaq._errors import ProtocolError, StorageError
@@ -79,8 +81,8 @@ from metaq.protocol import (
     XAER_RMERR,
     PutRequest,
     TransactionRequest,
+    TxPut,
     crc32,
-    encode_message,
     parse_transaction_key,
     scan_messages,
 )
@@ -376,62 +378,127 @@ class Transactions:
             log.error("transaction %s: %s", r.key.text, e)
             conn.send(result(500, f"XAException:code={XA_RBOTHER},msg={e}", r.opaque))
 
-    def puts(self, conn: Connection, run: list[PutRequest]) -> None:
-        """A run of puts carrying transaction keys: kept (and journaled) until their
-        commit; answered with one send (after the journal's fsync with group commit)."""
-        data = b"".join([self._put(conn, p) for p in run])
+    def puts(self, conn: Connection, run: list) -> None:
+        """A run of puts carrying transaction keys (:class:`~metaq.protocol.PutRequest`, or
+        the put loop's :class:`~metaq.protocol.TxPut`): kept (and journaled) until their
+        commit; answered with one send (after the journal's fsync with group commit).
+        Their msgIds are taken together; each payload's CRC32 is computed once."""
+        ids = self.ids.next_ids(len(run))
+        data = self._same_tx(conn, run, ids) if len(run) >= _COLUMNAR_MIN else None
+        if data is None:
+            put = self._put
+            data = b"".join([put(conn, p, msg_id) for p, msg_id in zip(run, ids, strict=True)])
         if self.group_commit:
-            self._reply(conn, run[0].opaque, data, sync=True, ok_is_body=True,
-                        opaques=[p.opaque for p in run])
+            opaques = [p.opaque if type(p) is PutRequest else int(p[4]) for p in run]
+            self._reply(conn, opaques[0], data, sync=True, ok_is_body=True, opaques=opaques)
         else:
             conn.send(data)
 
-    def _put(self, conn: Connection, p: PutRequest) -> bytes:
+    def _same_tx(self, conn: Connection, run: list, ids: list[int]) -> bytes | None:
+        """The usual run: the put loop's puts of one transaction to one partition, every
+        one accepted (their checksums right, the sizes within the limits), kept with
+        whole-list steps; their answers.  None, with nothing done, for any other run
+        (:meth:`_put` then takes each put, and says what is wrong)."""
+        m = len(run)
+        first = run[0]
+        target, tx_key = first[0], first[6]
+        if (type(first) is not TxPut or target.log is None
+                or list(map(type, run)).count(TxPut) != m
+                or list(map(_target_of, run)).count(target) != m
+                or list(map(_tx_key_of, run)).count(tx_key) != m):
+            return None
+        key = self._keys.get(tx_key)
+        if key is None:
+            try:
+                key = parse_transaction_key(tx_key.decode())
+            except ProtocolError:
+                return None
+            if len(self._keys) > 10_000:
+                self._keys.clear()
+            self._keys[tx_key] = key
+        tx = self.xa.get(key.text) if key.is_xa else self.local.get(conn, {}).get(key.text)
+        if tx is None or tx.state not in (START, IN_USE):
+            return None
+        _t, lengths, flags, checks, opaques, payloads, _k = zip(*run, strict=True)
+        crcs = list(map(CHECKSUM_MASK.__and__, map(crc32, payloads)))  # once per put
+        if crcs != list(checks) and checks.count(-1) != m and any(
+                c != -1 and c != a for c, a in zip(checks, crcs, strict=True)):
+            return None
+        size = sum(lengths) + HEADER_SIZE * m
+        if max(lengths) > self.max_message_size or tx.size + size > self.max_size:
+            return None
+        plog = target.log
+        topic, partition = plog.topic, plog.partition
+        messages = list(map(bytes.__add__, map(_pack_header, lengths, crcs, ids, flags),
+                            payloads))
+        self.journal.puts(key.text, topic, partition, messages)
+        tx.puts += zip(repeat(plog), repeat(topic), repeat(partition), messages)
+        tx.size += size
+        tx.state = IN_USE
+        self.stats["cmd_put"] += m
+        self.stats["tx_puts"] += m
+        bodies = [b"%d %d -1" % (i, partition) for i in ids]
+        return b"".join([b"result 200 %d %d\r\n%b" % (len(b), o, b)
+                         for b, o in zip(bodies, map(int, opaques), strict=True)])
+
+    def _put(self, conn: Connection, p: PutRequest | TxPut, msg_id: int) -> bytes:
         self.stats["cmd_put"] += 1
+        plog: PartitionLog | None
+        if type(p) is TxPut:  # the put loop's: its target (a PickTarget for partition -1)
+            target, _length, flag, check, opaque_token, payload, tx_key = p
+            opaque = int(opaque_token)
+            plog = target.log
+            if plog is None:
+                topic, partition = target.topic, -1
+            else:
+                topic, partition = plog.topic, plog.partition
+        else:
+            topic, partition, _length, flag, check, tx_key, opaque, payload = p
+            plog = None
         try:
-            key = self._keys.get(p.tx_key)
+            key = self._keys.get(tx_key)
             if key is None:
                 try:
-                    key = parse_transaction_key(p.tx_key)
+                    key = parse_transaction_key(
+                        tx_key.decode() if type(tx_key) is bytes else tx_key)
                 except ProtocolError as e:  # Java's decoder would close the connection
-                    return result(400, str(e), p.opaque)
+                    return result(400, str(e), opaque)
                 if len(self._keys) > 10_000:
                     self._keys.clear()
-                self._keys[p.tx_key] = key
+                self._keys[tx_key] = key
             tx = self._find(conn, key.text, key.is_xa)
             if tx.state not in (START, IN_USE):
                 raise TxError(f"transaction {key.text} is {tx.state.lower()}: no more puts",
                               XAER_PROTO)
-            if p.partition < 0:
-                raise TxError(f"Invalid partition for transaction command:{p.partition}")
-            plog = self.storage.get(p.topic, p.partition)
+            if partition < 0:
+                raise TxError(f"Invalid partition for transaction command:{partition}")
             if plog is None:
-                return result(404, f"topic {p.topic} partition {p.partition} not found",
-                              p.opaque)
-            payload = p.payload
-            check = crc32(payload) & CHECKSUM_MASK
-            if p.checksum != -1 and p.checksum != check:  # -1: not given (Java's)
-                return result(400, "checksum mismatch", p.opaque)
+                plog = self.storage.get(topic, partition)
+                if plog is None:
+                    return result(404, f"topic {topic} partition {partition} not found",
+                                  opaque)
+            actual = crc32(payload) & CHECKSUM_MASK  # once
+            if check != -1 and check != actual:  # -1: not given (Java's)
+                return result(400, "checksum mismatch", opaque)
             if len(payload) > self.max_message_size:
                 return result(400, f"message of {len(payload)} bytes is over "
-                                   f"max_message_size {self.max_message_size}", p.opaque)
+                                   f"max_message_size {self.max_message_size}", opaque)
             if tx.size + len(payload) > self.max_size:
                 raise TxError(f"transaction {key.text} would hold more than "
                               f"max_transaction_size={self.max_size} bytes", XAER_RMERR)
-            msg_id = self.ids.next_ids(1)[0]
-            message = encode_message(msg_id, p.flag, payload)
-            self.journal.put(key.text, p.topic, p.partition, message)
-            tx.puts.append((plog, p.topic, p.partition, message))
+            message = _pack_header(len(payload), actual, msg_id, flag) + payload
+            self.journal.put(key.text, topic, partition, message)
+            tx.puts.append((plog, topic, partition, message))
             tx.size += len(message)
             tx.state = IN_USE
             self.stats["tx_puts"] += 1
-            return answer(b"%d %d -1" % (msg_id, p.partition), p.opaque)
+            return answer(b"%d %d -1" % (msg_id, partition), opaque)
         except TxError as e:
             self.stats["put_failed"] += 1
-            return result(500, e.text, p.opaque)
+            return result(500, e.text, opaque)
         except StorageError as e:
             self.stats["put_failed"] += 1
-            return result(500, f"write failed: {e}", p.opaque)
+            return result(500, f"write failed: {e}", opaque)
 
     def connection_closed(self, conn: Connection) -> None:
         """Roll back the local transactions ``conn`` left open (Java's
@@ -662,6 +729,11 @@ def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
     return {plog: (t, p, b"".join(msgs), len(msgs)) for plog, (t, p, msgs) in groups.items()}
 
 
+_pack_header = HEADER.pack
+_target_of = operator.itemgetter(0)
+_tx_key_of = operator.itemgetter(6)
+#: Smallest run worth :meth:`Transactions._same_tx`'s whole-list steps.
+_COLUMNAR_MIN = 8
 _SEARCH_CHUNK = 4 << 20
 
 

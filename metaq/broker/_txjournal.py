@@ -121,6 +121,15 @@ def put_record(key: str, topic: str, partition: int, message: bytes) -> bytes:
     return _record(b"P", key, _put_name(topic) + _I32.pack(partition) + message)
 
 
+def put_records(key: str, topic: str, partition: int, messages: list[bytes]) -> list[bytes]:
+    """The ``P`` records of puts of transaction ``key`` to one partition (each what
+    :func:`put_record` makes of it)."""
+    prefix = b"P" + _put_name(key) + _put_name(topic) + _I32.pack(partition)
+    bodies = list(map(prefix.__add__, messages))
+    return list(map(bytes.__add__, map(_HEAD.pack, map(len, bodies), map(zlib.crc32, bodies)),
+                    bodies))
+
+
 def prepare_record(key: str, bounds: list[tuple[str, int, int, int]] | None) -> bytes:
     """The ``R`` record of branch ``key`` (``bounds``: see the module docstring)."""
     return _record(b"R", key, b"" if bounds is None else _places(bounds))
@@ -213,6 +222,14 @@ class TxJournal:
         rec = put_record(key, topic, partition, message)
         self._buffer.append(rec)
         self._buffered += len(rec)
+        if self._buffered >= _BUFFER_MAX:
+            self.write()
+
+    def puts(self, key: str, topic: str, partition: int, messages: list[bytes]) -> None:
+        """:meth:`put` of several messages to one partition."""
+        recs = put_records(key, topic, partition, messages)
+        self._buffer += recs
+        self._buffered += sum(map(len, recs))
         if self._buffered >= _BUFFER_MAX:
             self.write()
 

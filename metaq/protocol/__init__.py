@@ -33,6 +33,7 @@ from metaq.protocol._commands import (
     Result,
     StatsRequest,
     SyncRequest,
+    TxPut,
     Value,
     VersionRequest,
     check_group,
@@ -160,7 +161,7 @@ __all__ = [
     "HEADER", "RawMessage", "MsgIdGenerator", "checksum", "build_payload", "split_payload",
     "encode_message", "iter_messages", "scan_messages", "scan_problem", "msg_id_parts",
     # commands
-    "PutRequest", "SyncRequest", "GetRequest", "OffsetRequest", "StatsRequest",
+    "PutRequest", "TxPut", "SyncRequest", "GetRequest", "OffsetRequest", "StatsRequest",
     "VersionRequest", "QuitRequest", "BadRequest", "Result", "Value", "encode_put",
     "encode_sync", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",

@@ -17,6 +17,7 @@ from metaq.protocol._constants import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 __all__ = [
     "PutRequest",
+    "TxPut",
     "SyncRequest",
     "GetRequest",
     "OffsetRequest",
@@ -63,6 +64,16 @@ class PutRequest(NamedTuple):
     tx_key: str | None
     opaque: int
     payload: bytes
+
+
+class TxPut(tuple):
+    """A put with a transaction key as the broker's put loop reads it
+    (``RequestParser(fast_puts=..., tx_puts=True)``): ``(target, length, flag,
+    checksum, opaque_token, payload, tx_key)``, the target from ``fast_puts``, the
+    opaque as its decimal bytes, the key as bytes (printable ASCII), the checksum -1
+    when the put has none (7 fields, the key in its place)."""
+
+    __slots__ = ()
 
 
 class SyncRequest(NamedTuple):

@@ -55,7 +55,7 @@ __all__ = [
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
 #: ``.so`` left next to newer sources) is ignored rather than misused.
-EXPECTED_VERSION = 5
+EXPECTED_VERSION = 6
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -398,10 +398,13 @@ else:
 # ----------------------------------------------------------------------------------
 
 
-# put <topic> <partition> <len> <flag> <checksum> <opaque>\r\n: the grammar of the C loop
+# put <topic> <partition> <len> <flag> [<checksum>] <opaque>\r\n: the grammar of the C loop
 # (``-?[0-9]{1,10}`` numbers, the sign only where Metaq allows one, a topic of 1..255
-# bytes without space or line break); group 1 is the key ``b"<topic> <partition>"``.
-_PUT_NUMBERS = rb" ([0-9]{1,10}) (-?[0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10})\r\n"
+# bytes without space or line break); group 1 is the key ``b"<topic> <partition>"``;
+# groups 4 and 5 are the checksum and the opaque, or (6 fields, no checksum: Java's
+# legacy form) the opaque and None.
+_PUT_NUMBERS = (rb" ([0-9]{1,10}) (-?[0-9]{1,10}) (-?[0-9]{1,10})(?: (-?[0-9]{1,10}))?"
+                rb"\r\n")
 _PUT = re.compile(rb"put ([^ \r\n]{1,255} -?[0-9]{1,10})" + _PUT_NUMBERS).match
 _KEYED_PUTS: dict[bytes, object] = {}
 
@@ -418,20 +421,35 @@ def _keyed_put(key: bytes):  # type: ignore[no-untyped-def]
     return match
 
 
+# ---- issue 29 (broker): the transactional puts (``tx_cls`` given): ``<checksum> <txKey>
+# <opaque>`` (8 fields) or ``<txKey> <opaque>`` (7 fields, a key that does not start with
+# a digit or '-': Java's decoder reads such a slot as a checksum), a key being 1..512
+# bytes of printable ASCII but the space; groups: key, length, flag, checksum, txKey (8
+# fields) or None, txKey (7 fields) or None, opaque.
+_TX_PUT = re.compile(
+    rb"put ([^ \r\n]{1,255} -?[0-9]{1,10}) ([0-9]{1,10}) (-?[0-9]{1,10}) "
+    rb"(?:(-?[0-9]{1,10}) ([\x21-\x7e]{1,512})"
+    rb"|([\x21-\x2c\x2e\x2f\x3a-\x7e][\x21-\x7e]{0,511})) (-?[0-9]{1,10})\r\n").match
+
+
 def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload: int,
-                     out: list) -> int:
+                 out: list, tx_cls: type | None = None) -> int:
     """The broker's put loop (``fast_puts`` of ``_speedups.c``), in Python.
 
-    From ``pos``, every whole ``put <topic> <part> <len> <flag> <checksum> <opaque>\\r\\n
+    From ``pos``, every whole ``put <topic> <part> <len> <flag> [<checksum>] <opaque>\\r\\n
     <payload>`` whose ``b"<topic> <part>"`` maps to a target other than None in ``fast``
     becomes the tuple ``(target, length, flag, checksum, opaque_token, payload)``
-    appended to ``out`` (the opaque as its decimal bytes, ready to echo); the loop
-    stops at the first request that is anything else (a put cut short, over
-    ``max_payload``, with a number out of the int32 range, with a transaction key, to
-    an unknown partition, another command) and returns where, for the general parser
-    to take it from there.  Numbers of at most 9 digits are in range without a check;
-    after two puts in a row to one partition, a pattern for that partition is tried
-    first (the general one again when it fails).
+    appended to ``out`` (the opaque as its decimal bytes, ready to echo; the checksum
+    -1 when the put has none, 6 fields, Java's legacy form); the loop stops at the
+    first request that is anything else (a put cut short, over ``max_payload``, with
+    a number out of the int32 range, with a transaction key, to an unknown
+    partition, another command) and returns where, for the general parser to take
+    it from there.  With ``tx_cls``, a put with a transaction key (8 fields, or 7
+    with the key in the checksum's place) becomes ``tx_cls((target, length, flag,
+    checksum, opaque_token, payload, tx_key))``, the key as bytes (printable ASCII
+    only; any other goes to the general parser).  Numbers of at most 9 digits are in
+    range without a check; after two puts in a row to one partition, a pattern for
+    that partition is tried first (the general one again when it fails).
     """
     if not 0 <= pos <= len(buf):
         raise ValueError("fast_puts: pos outside the data")
@@ -441,13 +459,21 @@ def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload
     general = match = _PUT
     last_key = None
     while True:
+        tx = None
         m = match(buf, pos)
         if m is None:
-            if match is general:
+            if match is not general:
+                match = general
+                continue
+            if tx_cls is None or (m := _TX_PUT(buf, pos)) is None:
                 return pos
-            match = general
-            continue
-        key, length, flag, check, opaque = m.groups()
+            key, length, flag, check, tx, legacy, opaque = m.groups()
+            if tx is None:  # 7 fields, a key in the checksum's place: no checksum
+                check, tx = b"-1", legacy
+        else:
+            key, length, flag, check, opaque = m.groups()
+            if opaque is None:  # 6 fields: no checksum (-1, "not computed", as Java's)
+                check, opaque = b"-1", check
         target = get(key)
         if target is None:
             return pos
@@ -462,8 +488,13 @@ def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload
             if not INT32_MIN <= flag <= INT32_MAX:
                 return pos
         check = int(check)
-        if check > INT32_MAX or (len(opaque) > 9 and not INT32_MIN <= int(opaque) <= INT32_MAX):
+        if not INT32_MIN <= check <= INT32_MAX or (
+                len(opaque) > 9 and not INT32_MIN <= int(opaque) <= INT32_MAX):
             return pos
+        if tx is not None:
+            append(tx_cls((target, stop - start, flag, check, opaque, buf[start:stop], tx)))
+            pos = stop
+            continue
         append((target, stop - start, flag, check, opaque, buf[start:stop]))
         pos = stop
         if match is general:

@@ -53,6 +53,7 @@ from metaq.protocol._commands import (
     Result,
     StatsRequest,
     SyncRequest,
+    TxPut,
     Value,
     VersionRequest,
     name_problem,
@@ -175,7 +176,9 @@ class RequestParser(_Buffered):
     appears in a put line to a target object.  A valid put without a
     transaction key whose key is in the mapping comes back as a plain tuple
     ``(target, length, flag, checksum, opaque_token, payload)`` (opaque as its
-    decimal bytes, ready to echo) instead of a :class:`PutRequest`.
+    decimal bytes, ready to echo; checksum -1 when the put has none) instead of a
+    :class:`PutRequest`; with ``tx_puts``, a valid put with a transaction key (printable
+    ASCII) comes back as a :class:`TxPut`, the same tuple and the key as bytes.
 
     Parsing goes in steps, each taking what starts at the current position and
     returning where the next begins (or -1 once it has stopped the parsing and saved
@@ -190,19 +193,28 @@ class RequestParser(_Buffered):
 
     def __init__(self, *, max_line: int = MAX_LINE,
                  max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 fast_puts: Mapping[bytes, object] | None = None) -> None:
+                 fast_puts: Mapping[bytes, object] | None = None,
+                 tx_puts: bool = False) -> None:
         super().__init__()
         self.max_line = max_line
         self.max_payload = max_payload
         self.fast_puts = fast_puts
+        #: the put loop's class of puts with a transaction key (None: it stops at them)
+        self._tx_cls = TxPut if tx_puts else None
         #: the put loop over ``fast_puts``, bound once in ``_fast`` (C when built); the
         #: Python twin for a mapping that is not a dict (the C loop reads dicts only)
-        self._put_loop: Callable[[bytes, int, Mapping, int, list], int] | None = (
+        self._put_loop: Callable[[bytes, int, Mapping, int, list, type | None], int] | None = (
             None if fast_puts is None else
             _fast.fast_puts if type(fast_puts) is dict else _fast.py_fast_puts)
         self._skip = 0                       # payload bytes of a rejected put still to drop
         self._put: tuple | None = None       # header of a put waiting for its payload
         self._put_cls: type = PutRequest     # what it is (PutRequest or SyncRequest)
+
+    @property
+    def in_request(self) -> bool:
+        """A request has begun arriving and is not whole yet: bytes of its line, a put's
+        payload still to come, or a refused put's payload still to skip."""
+        return self._put is not None or self._skip > 0 or self.buffered > 0
 
     def feed(self, data: bytes) -> list:
         """Add bytes; return the complete requests. Raises ProtocolError on bad input.
@@ -261,12 +273,13 @@ class RequestParser(_Buffered):
         max_payload = self.max_payload
         put_loop = self._put_loop
         fast = self.fast_puts
+        tx_cls = self._tx_cls
         while pos < end or self._put is not None:
             if self._put is not None:
                 pos = self._payload(buf, pos, out)
             else:
                 if put_loop is not None:
-                    pos = put_loop(buf, pos, fast, max_payload, out)
+                    pos = put_loop(buf, pos, fast, max_payload, out, tx_cls)
                     if pos >= end:
                         break
                 m = _IDEM(buf, pos)  # an idempotent put's mark (``_idempotence``)

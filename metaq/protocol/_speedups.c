@@ -16,7 +16,8 @@
  *   deliver(data, pos, base, verify, max_payload,
  *           topic, partition, codec, plain, attr, listener, later)
  *                                         -> (status, pos, count, last, failed, exc)
- *   fast_puts(buf, pos, fast, max_payload, out) -> pos   (the broker's put parser)
+ *   fast_puts(buf, pos, fast, max_payload, out, tx_cls=None) -> pos   (the broker's put
+ *                                         parser)
  *   encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes)   (producer)
  * Status: END (no further whole message: the data is used up or the next
  * message is cut short), LIMIT (``limit`` messages taken), BAD (an impossible
@@ -34,7 +35,7 @@
 #define METAQ_X86_SIMD 1
 #endif
 
-#define VERSION 5
+#define VERSION 6
 #define HEADER 20
 
 enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
@@ -610,22 +611,53 @@ literal(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, const char *lit, Py
     return 1;
 }
 
+/* ---- issue 29 (broker): a transaction key: 1..512 bytes of printable ASCII but the
+ * space (what metaq.protocol._transaction accepts of one, MAX_TRANSACTION_KEY), then a
+ * space; *start and *end say where it is. */
+#define MAX_TX_KEY 512
+static inline int
+tx_key_at(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, Py_ssize_t *start,
+          Py_ssize_t *end)
+{
+    Py_ssize_t i = *p;
+    while (i < n && i - *p <= MAX_TX_KEY && d[i] > 0x20 && d[i] < 0x7f)
+        i++;
+    if (i == *p || i - *p > MAX_TX_KEY || i >= n || d[i] != ' ')
+        return 0;
+    *start = *p;
+    *end = i;
+    *p = i + 1;
+    return 1;
+}
+
 /* The broker's hot loop (metaq/protocol/_parsers.py, RequestParser._run): from ``pos``,
- * every whole ``put <topic> <part> <len> <flag> <checksum> <opaque>\r\n<payload>``
+ * every whole ``put <topic> <part> <len> <flag> [<checksum>] <opaque>\r\n<payload>``
  * whose ``b"<topic> <part>"`` is a key of ``fast`` becomes the tuple
- * ``(target, length, flag, checksum, opaque_token, payload)`` appended to ``out``;
- * stops at the first request that is anything else (the Python parser takes
- * it from there) and returns where. */
+ * ``(target, length, flag, checksum, opaque_token, payload)`` appended to ``out``
+ * (checksum -1 when the put has none, or says -1: computed once, by the broker);
+ * with ``tx_cls`` (a tuple subclass without fields), a put with a transaction key
+ * becomes ``tx_cls((target, length, flag, checksum, opaque_token, payload, tx_key))``
+ * (the key as bytes; without ``tx_cls`` the loop stops at it); stops at the first
+ * request that is anything else (the Python parser takes it from there) and returns
+ * where. */
 static PyObject *
 py_fast_puts(PyObject *self, PyObject *args)
 {
     Py_buffer buf;
     Py_ssize_t pos;
     long long max_payload;
-    PyObject *fast, *out;
-    if (!PyArg_ParseTuple(args, "y*nO!LO!:fast_puts", &buf, &pos, &PyDict_Type, &fast,
-                          &max_payload, &PyList_Type, &out))
+    PyObject *fast, *out, *tx_arg = Py_None;
+    if (!PyArg_ParseTuple(args, "y*nO!LO!|O:fast_puts", &buf, &pos, &PyDict_Type, &fast,
+                          &max_payload, &PyList_Type, &out, &tx_arg))
         return NULL;
+    PyTypeObject *tx_cls = NULL;
+    if (tx_arg != Py_None) {
+        if (check_message_type(tx_arg, "tx_cls") < 0) {
+            PyBuffer_Release(&buf);
+            return NULL;
+        }
+        tx_cls = (PyTypeObject *)tx_arg;
+    }
     if (pos < 0 || pos > buf.len) {
         PyBuffer_Release(&buf);
         PyErr_SetString(PyExc_ValueError, "fast_puts: pos outside the data");
@@ -648,15 +680,54 @@ py_fast_puts(PyObject *self, PyObject *args)
         Py_ssize_t key_end = p;
         if (!literal(d, n, &p, " ", 1) || !number(d, n, &p, 0, &length)
             || !literal(d, n, &p, " ", 1) || !number(d, n, &p, 1, &flag)
-            || !literal(d, n, &p, " ", 1) || !number(d, n, &p, 0, &check)
             || !literal(d, n, &p, " ", 1))
             break;
-        Py_ssize_t op = p;
-        if (!number(d, n, &p, 1, &opaque))
-            break;
-        Py_ssize_t op_end = p;
-        if (!literal(d, n, &p, "\r\n", 2))
-            break;
+        /* ---- issue 29 (broker): every put form of Java's clients -------------------
+         * ``<checksum> <opaque>`` (7 fields; Java's clients send checksum -1, "not
+         * computed", which stays -1 here: the broker computes it once, when it checks
+         * the puts), ``<opaque>`` alone (6 fields, the legacy form without a checksum:
+         * -1 as well), and with ``tx_cls``, the transactional puts: ``<checksum>
+         * <txKey> <opaque>`` (8 fields) and ``<txKey> <opaque>`` (7 fields, a slot that
+         * does not start with a digit or '-', as Java's decoder tells them apart). */
+        Py_ssize_t op, op_end, tx = -1, tx_end = -1;
+        if (p < n && (d[p] == '-' || (d[p] >= '0' && d[p] <= '9'))) {
+            op = p;
+            if (!number(d, n, &p, 1, &check))
+                break;
+            op_end = p;
+            if (literal(d, n, &p, "\r\n", 2)) {
+                opaque = check;
+                check = -1;
+            } else {
+                if (!literal(d, n, &p, " ", 1))
+                    break;
+                Py_ssize_t slot = p;
+                op = p;
+                if (number(d, n, &p, 1, &opaque) && literal(d, n, &p, "\r\n", 2)) {
+                    op_end = p - 2;
+                } else {
+                    p = slot;
+                    if (tx_cls == NULL || !tx_key_at(d, n, &p, &tx, &tx_end))
+                        break;
+                    op = p;
+                    if (!number(d, n, &p, 1, &opaque))
+                        break;
+                    op_end = p;
+                    if (!literal(d, n, &p, "\r\n", 2))
+                        break;
+                }
+            }
+        } else {
+            check = -1;
+            if (tx_cls == NULL || !tx_key_at(d, n, &p, &tx, &tx_end))
+                break;
+            op = p;
+            if (!number(d, n, &p, 1, &opaque))
+                break;
+            op_end = p;
+            if (!literal(d, n, &p, "\r\n", 2))
+                break;
+        }
         if (last_key == NULL || PyBytes_GET_SIZE(last_key) != key_end - key
             || memcmp(PyBytes_AS_STRING(last_key), d + key, (size_t)(key_end - key)) != 0) {
             PyObject *k = PyBytes_FromStringAndSize((const char *)d + key, key_end - key);
@@ -677,10 +748,11 @@ py_fast_puts(PyObject *self, PyObject *args)
             break;
         if (length > max_payload || n - p < length)
             break;
-        if (flag < INT32_MIN || flag > INT32_MAX || check > INT32_MAX
+        if (flag < INT32_MIN || flag > INT32_MAX || check < INT32_MIN || check > INT32_MAX
             || (op_end - op > 9 && (opaque < INT32_MIN || opaque > INT32_MAX)))
             break;
-        PyObject *t = PyTuple_New(6);
+        int items = tx < 0 ? 6 : 7;
+        PyObject *t = tx < 0 ? PyTuple_New(6) : tx_cls->tp_alloc(tx_cls, 7);
         if (t == NULL)
             goto fail;
         Py_INCREF(target);
@@ -691,7 +763,9 @@ py_fast_puts(PyObject *self, PyObject *args)
         PyTuple_SET_ITEM(t, 4, PyBytes_FromStringAndSize((const char *)d + op, op_end - op));
         PyTuple_SET_ITEM(t, 5, PyBytes_FromStringAndSize((const char *)d + p,
                                                          (Py_ssize_t)length));
-        for (int i = 1; i < 6; i++) {
+        if (tx >= 0)
+            PyTuple_SET_ITEM(t, 6, PyBytes_FromStringAndSize((const char *)d + tx, tx_end - tx));
+        for (int i = 1; i < items; i++) {
             if (PyTuple_GET_ITEM(t, i) == NULL) {
                 Py_DECREF(t);
                 goto fail;
@@ -840,9 +914,9 @@ static PyMethodDef methods[] = {
      "listener, later) -> (status, pos, count, last, failed, exc): call listener(m) for\n"
      "each message from pos until the data ends, a bad message, a later or an error."},
     {"fast_puts", py_fast_puts, METH_VARARGS,
-     "fast_puts(buf, pos, fast, max_payload, out) -> pos: the broker's put fast path\n"
-     "(see RequestParser): append a tuple per whole put to a key of fast; stop at\n"
-     "anything else."},
+     "fast_puts(buf, pos, fast, max_payload, out, tx_cls=None) -> pos: the broker's put\n"
+     "fast path (see RequestParser): append a tuple per whole put to a key of fast (a\n"
+     "tx_cls one per transactional put, given tx_cls); stop at anything else."},
     {"encode_puts", py_encode_puts, METH_VARARGS,
      "encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes): the put\n"
      "requests of one partition, head being b'put <topic> <partition> '."},

@@ -44,8 +44,10 @@ def _stats(port: int) -> dict[str, str]:
 
 
 def test_a_client_hoarding_connections_cannot_lock_others_out(brokers):
+    """With refusals only (``--no-evict-unused-connections``): the limits and the reserve."""
     b = brokers(0, {"t": 1}, extra_args=["--max-connections", "200",
-                                         "--max-connections-per-address", "50"])
+                                         "--max-connections-per-address", "50",
+                                         "--no-evict-unused-connections"])
     hogs = []
     try:
         for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"):
@@ -67,6 +69,41 @@ def test_a_client_hoarding_connections_cannot_lock_others_out(brokers):
             assert _version_ok(b.port)
         assert int(_stats(b.port)["connections_refused"]) == 300 - len(open_)
     finally:
+        for s in hogs:
+            s.close()
+
+
+def test_unused_connections_make_way_for_newcomers(brokers):
+    """With eviction (the default): connections that never sent a request are closed,
+    the oldest first, to admit new ones; the reserve stays free for small clients, and
+    a connection that has sent a request is never closed for a newcomer."""
+    b = brokers(0, {"t": 1}, extra_args=["--max-connections", "200",
+                                         "--max-connections-per-address", "50"])
+    worker = _connect(b.port, "127.0.0.2")
+    worker.sendall(encode_version(5))
+    assert worker.recv(1024).startswith(b"result 200")
+    hogs = []
+    try:
+        for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5", "127.0.0.6"):
+            hogs += [_connect(b.port, host) for _ in range(60)]
+        wait_until(lambda: int(_stats(b.port)["connections_total"]) >= 302, 10,
+                   what="every hog connection seen")
+        open_ = [s for s in hogs if not _closed_by_peer(s)]
+        # at most max - reserve places go to the hogs (the reserve's are for small
+        # clients): every newcomer past that took the place of an older unused one
+        assert len(open_) == 200 - 64 - 1, len(open_)  # the worker holds one
+        per_host = {s.getsockname()[0] for s in open_}
+        assert "127.0.0.6" in per_host  # the last comers got in
+        st = _stats(b.port)
+        assert int(st["connections_refused"]) == 0, b.log_tail(200)
+        assert int(st["connections_evicted"]) == 300 - len(open_)
+        # the worker, among 50 hogs of its address at their limit, was never evicted
+        worker.sendall(encode_version(6))
+        assert worker.recv(1024).startswith(b"result 200")
+        for _ in range(5):
+            assert _version_ok(b.port)
+    finally:
+        worker.close()
         for s in hogs:
             s.close()
 

@@ -19,6 +19,7 @@ from metaq.protocol import (
     Result,
     StatsRequest,
     SyncRequest,
+    TxPut,
     Value,
     VersionRequest,
     check_topic,
@@ -287,6 +288,11 @@ _FAST_NAMES = {v: k for k, v in FAST.items()}
 
 def _unfast(r):
     """A fast-path tuple back to the PutRequest the slow path makes."""
+    if type(r) is TxPut:
+        target, length, flag, check, opaque, payload, key = r
+        topic, part = _FAST_NAMES[target].decode().rsplit(" ", 1)
+        return PutRequest(topic, int(part), length, flag, check, key.decode(), int(opaque),
+                          payload)
     if type(r) is not tuple:
         return r
     target, length, flag, check, opaque, payload = r
@@ -297,7 +303,53 @@ def _unfast(r):
 fast_puts = st.builds(
     lambda t, p, pl, f, c, o: PutRequest(t, p, len(pl), f, c, None, o, pl),
     st.sampled_from(["t", "ü", "x"]), st.sampled_from([0, 12, -1, 3, 7]),
-    st.binary(max_size=50), int32, st.integers(0, 2**31 - 1), int32)
+    st.binary(max_size=50), int32, st.one_of(st.integers(0, 2**31 - 1), st.just(-1), int32),
+    int32)
+
+
+class _Legacy(bytes):
+    """The bytes of Java's legacy put without a checksum (6 fields), and the
+    PutRequest it means (checksum -1)."""
+
+    request: PutRequest
+
+
+def _legacy_put(t: str, p: int, pl: bytes, f: int, o: int) -> _Legacy:
+    b = _Legacy(b"put %s %d %d %d %d\r\n%s" % (t.encode(), p, len(pl), f, o, pl))
+    b.request = PutRequest(t, p, len(pl), f, -1, None, o, pl)
+    return b
+
+
+def _tx_put(t: str, p: int, pl: bytes, f: int, c: int | None, k: str, o: int):  # noqa: ANN202
+    """A put with a transaction key: 8 fields, or 7 (``c`` None) with the key in the
+    checksum's place (a key that does not start with a digit or '-')."""
+    if c is None and (k[0].isdigit() or k[0] == "-"):
+        c = -1
+    if c is not None:
+        return PutRequest(t, p, len(pl), f, c, k, o, pl)
+    b = _Legacy(b"put %s %d %d %d %s %d\r\n%s" % (t.encode(), p, len(pl), f, k.encode(), o,
+                                                  pl))
+    b.request = PutRequest(t, p, len(pl), f, -1, k, o, pl)
+    return b
+
+
+tx_puts = st.builds(_tx_put, st.sampled_from(["t", "ü", "x"]),
+                    st.sampled_from([0, 12, -1, 3, 7]), st.binary(max_size=50), int32,
+                    st.one_of(st.none(), st.just(-1), int32),
+                    st.sampled_from(["TX:s:1", "XID:1:0a:0b:q", "12", "-k", "k" * 512,
+                                     "é"]), int32)
+
+legacy_puts = st.builds(_legacy_put, st.sampled_from(["t", "ü", "x"]),
+                        st.sampled_from([0, 12, -1, 3, 7]), st.binary(max_size=50), int32,
+                        int32)
+
+
+def _wire(r) -> bytes:  # noqa: ANN001
+    return r if isinstance(r, _Legacy) else encode_request(r)
+
+
+def _meant(r):  # noqa: ANN001, ANN202
+    return r.request if isinstance(r, _Legacy) else r
 
 
 @pytest.fixture(params=["c", "python"])
@@ -317,11 +369,14 @@ def put_loop(request, monkeypatch):
 
 @pytest.mark.usefixtures("put_loop")
 @settings(max_examples=300)
-@given(st.lists(st.one_of(fast_puts, requests), max_size=20),
+@given(st.lists(st.one_of(fast_puts, legacy_puts, tx_puts, requests), max_size=20),
        st.lists(st.integers(0, 3000), max_size=6), st.binary(max_size=30))
 def test_fast_put_path_agrees_with_the_slow_path(reqs, cuts, junk):
-    data = b"".join(map(encode_request, reqs)) + junk
-    fast = RequestParser(fast_puts=FAST, max_payload=60)
+    """Every put form (ours, Java's checksum -1, the 6-field legacy form, the puts with a
+    transaction key) in the put loop (C and Python) gives what the general parser gives."""
+    data = b"".join(map(_wire, reqs)) + junk
+    reqs = list(map(_meant, reqs))
+    fast = RequestParser(tx_puts=True, fast_puts=FAST, max_payload=60)
     slow = RequestParser(max_payload=60)
     got_fast, got_slow = [], []
     for chunk in chunked(data, cuts):
@@ -338,12 +393,15 @@ def test_fast_put_path_agrees_with_the_slow_path(reqs, cuts, junk):
 
 @pytest.mark.usefixtures("put_loop")
 def test_fast_put_path_exact_bytes():
-    parser = RequestParser(fast_puts=FAST)
+    parser = RequestParser(tx_puts=True, fast_puts=FAST)
     out = parser.feed(b"put t 12 3 1 99 -7\r\nabcput t 0 0 0 0 2147483647\r\n")
     assert out[0] == ("T12", 3, 1, 99, b"-7", b"abc")
     assert out[1] == ("T0", 0, 0, 0, b"2147483647", b"")
+    # Java's forms are fast too: checksum -1 ("not computed"), and none at all (6 fields)
+    out = RequestParser(fast_puts=FAST).feed(b"put t 0 2 0 -1 5\r\nabput t 12 1 0 -6\r\nc")
+    assert out == [("T0", 2, 0, -1, b"5", b"ab"), ("T12", 1, 0, -1, b"-6", b"c")]
     # an opaque out of int32 range is not fast: the slow path names it
-    parser = RequestParser(fast_puts=FAST)
+    parser = RequestParser(tx_puts=True, fast_puts=FAST)
     with pytest.raises(metaq.ProtocolError, match="opaque 2147483648 is out of range"):
         parser.feed(b"put t 0 1 0 0 2147483648\r\nz")
 
@@ -353,9 +411,9 @@ def test_fast_puts_from_a_mapping_that_is_not_a_dict():
     from types import MappingProxyType
 
     data = b"put t 12 3 1 99 -7\r\nabcput t 0 0 0 0 5\r\nput t 9 1 0 0 6\r\nxversion 3\r\n"
-    want = RequestParser(fast_puts=FAST).feed(data)
+    want = RequestParser(tx_puts=True, fast_puts=FAST).feed(data)
     assert want[:2] == [("T12", 3, 1, 99, b"-7", b"abc"), ("T0", 0, 0, 0, b"5", b"")]
-    assert RequestParser(fast_puts=MappingProxyType(FAST)).feed(data) == want
+    assert RequestParser(tx_puts=True, fast_puts=MappingProxyType(FAST)).feed(data) == want
 
 
 # Put lines built token by token, with the edge cases of the fast path's grammar
@@ -401,7 +459,8 @@ def test_the_c_put_loop_parses_exactly_as_the_python_loop(items, cuts, max_paylo
     for name, loop in (("c", _native.speedups.fast_puts), ("python", _native.py_fast_puts)):
         saved, _native.fast_puts = _native.fast_puts, loop
         try:
-            parser = RequestParser(fast_puts=dict(_EDGE_FAST), max_payload=max_payload)
+            parser = RequestParser(tx_puts=True, fast_puts=dict(_EDGE_FAST),
+                                   max_payload=max_payload)
             out = []
             for chunk in chunked(data, cuts):
                 try:
@@ -480,18 +539,23 @@ def _norm(items: list) -> list:
 @pytest.mark.parametrize("fast", [None, FAST], ids=["plain", "fast_puts"])
 def test_java_forms(line, want, fast):
     """Each form as Java reads it, with the stream going on after it; the fast put loop
-    (C and Python) takes none of them but the plain 7-field put and hands the rest over."""
+    (C and Python) takes the puts without transaction key in their exact forms (7
+    fields, checksum -1 included, and 6 fields) and hands the rest over."""
     follow = encode_version(77)
-    assert [_unfast(r) for r in RequestParser(fast_puts=fast).feed(line + follow)] == [
-        want, VersionRequest(77)]
-    parser = RequestParser(fast_puts=fast)
+    parser = RequestParser(tx_puts=True, fast_puts=fast)
+    assert [_unfast(r) for r in parser.feed(line + follow)] == [want, VersionRequest(77)]
+    parser = RequestParser(tx_puts=True, fast_puts=fast)
     got = []
     for b in line + follow:  # one byte at a time
         got += parser.feed_lenient(bytes([b]))
     assert [_unfast(r) for r in got] == [want, VersionRequest(77)]
     if fast is not None and line.startswith(b"put t 0 "):
-        taken = RequestParser(fast_puts=fast).feed(line)[0]
-        assert (type(taken) is tuple) == (line == b"put t 0 3 0 12345 7\r\nabc")
+        taken = RequestParser(tx_puts=True, fast_puts=fast).feed(line)[0]
+        assert (type(taken) is tuple) == (line in (
+            b"put t 0 3 0 12345 7\r\nabc", b"put t 0 3 0 -1 7\r\nabc", b"put t 0 3 0 7\r\nabc"))
+        assert (type(taken) is TxPut) == (line in (
+            b"put t 0 3 0 TX:sess:12 7\r\nabc", b"put t 0 3 0 -1 TX:sess:12 7\r\nabc",
+            b"put t 0 3 0 99 12 7\r\nabc"))
 
 
 @pytest.mark.usefixtures("put_loop")
@@ -507,7 +571,7 @@ def test_sync_is_read_with_its_payload_in_any_chunking(fast):
                 + encode_version(9))
         want = SyncRequest("t", 0, len(payload), 0, 6340863216562294785, check, 7, payload)
         for step in (len(data), 5, 1):
-            parser = RequestParser(fast_puts=fast)
+            parser = RequestParser(tx_puts=True, fast_puts=fast)
             got = []
             for i in range(0, len(data), step):
                 got += parser.feed_lenient(data[i:i + step])
@@ -517,7 +581,7 @@ def test_sync_is_read_with_its_payload_in_any_chunking(fast):
             assert version == VersionRequest(9)
             assert parser.buffered == 0
             # over the parser's payload limit: refused, its payload skipped, not buffered
-            parser = RequestParser(fast_puts=fast, max_payload=10)
+            parser = RequestParser(tx_puts=True, fast_puts=fast, max_payload=10)
             got = []
             for i in range(0, len(data), step):
                 got += parser.feed_lenient(data[i:i + step])
@@ -526,7 +590,7 @@ def test_sync_is_read_with_its_payload_in_any_chunking(fast):
             assert "over the limit 10" in str(bad.error)
             assert _unfast(put).opaque == 8 and version == VersionRequest(9)
         # strict: the error raised, then the stream goes on from after the payload
-        parser = RequestParser(fast_puts=fast, max_payload=10)
+        parser = RequestParser(tx_puts=True, fast_puts=fast, max_payload=10)
         with pytest.raises(metaq.ProtocolError, match="bad sync line"):
             parser.feed(data)
         assert [_unfast(r).opaque for r in parser.feed(b"")] == [8, 9]
@@ -599,7 +663,7 @@ def test_java_forms_fuzz_keep_their_framing(items, cuts, fast):
     """Java's forms with random values, back to back in any chunking: each read as Java
     reads it, nothing else, nothing lost."""
     data = b"".join(line for line, _want in items) + encode_version(77)
-    parser = RequestParser(fast_puts=FAST if fast else None, max_payload=60)
+    parser = RequestParser(tx_puts=True, fast_puts=FAST if fast else None, max_payload=60)
     got = []
     for chunk in chunked(data, cuts):
         got += parser.feed_lenient(chunk)
@@ -648,7 +712,7 @@ def test_random_command_lines_fail_only_as_documented(lines, cuts):
     data += encode_version(77)
     results = []
     for fast in (None, FAST):
-        parser = RequestParser(fast_puts=fast, max_line=200, max_payload=50)
+        parser = RequestParser(tx_puts=True, fast_puts=fast, max_line=200, max_payload=50)
         got = []
         for chunk in chunked(data, cuts):
             try:
@@ -663,7 +727,7 @@ def test_random_command_lines_fail_only_as_documented(lines, cuts):
         if not any(isinstance(r, BadRequest) and r.fatal for r in got):
             assert got[-1] == VersionRequest(77)
         results.append(_norm(got))
-        strict = RequestParser(fast_puts=fast, max_line=200, max_payload=50)
+        strict = RequestParser(tx_puts=True, fast_puts=fast, max_line=200, max_payload=50)
         pending = data
         while True:
             try:

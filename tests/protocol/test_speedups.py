@@ -771,7 +771,9 @@ _put_fields = st.tuples(
     _token(["len"], ["0len", "-1", "99999999999", "+1"]),
     _token(["0", "1", "-1"], ["00", "-0", "2147483647", "2147483648", "-2147483648",
                               "-2147483649", "9999999999", "99999999999"]),
-    _token(["0", "5", "2147483647"], ["2147483648", "-1", "9999999999", "00"]),
+    # a checksum: ours, Java's -1 ("not computed"), or none (6 fields, Java's legacy form)
+    _token(["0", "5", "2147483647", "-1", "<none>"],
+           ["2147483648", "-2", "-2147483648", "-2147483649", "9999999999", "00", "-0"]),
     _token(["1", "-7", "2147483647"], ["2147483648", "-2147483648", "-2147483649",
                                        "0000000001", "-000000001", "12345678901", "", "-"]),
     _token([" "], ["  ", "\t"]),
@@ -782,7 +784,10 @@ _put_fields = st.tuples(
 def _put_bytes(fields: tuple) -> bytes:
     topic, part, length, flag, check, opaque, sep, eol, payload = fields
     length = length.replace("len", str(len(payload)))
-    return (sep.join(["put", topic, part, length, flag, check, opaque]) + eol).encode() + payload
+    fields = ["put", topic, part, length, flag, check, opaque]
+    if check == "<none>":
+        del fields[5]
+    return (sep.join(fields) + eol).encode() + payload
 
 
 @needs_c
@@ -810,3 +815,58 @@ def test_fast_puts_python_contract():
         _fast.py_fast_puts(b"put", 4, {}, 10, [])
     # the binding: C when built, else the twin
     assert _fast.fast_puts is (_fast.py_fast_puts if s is None else s.fast_puts)
+
+
+class _TxPut(tuple):
+    """A class for the put loop's puts with a transaction key (as metaq.protocol.TxPut)."""
+
+    __slots__ = ()
+
+
+_tx_fields = st.tuples(
+    _token(["t", "ü"], ["x", "t\t"]),
+    _token(["0", "12", "-1"], ["5", "-0"]),
+    _token(["len"], ["0len", "99999999999"]),
+    _token(["0", "-1"], ["2147483648", "-2147483649"]),
+    # the checksum: a number (8 fields) or none (7 fields, the key in its place)
+    _token(["0", "-1", "<none>"], ["2147483648", "-2147483649", "x", "-", "12a"]),
+    _token(["TX:s:1", "XID:1:0a:0b:q", "12", "-k", "k" * 512],
+           ["", "k" * 513, "é", "a\tb", "a\x7fb", "9" * 11]),
+    _token(["1", "-7"], ["2147483648", "", "x"]),
+    _token(["\r\n"], [" \r\n", "\n"]),
+    st.binary(max_size=12))
+
+
+def _tx_bytes(fields: tuple) -> bytes:
+    topic, part, length, flag, check, key, opaque, eol, payload = fields
+    length = length.replace("len", str(len(payload)))
+    out = ["put", topic, part, length, flag, check, key, opaque]
+    if check == "<none>":
+        del out[5]
+    return (" ".join(out) + eol).encode() + payload
+
+
+@needs_c
+@settings(max_examples=500)
+@given(st.lists(st.one_of(_tx_fields.map(_tx_bytes), _put_fields.map(_put_bytes)),
+                max_size=10), st.binary(max_size=20), st.integers(0, 100), st.integers(0, 2000))
+def test_fast_puts_with_transaction_keys_equals_its_python_twin(items, junk, max_payload, cut):
+    """The put loop with ``tx_cls``: puts with a transaction key (8 fields, and 7 with the
+    key in the checksum's place) taken alike by C and by its Python twin."""
+    data = b"".join(items) + junk
+    data = data[:cut % (len(data) + 1)]
+    got_c: list = []
+    got_py: list = []
+    stop_c = s.fast_puts(data, 0, _PUT_KEYS, max_payload, got_c, _TxPut)
+    stop_py = _fast.py_fast_puts(data, 0, _PUT_KEYS, max_payload, got_py, _TxPut)
+    assert (stop_c, got_c) == (stop_py, got_py)
+    assert [type(t) for t in got_c] == [type(t) for t in got_py]
+
+
+@needs_c
+def test_fast_puts_tx_cls_must_be_a_plain_tuple_subclass():
+    with pytest.raises(TypeError, match="tx_cls must be a tuple subclass"):
+        s.fast_puts(b"", 0, {}, 10, [], list)
+    out: list = []
+    assert s.fast_puts(b"put t 0 1 0 TX:a:1 7\r\nx", 0, {b"t 0": "T"}, 10, out, _TxPut) == 23
+    assert out == [("T", 1, 0, -1, b"7", b"x", b"TX:a:1")] and type(out[0]) is _TxPut
