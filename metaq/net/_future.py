@@ -16,6 +16,8 @@ from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from typing import Any
 
+from metaq.protocol import track
+
 __all__ = ["LightFuture", "LAZY_OK"]
 
 _FUTURE_FIELDS = frozenset(("_condition", "_state", "_result", "_exception", "_waiters",
@@ -77,6 +79,10 @@ class LightFuture(Future):
                     return object.__getattribute__(self, name)
                 except AttributeError:
                     pass
+                # Callbacks and waiters may refer back to this future (a cycle): a
+                # subclass that took it out of the cyclic collector's lists (a
+                # producer's Send) puts it back first.
+                track(self)
                 self._waiters = []
                 self._done_callbacks = []
                 self._condition = threading.Condition()
@@ -95,6 +101,7 @@ class LightFuture(Future):
     def set_exception(self, exception: BaseException | None) -> None:
         if self._state in _DONE_STATES:
             raise _invalid(self)
+        track(self)  # its traceback's frames may refer to this future (see __getattr__)
         self._exception = exception
         self._state = FINISHED
         if self._waited:

@@ -45,7 +45,7 @@ from typing import Any
 from metaq._errors import ConnectionClosedError, SendTimeoutError
 from metaq.net._acks import MultiPending, Pending, PutFuture
 from metaq.net._reader import ReplyReader, Run, closed_error
-from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts
+from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts, put_request
 
 __all__ = ["READER_PREFIX", "PipelinedConnection"]
 
@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 READER_PREFIX = "metaq-pipe-reader-"
 _repeat = itertools.repeat
 _islice = itertools.islice
+#: ``put_request(prefix, partition, payload, flag, checksum, opaque)``: one put's bytes (C)
+_put_request = put_request
 
 
 # --------------------------------------------------------------------------- connection
@@ -142,8 +144,7 @@ class PipelinedConnection(ReplyReader):
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefix(topic)
-        data = b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
-                                              opaque, payload)
+        data = _put_request(prefix, partition, payload, flag, checksum, opaque)
         if request is None:
             request = PutFuture(self.name)
         size = len(data)
@@ -174,8 +175,7 @@ class PipelinedConnection(ReplyReader):
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefix(topic)
-        data = b"%b%b%d %d %d %d %d\r\n%b" % (mark, prefix, partition, len(payload), flag,
-                                                  checksum, opaque, payload)
+        data = mark + _put_request(prefix, partition, payload, flag, checksum, opaque)
         size = len(data)
         pending = self._pending
         if (len(pending) >= self.max_in_flight

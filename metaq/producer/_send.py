@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol
 
 from metaq._errors import BrokerError, ProtocolError
 from metaq.net import LAZY_OK, LightFuture
+from metaq.protocol import untrack as _untrack
 from zk_layout import Partition
 
 __all__ = ["NO_RETRY", "Retrier", "Send", "SendResult", "make_result", "partition_names"]
@@ -98,6 +99,16 @@ class Send(LightFuture):
         self.part = None
         self.tried = None
         self.flush = False
+        if type(self) is Send:
+            # Out of the cyclic collector's lists: in flight a Send refers only to
+            # bytes, numbers, a Partition, its producer's long-lived send path and (on
+            # a retry) a set of Partitions -- nothing that can close a cycle back to
+            # it -- so refcounting frees it, and the collector need not walk every
+            # message in flight or held (0 collector time per message).  Whatever
+            # could make a cycle puts it back first: a waiter or callback, an
+            # exception (LightFuture.__getattr__ / set_exception).  Subclasses (the
+            # asyncio one keeps its waiters) stay tracked.
+            _untrack(self)
 
     def result(self, timeout: float | None = None) -> SendResult:
         """The :class:`SendResult` (see ``concurrent.futures.Future.result``).

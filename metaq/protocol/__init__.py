@@ -14,7 +14,8 @@ One concept per module:
 ``_watermark``            metaq-py's high watermarks to slaves: ``watermarks``
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
-                          (read by a ``PartitionReader``), ``encode_puts``
+                          (read by a ``PartitionReader``), ``encode_puts``,
+                          ``put_request``, ``untrack`` / ``track`` (the producer)
 ========================  =====================================================
 
 The broker, the client connections (:mod:`metaq.net`), the producer, the
@@ -85,8 +86,11 @@ from metaq.protocol._fast import (
     deliver,
     encode_puts,
     prepare,
+    put_request,
     scan,
     take,
+    track,
+    untrack,
 )
 from metaq.protocol._idempotence import (
     GAP_CODE,
@@ -171,7 +175,7 @@ __all__ = [
     # C or Python, chosen once
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
-    "encode_puts",
+    "encode_puts", "put_request", "untrack", "track",
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",

@@ -49,6 +49,7 @@ __all__ = [
     "py_crc32", "py_scan", "py_take", "py_deliver", "py_prepare", "c_prepare",
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
+    "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -391,6 +392,36 @@ if speedups is not None:
     encode_puts = c_encode_puts
 else:
     encode_puts = py_encode_puts
+
+
+# ----------------------------------------------------------------------------------
+# Producer side, per message (issue 29): put_request, untrack / track.
+# ----------------------------------------------------------------------------------
+
+def py_put_request(prefix: bytes, partition: int, payload: Any, flag: int, checksum: int,
+                   opaque: int) -> bytes:
+    """put_request(prefix, partition, payload, flag, checksum, opaque) -> bytes.
+
+    One put request, ``prefix`` being ``b"put <topic> "``:
+    ``<prefix><partition> <len> <flag> <checksum> <opaque>\\r\\n<payload>``."""
+    return b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
+                                          opaque, payload)
+
+
+def py_untrack(obj: object) -> None:
+    """untrack(obj): without the C module, objects stay in the cyclic collector's
+    lists (the collector then costs time, results are the same)."""
+
+
+def py_track(obj: object) -> None:
+    """track(obj): the twin of :func:`py_untrack` (nothing to undo)."""
+
+
+# Looked up by name, not by VERSION: an older build without them still serves the rest.
+put_request: Callable[[bytes, int, Any, int, int, int], bytes] = getattr(
+    speedups, "put_request", py_put_request)
+untrack: Callable[[object], None] = getattr(speedups, "untrack", py_untrack)
+track: Callable[[object], None] = getattr(speedups, "track", py_track)
 
 
 # ----------------------------------------------------------------------------------

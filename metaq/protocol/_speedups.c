@@ -820,6 +820,104 @@ done:
     return NULL;
 }
 
+/* ==== producer per-message path (issue 29, producer part) ================================
+ * Kept apart from the broker's put loop above.  Called once per message by
+ * metaq/net/_pipeline.py (put_request) and metaq/producer/_send.py (untrack / track);
+ * the pure-Python twins are in metaq/protocol/_fast.py.
+ *
+ *   put_request(prefix, partition, payload, flag, checksum, opaque) -> bytes
+ *       b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
+ *       opaque, payload), in one allocation (no tuple, no format parsing); anything but
+ *       exact bytes and ints of 64 bits goes to that very formatting (same results).
+ *   untrack(obj) / track(obj) -> None
+ *       take a GC object out of (back into) the cyclic collector's lists; see
+ *       metaq/producer/_send.py (a send in flight holds nothing that can close a cycle).
+ */
+static PyObject *put_request_fmt;  /* b"%b%d %d %d %d %d\r\n%b", for the general case */
+
+static PyObject *
+py_put_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "put_request takes 6 arguments");
+        return NULL;
+    }
+    PyObject *prefix = args[0], *payload = args[2];
+    long long v[5];
+    int simple = PyBytes_CheckExact(prefix) && PyBytes_CheckExact(payload);
+    static const int at[4] = {1, 3, 4, 5};
+    for (int i = 0; simple && i < 4; i++) {
+        PyObject *o = args[at[i]];
+        if (!PyLong_CheckExact(o)) {
+            simple = 0;
+            break;
+        }
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            simple = 0;
+            break;
+        }
+        v[i] = x;
+    }
+    if (!simple) {
+        Py_ssize_t len = PyObject_Length(payload);
+        if (len < 0)
+            return NULL;
+        PyObject *n = PyLong_FromSsize_t(len);
+        if (n == NULL)
+            return NULL;
+        PyObject *t = PyTuple_Pack(7, prefix, args[1], n, args[3], args[4], args[5], payload);
+        Py_DECREF(n);
+        if (t == NULL)
+            return NULL;
+        PyObject *r = PyNumber_Remainder(put_request_fmt, t);
+        Py_DECREF(t);
+        return r;
+    }
+    Py_ssize_t plen = PyBytes_GET_SIZE(payload), hlen = PyBytes_GET_SIZE(prefix);
+    char line[5 * 21 + 8];
+    char *w = line;
+    w += put_digits(w, v[0]);
+    *w++ = ' ';
+    w += put_digits(w, plen);
+    *w++ = ' ';
+    w += put_digits(w, v[1]);
+    *w++ = ' ';
+    w += put_digits(w, v[2]);
+    *w++ = ' ';
+    w += put_digits(w, v[3]);
+    *w++ = '\r';
+    *w++ = '\n';
+    Py_ssize_t llen = w - line;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, hlen + llen + plen);
+    if (data == NULL)
+        return NULL;
+    char *d = PyBytes_AS_STRING(data);
+    memcpy(d, PyBytes_AS_STRING(prefix), (size_t)hlen);
+    memcpy(d + hlen, line, (size_t)llen);
+    memcpy(d + hlen + llen, PyBytes_AS_STRING(payload), (size_t)plen);
+    return data;
+}
+
+static PyObject *
+py_untrack(PyObject *self, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && PyObject_GC_IsTracked(obj))
+        PyObject_GC_UnTrack(obj);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_track(PyObject *self, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj))
+        PyObject_GC_Track(obj);
+    Py_RETURN_NONE;
+}
+/* ==== end of the producer per-message path ============================================= */
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -846,6 +944,14 @@ static PyMethodDef methods[] = {
     {"encode_puts", py_encode_puts, METH_VARARGS,
      "encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes): the put\n"
      "requests of one partition, head being b'put <topic> <partition> '."},
+    /* producer per-message path (issue 29, producer part) */
+    {"put_request", (PyCFunction)(void (*)(void))py_put_request, METH_FASTCALL,
+     "put_request(prefix, partition, payload, flag, checksum, opaque) -> bytes: one put\n"
+     "request, prefix being b'put <topic> '."},
+    {"untrack", py_untrack, METH_O,
+     "untrack(obj): take obj out of the cyclic garbage collector's lists."},
+    {"track", py_track, METH_O, "track(obj): put obj back into them (after untrack)."},
+    /* end of the producer per-message path */
     {NULL, NULL, 0, NULL},
 };
 
@@ -861,6 +967,11 @@ PyInit__speedups(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if (put_request_fmt == NULL
+        && (put_request_fmt = PyBytes_FromString("%b%d %d %d %d %d\r\n%b")) == NULL) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "VERSION", VERSION) < 0
         || PyModule_AddIntConstant(m, "END", ST_END) < 0
         || PyModule_AddIntConstant(m, "LIMIT", ST_LIMIT) < 0

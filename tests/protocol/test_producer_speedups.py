@@ -1,0 +1,96 @@
+"""The producer's per-message C helpers (issue 29) against their pure-Python twins:
+``put_request`` (one put's bytes) and ``untrack`` / ``track`` (the cyclic collector)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import metaq.protocol
+from metaq.protocol import _fast, encode_put
+
+s = _fast.speedups
+needs_c = pytest.mark.skipif(s is None, reason=f"C speedups: {_fast.SPEEDUPS_STATUS}")
+
+_ints = st.one_of(st.integers(-(2**31), 2**31 - 1), st.integers(-(2**70), 2**70),
+                  st.sampled_from([0, -1, 2**63 - 1, -(2**63), 2**63, -(2**63) - 1]),
+                  st.booleans())
+_payloads = st.one_of(st.binary(max_size=400), st.binary(max_size=50).map(bytearray))
+_prefixes = st.one_of(st.sampled_from([b"put t ", "put ü%d ".encode(), b""]),
+                      st.binary(max_size=40))
+
+
+@needs_c
+@given(_prefixes, _ints, _payloads, _ints, _ints, _ints)
+def test_put_request_equals_its_twin(prefix, partition, payload, flag, checksum, opaque):
+    want = _fast.py_put_request(prefix, partition, payload, flag, checksum, opaque)
+    assert s.put_request(prefix, partition, payload, flag, checksum, opaque) == want
+    assert type(s.put_request(prefix, partition, payload, flag, checksum, opaque)) is bytes
+
+
+@pytest.mark.parametrize("impl", [pytest.param("c", marks=needs_c), "python"])
+@given(partition=st.integers(0, 2**31 - 1), payload=st.binary(max_size=300),
+       flag=st.integers(-(2**31), 2**31 - 1), checksum=st.integers(0, 2**31 - 1),
+       opaque=st.integers(0, 2**31 - 1), topic=st.sampled_from(["t", "orders", "ü-x_1"]))
+def test_put_request_is_encode_put(impl, partition, payload, flag, checksum, opaque, topic):
+    fn = s.put_request if impl == "c" else _fast.py_put_request
+    prefix = b"put " + topic.encode() + b" "
+    assert fn(prefix, partition, payload, flag, checksum, opaque) == encode_put(
+        topic, partition, payload, flag, checksum, opaque)
+
+
+@pytest.mark.parametrize("impl", [pytest.param("c", marks=needs_c), "python"])
+def test_put_request_refuses_what_the_formatting_refuses(impl):
+    fn = s.put_request if impl == "c" else _fast.py_put_request
+    for bad in [("put t ", 0, b"x", 0, 0, 0), (b"put t ", "0", b"x", 0, 0, 0),
+                (b"put t ", 0, "x", 0, 0, 0)]:
+        with pytest.raises(TypeError):
+            fn(*bad)
+    # what %d takes (a float, a memoryview payload) it takes alike
+    odd = (b"put t ", 2, memoryview(b"xy"), 0, 1.5, 7)
+    assert fn(*odd) == _fast.py_put_request(*odd) == b"put t 2 2 0 1 7\r\nxy"
+    if impl == "c":
+        with pytest.raises(TypeError):
+            fn(b"put t ", 0, b"x", 0, 0)
+
+
+@needs_c
+def test_untrack_and_track():
+    class Thing:
+        __slots__ = ("x",)
+
+    t = Thing()
+    assert gc.is_tracked(t)
+    s.untrack(t)
+    assert not gc.is_tracked(t)
+    s.untrack(t)  # twice: nothing more
+    s.track(t)
+    assert gc.is_tracked(t)
+    s.track(t)
+    assert gc.is_tracked(t)
+    s.untrack(5)  # not a GC object: nothing
+    s.track(b"x")
+    assert not gc.is_tracked(b"x")
+
+
+def test_without_the_extension_the_names_are_the_twins():
+    code = ("import metaq.protocol as p; from metaq.protocol import _fast as f;"
+            "names = ('put_request', 'untrack', 'track');"
+            "wrong = [n for n in names if getattr(f, n) is not getattr(f, 'py_' + n)"
+            "         or getattr(p, n) is not getattr(f, 'py_' + n)];"
+            "assert f.speedups is None and not wrong, wrong")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ,
+                         "METAQ_NO_SPEEDUPS": "1"}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+@needs_c
+def test_with_the_extension_the_names_are_c():
+    assert metaq.protocol.put_request is s.put_request
+    assert (metaq.protocol.untrack, metaq.protocol.track) == (s.untrack, s.track)
