@@ -3,6 +3,7 @@ make a cycle through it, and back in them as soon as something can (issue 29).""
 
 from __future__ import annotations
 
+import functools
 import gc
 import threading
 import weakref
@@ -28,8 +29,8 @@ def test_a_plain_send_is_untracked():
 
 def test_a_cycle_through_a_callback_is_collected():
     send = _send()
-    box = []
-    send.add_done_callback(lambda f: box.append(send))  # send -> callback -> send
+    box: list[Send] = []
+    send.add_done_callback(functools.partial(box.append, send))  # send -> callback -> send
     assert gc.is_tracked(send)
     ref = weakref.ref(send)
     del send
@@ -40,17 +41,16 @@ def test_a_cycle_through_a_callback_is_collected():
 def test_a_cycle_through_an_exception_is_collected():
     send = _send()
 
-    def fail() -> None:
-        me = send  # the traceback's frame refers to the send
+    def fail(me: Send) -> None:  # the traceback's frame refers to the send
         raise ValueError(me.topic)
 
     try:
-        fail()
+        fail(send)
     except ValueError as e:
         send.set_exception(e)
     assert gc.is_tracked(send)
     ref = weakref.ref(send)
-    del send, fail
+    del send
     gc.collect()
     assert ref() is None
 
