@@ -12,6 +12,7 @@ to a plain ``Future`` set-up if they ever change.
 from __future__ import annotations
 
 import threading
+from _thread import allocate_lock as _allocate_lock
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from typing import Any
@@ -55,7 +56,7 @@ class LightFuture(Future):
     # woken, a result that cannot be read) and the values are freed under the other
     # (a crash).  A slot store is one pointer write.
     __slots__ = ("_state", "_result", "_exception", "_condition", "_waiters",
-                 "_done_callbacks", "_waited")
+                 "_done_callbacks", "_waited", "_gate")
 
     def __init__(self) -> None:
         if not LAZY_OK:  # pragma: no cover - a Python whose Future changed
@@ -73,6 +74,8 @@ class LightFuture(Future):
         # Only reached for attributes missing from the instance: the lazy ones (unset
         # slots).  Built under one lock (a rare path) so that two waiters share one
         # condition.
+        if name == "_gate":  # (see wait_done)
+            raise AttributeError(name)
         if name in ("_condition", "_waiters", "_done_callbacks"):
             with _LAZY_LOCK:
                 try:
@@ -107,7 +110,35 @@ class LightFuture(Future):
         if self._waited:
             self._notify()
 
+    def wait_done(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the outcome; True once it is there.
+
+        For **one** waiter, the thread that made the future and has not handed it
+        to anyone yet (a blocking send waiting for its own message): a bare lock
+        instead of the condition, waiters and callback lists that ``result()``
+        builds (the same race-free order: the gate and the flag first, then the
+        state; the completer writes the state first, then tests the flag)."""
+        if self._state == FINISHED:
+            return True
+        gate = _allocate_lock()
+        gate.acquire()
+        self._gate = gate
+        self._waited = True
+        if self._state == FINISHED:
+            return True
+        return gate.acquire(True, timeout) or self._state == FINISHED
+
     def _notify(self) -> None:
+        try:
+            gate = self._gate  # one waiter in wait_done()
+        except AttributeError:
+            pass
+        else:
+            gate.release()
+            try:  # and nobody else: no condition to build and take
+                object.__getattribute__(self, "_condition")
+            except AttributeError:
+                return
         # What Future.set_result does after storing the outcome.
         with self._condition:
             for waiter in self._waiters:

@@ -57,6 +57,7 @@ _repeat = itertools.repeat
 _islice = itertools.islice
 #: ``put_request(prefix, partition, payload, flag, checksum, opaque)``: one put's bytes (C)
 _put_request = put_request
+_monotonic = time.monotonic
 
 
 # --------------------------------------------------------------------------- connection
@@ -157,12 +158,15 @@ class PipelinedConnection(ReplyReader):
                 raise self._error_for_caller()
             if self._closing:
                 raise ConnectionClosedError(f"connection to broker {self.name} is closed")
-            request._pipe_sent = time.monotonic()
+            request._pipe_sent = _monotonic()
             request._pipe_size = size
             pending[opaque] = request
             self._inflight_bytes += size
             self._out.append(data)
-        self._kick(flush)
+        if flush:
+            self._kick(True)
+        elif not self._wake.is_set():  # (_kick's other half, without a call per message)
+            self._wake.set()
         return request
 
     def put_marked(self, mark: bytes, topic: str, partition: int, payload: bytes, flag: int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import gc
 import threading
+import time
 import weakref
 from concurrent.futures import wait
 
@@ -74,3 +75,44 @@ def test_a_subclass_stays_tracked():
         __slots__ = ()
 
     assert gc.is_tracked(Mine(None, "t", b"x", 0, 0, 0.0))  # type: ignore[arg-type]
+
+
+# -- the one-waiter gate of a blocking send (LightFuture.wait_done) -------------------------
+
+def test_wait_done_times_out_then_sees_the_outcome():
+    send = _send()
+    t0 = time.monotonic()
+    assert not send.wait_done(0.05)
+    assert time.monotonic() - t0 >= 0.04
+    send.set_result("r")
+    assert send.wait_done(0.0) and send.result() == "r"
+
+
+def test_wait_done_is_woken_by_another_thread():
+    send = _send()
+    go = threading.Event()
+
+    def complete() -> None:
+        go.wait(10)
+        send.set_result("done")
+
+    t = threading.Thread(target=complete, name="test-completer")
+    t.start()
+    go.set()
+    assert send.wait_done(10)
+    assert send.result() == "done"
+    t.join(10)
+
+
+def test_wait_done_beside_a_result_waiter():
+    send = _send()
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(send.result(10)), name="test-waiter")
+    t.start()
+    wait([send], timeout=0.01)  # the condition exists: both kinds of waiter are woken
+    completer = threading.Timer(0.02, send.set_result, ("x",))
+    completer.start()
+    assert send.wait_done(10)
+    t.join(10)
+    completer.join(10)
+    assert got == ["x"]
