@@ -15,7 +15,8 @@ One concept per module:
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``,
-                          ``put_request``, ``untrack`` / ``track`` (the producer)
+                          ``put_request``, ``untrack`` / ``track``, ``complete_acks``
+                          (the producer)
 ========================  =====================================================
 
 The broker, the client connections (:mod:`metaq.net`), the producer, the
@@ -82,6 +83,7 @@ from metaq.protocol._fast import (
     ST_LATER,
     ST_LIMIT,
     PartitionReader,
+    complete_acks,
     crc32,
     deliver,
     encode_puts,
@@ -175,7 +177,7 @@ __all__ = [
     # C or Python, chosen once
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
-    "encode_puts", "put_request", "untrack", "track",
+    "encode_puts", "put_request", "untrack", "track", "complete_acks",
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",

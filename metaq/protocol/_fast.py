@@ -50,6 +50,7 @@ __all__ = [
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
+    "complete_acks", "py_complete_acks",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -417,11 +418,35 @@ def py_track(obj: object) -> None:
     """track(obj): the twin of :func:`py_untrack` (nothing to undo)."""
 
 
+def py_complete_acks(requests: list[Any], msg_ids: list[bytes], partitions: list[bytes],
+                     offsets: list[bytes], state: object) -> list[Any]:
+    """complete_acks(requests, msg_ids, partitions, offsets, state) -> waited.
+
+    The bulk completion of a producer's sends (``Send.on_acks``): each request's
+    ``payload`` becomes ``b""``, its ``_ack_id`` / ``_ack_index`` / ``_ack_offset``
+    the answer's columns, then its ``_state`` ``state`` (last: a waiter reads the
+    state first); the requests whose ``_waited`` is true are returned, to be notified."""
+    if not len(requests) == len(msg_ids) == len(partitions) == len(offsets):
+        raise ValueError("complete_acks: lists of different lengths")
+    waited = []
+    for r, msg_id, index, offset in zip(requests, msg_ids, partitions, offsets, strict=True):
+        r.payload = b""
+        r._ack_id = msg_id
+        r._ack_index = index
+        r._ack_offset = offset
+        r._state = state
+        if r._waited:
+            waited.append(r)
+    return waited
+
+
 # Looked up by name, not by VERSION: an older build without them still serves the rest.
 put_request: Callable[[bytes, int, Any, int, int, int], bytes] = getattr(
     speedups, "put_request", py_put_request)
 untrack: Callable[[object], None] = getattr(speedups, "untrack", py_untrack)
 track: Callable[[object], None] = getattr(speedups, "track", py_track)
+complete_acks: Callable[[list[Any], list[bytes], list[bytes], list[bytes], object],
+                        list[Any]] = getattr(speedups, "complete_acks", py_complete_acks)
 
 
 # ----------------------------------------------------------------------------------

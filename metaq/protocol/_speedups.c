@@ -829,6 +829,7 @@ done:
  *       b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
  *       opaque, payload), in one allocation (no tuple, no format parsing); anything but
  *       exact bytes and ints of 64 bits goes to that very formatting (same results).
+ *   complete_acks(requests, msg_ids, partitions, offsets, state) -> waited  (see below)
  *   untrack(obj) / track(obj) -> None
  *       take a GC object out of (back into) the cyclic collector's lists; see
  *       metaq/producer/_send.py (a send in flight holds nothing that can close a cycle).
@@ -916,6 +917,65 @@ py_track(PyObject *self, PyObject *obj)
         PyObject_GC_Track(obj);
     Py_RETURN_NONE;
 }
+
+/* complete_acks(requests, msg_ids, partitions, offsets, state) -> list
+ * For each i: requests[i].payload = b""; ._ack_id, ._ack_index, ._ack_offset = the
+ * columns' items; then ._state = state (in this order: the state last, as a waiter
+ * reads it first); returns the requests whose ._waited is true (to be notified).
+ * (A producer's Send, metaq/producer/_send.py on_acks; no Python code runs in between
+ * for slot attributes.) */
+static PyObject *s_payload, *s_ack_id, *s_ack_index, *s_ack_offset, *s_state, *s_waited,
+    *empty_bytes;
+
+static PyObject *
+py_complete_acks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "complete_acks takes 5 arguments");
+        return NULL;
+    }
+    PyObject *reqs = args[0], *ids = args[1], *parts = args[2], *offs = args[3];
+    PyObject *state = args[4];
+    if (!PyList_CheckExact(reqs) || !PyList_CheckExact(ids) || !PyList_CheckExact(parts)
+        || !PyList_CheckExact(offs)) {
+        PyErr_SetString(PyExc_TypeError, "complete_acks: the columns must be lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(reqs);
+    if (PyList_GET_SIZE(ids) != n || PyList_GET_SIZE(parts) != n
+        || PyList_GET_SIZE(offs) != n) {
+        PyErr_SetString(PyExc_ValueError, "complete_acks: lists of different lengths");
+        return NULL;
+    }
+    PyObject *waited = PyList_New(0);
+    if (waited == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(reqs); i++) {
+        PyObject *r = PyList_GET_ITEM(reqs, i);
+        Py_INCREF(r);
+        int bad = PyObject_SetAttr(r, s_payload, empty_bytes) < 0
+                  || i >= PyList_GET_SIZE(ids) || i >= PyList_GET_SIZE(parts)
+                  || i >= PyList_GET_SIZE(offs)
+                  || PyObject_SetAttr(r, s_ack_id, PyList_GET_ITEM(ids, i)) < 0
+                  || PyObject_SetAttr(r, s_ack_index, PyList_GET_ITEM(parts, i)) < 0
+                  || PyObject_SetAttr(r, s_ack_offset, PyList_GET_ITEM(offs, i)) < 0
+                  || PyObject_SetAttr(r, s_state, state) < 0;
+        if (!bad) {
+            PyObject *w = PyObject_GetAttr(r, s_waited);
+            int t = w == NULL ? -1 : PyObject_IsTrue(w);
+            Py_XDECREF(w);
+            bad = t < 0 || (t && PyList_Append(waited, r) < 0);
+        }
+        Py_DECREF(r);
+        if (bad) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "complete_acks: a list changed");
+            Py_DECREF(waited);
+            return NULL;
+        }
+    }
+    return waited;
+}
 /* ==== end of the producer per-message path ============================================= */
 
 /* ---- module --------------------------------------------------------------------------- */
@@ -951,6 +1011,9 @@ static PyMethodDef methods[] = {
     {"untrack", py_untrack, METH_O,
      "untrack(obj): take obj out of the cyclic garbage collector's lists."},
     {"track", py_track, METH_O, "track(obj): put obj back into them (after untrack)."},
+    {"complete_acks", (PyCFunction)(void (*)(void))py_complete_acks, METH_FASTCALL,
+     "complete_acks(requests, msg_ids, partitions, offsets, state) -> list: store each\n"
+     "answer on its request, then its state; the requests with _waited set."},
     /* end of the producer per-message path */
     {NULL, NULL, 0, NULL},
 };
@@ -967,8 +1030,17 @@ PyInit__speedups(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (put_request_fmt == NULL
-        && (put_request_fmt = PyBytes_FromString("%b%d %d %d %d %d\r\n%b")) == NULL) {
+    if ((put_request_fmt == NULL
+         && (put_request_fmt = PyBytes_FromString("%b%d %d %d %d %d\r\n%b")) == NULL)
+        || (s_payload == NULL && (s_payload = PyUnicode_InternFromString("payload")) == NULL)
+        || (s_ack_id == NULL && (s_ack_id = PyUnicode_InternFromString("_ack_id")) == NULL)
+        || (s_ack_index == NULL
+            && (s_ack_index = PyUnicode_InternFromString("_ack_index")) == NULL)
+        || (s_ack_offset == NULL
+            && (s_ack_offset = PyUnicode_InternFromString("_ack_offset")) == NULL)
+        || (s_state == NULL && (s_state = PyUnicode_InternFromString("_state")) == NULL)
+        || (s_waited == NULL && (s_waited = PyUnicode_InternFromString("_waited")) == NULL)
+        || (empty_bytes == NULL && (empty_bytes = PyBytes_FromStringAndSize("", 0)) == NULL)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -81,7 +81,7 @@ def test_untrack_and_track():
 
 def test_without_the_extension_the_names_are_the_twins():
     code = ("import metaq.protocol as p; from metaq.protocol import _fast as f;"
-            "names = ('put_request', 'untrack', 'track');"
+            "names = ('put_request', 'untrack', 'track', 'complete_acks');"
             "wrong = [n for n in names if getattr(f, n) is not getattr(f, 'py_' + n)"
             "         or getattr(p, n) is not getattr(f, 'py_' + n)];"
             "assert f.speedups is None and not wrong, wrong")
@@ -94,3 +94,37 @@ def test_without_the_extension_the_names_are_the_twins():
 def test_with_the_extension_the_names_are_c():
     assert metaq.protocol.put_request is s.put_request
     assert (metaq.protocol.untrack, metaq.protocol.track) == (s.untrack, s.track)
+
+
+class _Req:
+    __slots__ = ("payload", "_ack_id", "_ack_index", "_ack_offset", "_state", "_waited")
+
+    def __init__(self, waited: bool) -> None:
+        self.payload = b"body"
+        self._state = "RUNNING"
+        self._waited = waited
+
+
+def _fields(r: _Req) -> tuple:
+    return (r.payload, r._ack_id, r._ack_index, r._ack_offset, r._state, r._waited)
+
+
+_digits = st.integers(0, 2**63).map(lambda i: b"%d" % i)
+
+
+@pytest.mark.parametrize("impl", [pytest.param("c", marks=needs_c), "python"])
+@given(rows=st.lists(st.tuples(st.booleans(), _digits, _digits, _digits), max_size=30))
+def test_complete_acks_stores_the_answers_and_names_the_waited(impl, rows):
+    fn = s.complete_acks if impl == "c" else _fast.py_complete_acks
+    reqs = [_Req(w) for w, _, _, _ in rows]
+    cols = [[r[k] for r in rows] for k in (1, 2, 3)]
+    waited = fn(reqs, *cols, "FINISHED")
+    assert waited == [r for r in reqs if r._waited]
+    assert [_fields(r) for r in reqs] == [(b"", a, b, c, "FINISHED", w) for w, a, b, c in rows]
+
+
+@pytest.mark.parametrize("impl", [pytest.param("c", marks=needs_c), "python"])
+def test_complete_acks_refuses_columns_of_different_lengths(impl):
+    fn = s.complete_acks if impl == "c" else _fast.py_complete_acks
+    with pytest.raises(ValueError):
+        fn([_Req(False)], [b"1"], [], [b"2"], "FINISHED")
