@@ -13,6 +13,7 @@ from typing import NamedTuple, Protocol
 
 from metaq._errors import BrokerError, ProtocolError
 from metaq.net import LAZY_OK, LightFuture
+from metaq.protocol import ack_result as _ack_result
 from metaq.protocol import complete_acks as _complete_acks
 from metaq.protocol import untrack as _untrack
 from zk_layout import Partition
@@ -124,9 +125,8 @@ class Send(LightFuture):
         r = self._result
         if r is None:
             bid = self.part.broker_id  # type: ignore[union-attr]
-            index = int(self._ack_index)
-            r = _new_tuple(SendResult, (int(self._ack_id), partition_names(bid)[index],
-                                        int(self._ack_offset), bid, index))
+            r = _ack_result(SendResult, self._ack_id, self._ack_index, self._ack_offset, bid,
+                            _NAMES.get(bid) or partition_names(bid))
         return r
 
     def on_reply(self, code: int, body: bytes) -> None:

@@ -15,7 +15,8 @@ One concept per module:
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``,
-                          ``put_request``, ``untrack`` / ``track``, ``complete_acks``
+                          ``put_request``, ``untrack`` / ``track``, ``complete_acks``,
+                          ``ack_result``
                           (the producer)
 ========================  =====================================================
 
@@ -83,6 +84,7 @@ from metaq.protocol._fast import (
     ST_LATER,
     ST_LIMIT,
     PartitionReader,
+    ack_result,
     complete_acks,
     crc32,
     deliver,
@@ -178,6 +180,7 @@ __all__ = [
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
+    "ack_result",
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",

@@ -50,7 +50,7 @@ __all__ = [
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
-    "complete_acks", "py_complete_acks",
+    "complete_acks", "py_complete_acks", "ack_result", "py_ack_result",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -440,11 +440,23 @@ def py_complete_acks(requests: list[Any], msg_ids: list[bytes], partitions: list
     return waited
 
 
+def py_ack_result(cls: type, msg_id: bytes, index: bytes, offset: bytes, broker_id: int,
+                  names: Mapping[int, str]) -> Any:
+    """ack_result(cls, msg_id, index, offset, broker_id, names) -> a ``cls`` tuple.
+
+    A producer's ``SendResult`` from the decimal bytes of a bulk acknowledgement:
+    ``(int(msg_id), names[int(index)], int(offset), broker_id, int(index))``."""
+    i = int(index)
+    return tuple.__new__(cls, (int(msg_id), names[i], int(offset), broker_id, i))
+
+
 # Looked up by name, not by VERSION: an older build without them still serves the rest.
 put_request: Callable[[bytes, int, Any, int, int, int], bytes] = getattr(
     speedups, "put_request", py_put_request)
 untrack: Callable[[object], None] = getattr(speedups, "untrack", py_untrack)
 track: Callable[[object], None] = getattr(speedups, "track", py_track)
+ack_result: Callable[[type, bytes, bytes, bytes, int, Mapping[int, str]], Any] = getattr(
+    speedups, "ack_result", py_ack_result)
 complete_acks: Callable[[list[Any], list[bytes], list[bytes], list[bytes], object],
                         list[Any]] = getattr(speedups, "complete_acks", py_complete_acks)
 

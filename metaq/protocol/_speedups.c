@@ -830,6 +830,7 @@ done:
  *       opaque, payload), in one allocation (no tuple, no format parsing); anything but
  *       exact bytes and ints of 64 bits goes to that very formatting (same results).
  *   complete_acks(requests, msg_ids, partitions, offsets, state) -> waited  (see below)
+ *   ack_result(cls, msg_id, index, offset, broker_id, names) -> a SendResult (see below)
  *   untrack(obj) / track(obj) -> None
  *       take a GC object out of (back into) the cyclic collector's lists; see
  *       metaq/producer/_send.py (a send in flight holds nothing that can close a cycle).
@@ -976,6 +977,67 @@ py_complete_acks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     return waited;
 }
+
+/* int(b) for the decimal bytes of an acknowledgement: digits only, up to 18 of them,
+ * here; anything else through int() itself (same results). */
+static PyObject *
+ack_int(PyObject *b)
+{
+    if (PyBytes_CheckExact(b)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(b);
+        const char *p = PyBytes_AS_STRING(b);
+        if (n > 0 && n <= 18) {
+            long long v = 0;
+            Py_ssize_t i = 0;
+            for (; i < n && p[i] >= '0' && p[i] <= '9'; i++)
+                v = v * 10 + (p[i] - '0');
+            if (i == n)
+                return PyLong_FromLongLong(v);
+        }
+    }
+    return PyNumber_Long(b);
+}
+
+/* ack_result(cls, msg_id, index, offset, broker_id, names) -> cls tuple
+ * tuple.__new__(cls, (int(msg_id), names[int(index)], int(offset), broker_id,
+ * int(index))): a SendResult from the bytes of a bulk acknowledgement. */
+static PyObject *
+py_ack_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "ack_result takes 6 arguments");
+        return NULL;
+    }
+    PyObject *cls = args[0];
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "ack_result: cls must be a tuple class");
+        return NULL;
+    }
+    PyObject *id = NULL, *index = NULL, *name = NULL, *offset = NULL, *items = NULL;
+    PyObject *r = NULL;
+    if ((id = ack_int(args[1])) == NULL || (index = ack_int(args[2])) == NULL
+        || (name = PyObject_GetItem(args[5], index)) == NULL
+        || (offset = ack_int(args[3])) == NULL
+        || (items = PyTuple_Pack(5, id, name, offset, args[4], index)) == NULL)
+        goto done;
+    if ((PyTypeObject *)cls == &PyTuple_Type) {
+        r = items;
+        items = NULL;
+    } else {
+        PyObject *a = PyTuple_Pack(1, items);
+        if (a != NULL) {
+            r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
+            Py_DECREF(a);
+        }
+    }
+done:
+    Py_XDECREF(id);
+    Py_XDECREF(index);
+    Py_XDECREF(name);
+    Py_XDECREF(offset);
+    Py_XDECREF(items);
+    return r;
+}
 /* ==== end of the producer per-message path ============================================= */
 
 /* ---- module --------------------------------------------------------------------------- */
@@ -1011,6 +1073,9 @@ static PyMethodDef methods[] = {
     {"untrack", py_untrack, METH_O,
      "untrack(obj): take obj out of the cyclic garbage collector's lists."},
     {"track", py_track, METH_O, "track(obj): put obj back into them (after untrack)."},
+    {"ack_result", (PyCFunction)(void (*)(void))py_ack_result, METH_FASTCALL,
+     "ack_result(cls, msg_id, index, offset, broker_id, names) -> cls: tuple.__new__(cls,\n"
+     "(int(msg_id), names[int(index)], int(offset), broker_id, int(index)))."},
     {"complete_acks", (PyCFunction)(void (*)(void))py_complete_acks, METH_FASTCALL,
      "complete_acks(requests, msg_ids, partitions, offsets, state) -> list: store each\n"
      "answer on its request, then its state; the requests with _waited set."},

@@ -81,7 +81,7 @@ def test_untrack_and_track():
 
 def test_without_the_extension_the_names_are_the_twins():
     code = ("import metaq.protocol as p; from metaq.protocol import _fast as f;"
-            "names = ('put_request', 'untrack', 'track', 'complete_acks');"
+            "names = ('put_request', 'untrack', 'track', 'complete_acks', 'ack_result');"
             "wrong = [n for n in names if getattr(f, n) is not getattr(f, 'py_' + n)"
             "         or getattr(p, n) is not getattr(f, 'py_' + n)];"
             "assert f.speedups is None and not wrong, wrong")
@@ -128,3 +128,42 @@ def test_complete_acks_refuses_columns_of_different_lengths(impl):
     fn = s.complete_acks if impl == "c" else _fast.py_complete_acks
     with pytest.raises(ValueError):
         fn([_Req(False)], [b"1"], [], [b"2"], "FINISHED")
+
+
+class _Names(dict):
+    def __missing__(self, index: int) -> str:
+        name = self[index] = f"7-{index}"
+        return name
+
+
+class _Result(tuple):
+    __slots__ = ()
+
+
+_odd_digits = st.one_of(_digits, st.sampled_from([b"007", b" 12", b"1_0", b"-5", b"+3",
+                                                  b"9" * 19, b"9" * 40, b"", b"x"]))
+
+
+def _outcome(fn, *args):
+    try:
+        r = fn(*args)
+        return type(r), tuple(r)
+    except Exception as e:
+        return type(e)
+
+
+@needs_c
+@given(msg_id=_odd_digits, index=_odd_digits, offset=_odd_digits,
+       cls=st.sampled_from([tuple, _Result]))
+def test_ack_result_equals_its_twin(msg_id, index, offset, cls):
+    want = _outcome(_fast.py_ack_result, cls, msg_id, index, offset, 7, _Names())
+    assert _outcome(s.ack_result, cls, msg_id, index, offset, 7, _Names()) == want
+
+
+@pytest.mark.parametrize("impl", [pytest.param("c", marks=needs_c), "python"])
+def test_ack_result_builds_a_send_result(impl):
+    from metaq.producer import SendResult
+
+    fn = s.ack_result if impl == "c" else _fast.py_ack_result
+    r = fn(SendResult, b"123", b"2", b"4096", 7, _Names())
+    assert type(r) is SendResult and r == SendResult(123, "7-2", 4096, 7, 2)
