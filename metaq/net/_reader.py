@@ -93,19 +93,25 @@ class ReplyReader:
         next_sweep = time.monotonic() + tick
         recv = sock.recv
         buf = b""
+        trickle = True
         try:
             while self._error is None:
-                # Try a read first: under load the next replies are already there, and
-                # every blocking call costs a GIL hand-over; poll only when idle.
+                # Under load try a read first: the next replies are already there, and
+                # every blocking call costs a GIL hand-over.  After a short read (a
+                # few replies: blocking sends, a light load) wait for the next bytes
+                # first: a read that finds nothing costs an exception.
+                if trickle and not poller.poll(tick_ms):
+                    self._sweep()
+                    next_sweep = time.monotonic() + tick
+                    continue
                 try:
                     data = recv(_RECV_SIZE, socket.MSG_DONTWAIT)
                 except BlockingIOError:
-                    if not poller.poll(tick_ms):
-                        self._sweep()
-                        next_sweep = time.monotonic() + tick
+                    trickle = True
                     continue
                 if not data:
                     raise closed_error(f"broker {self.name} closed the connection", None)
+                trickle = len(data) < _BULK_MIN
                 buf = self._handle(buf + data if buf else data)
                 if time.monotonic() >= next_sweep:
                     self._sweep()
