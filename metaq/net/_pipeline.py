@@ -111,6 +111,7 @@ class PipelinedConnection(ReplyReader):
         #: False once the connection failed or is closing (a plain attribute: read per message)
         self.usable = True
         self._prefixes: dict[str, bytes] = {}
+        self._init_reading()
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"{READER_PREFIX}{self.name}")
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -163,10 +164,13 @@ class PipelinedConnection(ReplyReader):
             pending[opaque] = request
             self._inflight_bytes += size
             self._out.append(data)
-        if flush:
-            self._kick(True)
-        elif not self._wake.is_set():  # (_kick's other half, without a call per message)
-            self._wake.set()
+        if flush:  # (a blocking send: it reads its reply itself when it can, read_own)
+            self._kick(True, False)
+        else:
+            if not self._wake.is_set():  # (_kick's other half, without a call per message)
+                self._wake.set()
+            if self._parked:  # blocking sends read their replies lately: the reader reads
+                self._unpark.set()
         return request
 
     def put_marked(self, mark: bytes, topic: str, partition: int, payload: bytes, flag: int,
@@ -241,9 +245,10 @@ class PipelinedConnection(ReplyReader):
             self._out.append(data)
         self._kick(flush)
 
-    def _kick(self, flush: bool) -> None:
+    def _kick(self, flush: bool, handover: bool = True) -> None:
         """After queueing: write now from the caller's thread when ``flush`` and no write
-        is running, else wake the writer thread."""
+        is running, else wake the writer thread; ``handover``: wake a parked reader
+        thread (not for a blocking send's put: it reads its reply, see read_own)."""
         if flush and self._send_lock.acquire(blocking=False):
             try:
                 self._drain()
@@ -253,6 +258,8 @@ class PipelinedConnection(ReplyReader):
                 self._send_lock.release()
         elif not self._wake.is_set():
             self._wake.set()
+        if handover and self._parked:  # the reader thread reads again (see read_own)
+            self._unpark.set()
 
     def wait_idle(self, deadline: float) -> bool:
         """Wait until nothing is in flight (or the connection died), up to the

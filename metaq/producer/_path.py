@@ -177,6 +177,16 @@ class SendPath:
                 part = self.pick(topic, route, data, key)
         self.dispatch(send, route, part)  # type: ignore[arg-type]
 
+    def read_reply(self, send: Send) -> None:
+        """A blocking send just written (``send.flush``): read its reply on this thread
+        when its connection has nothing else in flight
+        (:meth:`PipelinedConnection.read_own`)."""
+        part = send.part
+        if part is not None:
+            conn = self._conns.get(part.broker_id)
+            if conn is not None:
+                conn.read_own(send, send.deadline)
+
     def _first_failed(self, send: Send, bid: int, err: ConnectionClosedError) -> None:
         """:meth:`dispatch`'s answer to a connection failing under the put of :meth:`submit`."""
         self._connections.broker_failed(bid)
@@ -465,6 +475,7 @@ class SendPath:
                 self._retrying = True
             try:
                 nxt = self.retry_step(send, err)
+                send.flush = False  # the reader thread reads its reply (see read_reply)
                 if nxt is not None:
                     self.dispatch(send, *nxt)
             except BaseException as e:  # a bug: never leave the user's future hanging

@@ -163,6 +163,7 @@ class Producer:
                 "send() called from a send future's callback: it runs on the thread that "
                 "reads the broker's replies, so it would wait for itself; use send_async()")
         fut = self.send_async(topic, body, attribute, key, _flush=True)
+        self._path.read_reply(fut)  # on this thread, when it is alone in flight
         # Only this thread knows the future: it waits on a bare lock (no condition).
         if fut.wait_done(max(0.0, fut.deadline - _monotonic()) + 0.05):
             return fut.result()
