@@ -124,7 +124,9 @@ class ReplyReader:
             self._caller_reading = True
             pending = self._pending
             buf = self._rbuf
-            while self._error is None and request in pending.values():
+            # (not ``request in pending.values()``: a dict keeps the slots of popped
+            # entries until it is resized, and iterating it walks them all)
+            while self._error is None and not request.done():
                 if buf:
                     replies, used = scan_results(buf)
                     if replies:
@@ -144,7 +146,9 @@ class ReplyReader:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                if not self._cpoll.poll(min(left, 1.0) * 1000):
+                # (in slices: should the request fail here and be retried elsewhere --
+                # a stale reply swept by the reader thread -- this stops soon after)
+                if not self._cpoll.poll(min(left, 0.05) * 1000):
                     continue
                 try:
                     data = self._sock.recv(_RECV_SIZE, socket.MSG_DONTWAIT)
