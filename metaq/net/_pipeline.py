@@ -9,6 +9,9 @@ throughput is not bounded by the round trip:
   hundreds of small puts under load);
 - a named reader thread parses replies in bulk and completes each request
   (:meth:`Pending.on_reply`); it never blocks on anything but the socket;
+- a blocking send that is alone in flight reads its own reply on its thread
+  (:meth:`PipelinedConnection.read_own`, after ``put(..., flush=True)``) while the
+  reader thread parks, and leaves anything else it finds to the reader thread;
 - at most ``max_in_flight`` requests / ``max_in_flight_bytes`` bytes are
   outstanding: :meth:`PipelinedConnection.put` blocks (until its deadline)
   while the window is full;
