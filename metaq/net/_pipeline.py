@@ -378,6 +378,7 @@ class PipelinedConnection(ReplyReader):
         except OSError:
             pass
         self._wake.set()
+        self._unpark.set()  # a parked reader thread ends now, not a tick later
         pending = self._pending
         taken = []
         while True:
