@@ -12,9 +12,12 @@ to a plain ``Future`` set-up if they ever change.
 from __future__ import annotations
 
 import threading
+from _thread import allocate_lock as _allocate_lock
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, RUNNING
 from typing import Any
+
+from metaq.protocol import track
 
 __all__ = ["LightFuture", "LAZY_OK"]
 
@@ -53,7 +56,7 @@ class LightFuture(Future):
     # woken, a result that cannot be read) and the values are freed under the other
     # (a crash).  A slot store is one pointer write.
     __slots__ = ("_state", "_result", "_exception", "_condition", "_waiters",
-                 "_done_callbacks", "_waited")
+                 "_done_callbacks", "_waited", "_gate")
 
     def __init__(self) -> None:
         if not LAZY_OK:  # pragma: no cover - a Python whose Future changed
@@ -71,12 +74,18 @@ class LightFuture(Future):
         # Only reached for attributes missing from the instance: the lazy ones (unset
         # slots).  Built under one lock (a rare path) so that two waiters share one
         # condition.
+        if name == "_gate":  # (see wait_done)
+            raise AttributeError(name)
         if name in ("_condition", "_waiters", "_done_callbacks"):
             with _LAZY_LOCK:
                 try:
                     return object.__getattribute__(self, name)
                 except AttributeError:
                     pass
+                # Callbacks and waiters may refer back to this future (a cycle): a
+                # subclass that took it out of the cyclic collector's lists (a
+                # producer's Send) puts it back first.
+                track(self)
                 self._waiters = []
                 self._done_callbacks = []
                 self._condition = threading.Condition()
@@ -95,12 +104,41 @@ class LightFuture(Future):
     def set_exception(self, exception: BaseException | None) -> None:
         if self._state in _DONE_STATES:
             raise _invalid(self)
+        track(self)  # its traceback's frames may refer to this future (see __getattr__)
         self._exception = exception
         self._state = FINISHED
         if self._waited:
             self._notify()
 
+    def wait_done(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the outcome; True once it is there.
+
+        For **one** waiter, the thread that made the future and has not handed it
+        to anyone yet (a blocking send waiting for its own message): a bare lock
+        instead of the condition, waiters and callback lists that ``result()``
+        builds (the same race-free order: the gate and the flag first, then the
+        state; the completer writes the state first, then tests the flag)."""
+        if self._state == FINISHED:
+            return True
+        gate = _allocate_lock()
+        gate.acquire()
+        self._gate = gate
+        self._waited = True
+        if self._state == FINISHED:
+            return True
+        return gate.acquire(True, timeout) or self._state == FINISHED
+
     def _notify(self) -> None:
+        try:
+            gate = self._gate  # one waiter in wait_done()
+        except AttributeError:
+            pass
+        else:
+            gate.release()
+            try:  # and nobody else: no condition to build and take
+                object.__getattribute__(self, "_condition")
+            except AttributeError:
+                return
         # What Future.set_result does after storing the outcome.
         with self._condition:
             for waiter in self._waiters:

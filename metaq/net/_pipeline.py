@@ -9,6 +9,9 @@ throughput is not bounded by the round trip:
   hundreds of small puts under load);
 - a named reader thread parses replies in bulk and completes each request
   (:meth:`Pending.on_reply`); it never blocks on anything but the socket;
+- a blocking send that is alone in flight reads its own reply on its thread
+  (:meth:`PipelinedConnection.read_own`, after ``put(..., flush=True)``) while the
+  reader thread parks, and leaves anything else it finds to the reader thread;
 - at most ``max_in_flight`` requests / ``max_in_flight_bytes`` bytes are
   outstanding: :meth:`PipelinedConnection.put` blocks (until its deadline)
   while the window is full;
@@ -45,7 +48,7 @@ from typing import Any
 from metaq._errors import ConnectionClosedError, SendTimeoutError
 from metaq.net._acks import MultiPending, Pending, PutFuture
 from metaq.net._reader import ReplyReader, Run, closed_error
-from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts
+from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts, put_request
 
 __all__ = ["READER_PREFIX", "PipelinedConnection"]
 
@@ -55,6 +58,9 @@ log = logging.getLogger(__name__)
 READER_PREFIX = "metaq-pipe-reader-"
 _repeat = itertools.repeat
 _islice = itertools.islice
+#: ``put_request(prefix, partition, payload, flag, checksum, opaque)``: one put's bytes (C)
+_put_request = put_request
+_monotonic = time.monotonic
 
 
 # --------------------------------------------------------------------------- connection
@@ -108,6 +114,7 @@ class PipelinedConnection(ReplyReader):
         #: False once the connection failed or is closing (a plain attribute: read per message)
         self.usable = True
         self._prefixes: dict[str, bytes] = {}
+        self._init_reading()
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"{READER_PREFIX}{self.name}")
         self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -142,8 +149,7 @@ class PipelinedConnection(ReplyReader):
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefix(topic)
-        data = b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
-                                              opaque, payload)
+        data = _put_request(prefix, partition, payload, flag, checksum, opaque)
         if request is None:
             request = PutFuture(self.name)
         size = len(data)
@@ -156,12 +162,18 @@ class PipelinedConnection(ReplyReader):
                 raise self._error_for_caller()
             if self._closing:
                 raise ConnectionClosedError(f"connection to broker {self.name} is closed")
-            request._pipe_sent = time.monotonic()
+            request._pipe_sent = _monotonic()
             request._pipe_size = size
             pending[opaque] = request
             self._inflight_bytes += size
             self._out.append(data)
-        self._kick(flush)
+        if flush:  # (a blocking send: it reads its reply itself when it can, read_own)
+            self._kick(True, False)
+        else:
+            if not self._wake.is_set():  # (_kick's other half, without a call per message)
+                self._wake.set()
+            if self._parked:  # blocking sends read their replies lately: the reader reads
+                self._unpark.set()
         return request
 
     def put_marked(self, mark: bytes, topic: str, partition: int, payload: bytes, flag: int,
@@ -174,8 +186,7 @@ class PipelinedConnection(ReplyReader):
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefix(topic)
-        data = b"%b%b%d %d %d %d %d\r\n%b" % (mark, prefix, partition, len(payload), flag,
-                                                  checksum, opaque, payload)
+        data = mark + _put_request(prefix, partition, payload, flag, checksum, opaque)
         size = len(data)
         pending = self._pending
         if (len(pending) >= self.max_in_flight
@@ -237,9 +248,10 @@ class PipelinedConnection(ReplyReader):
             self._out.append(data)
         self._kick(flush)
 
-    def _kick(self, flush: bool) -> None:
+    def _kick(self, flush: bool, handover: bool = True) -> None:
         """After queueing: write now from the caller's thread when ``flush`` and no write
-        is running, else wake the writer thread."""
+        is running, else wake the writer thread; ``handover``: wake a parked reader
+        thread (not for a blocking send's put: it reads its reply, see read_own)."""
         if flush and self._send_lock.acquire(blocking=False):
             try:
                 self._drain()
@@ -249,6 +261,8 @@ class PipelinedConnection(ReplyReader):
                 self._send_lock.release()
         elif not self._wake.is_set():
             self._wake.set()
+        if handover and self._parked:  # the reader thread reads again (see read_own)
+            self._unpark.set()
 
     def wait_idle(self, deadline: float) -> bool:
         """Wait until nothing is in flight (or the connection died), up to the
@@ -364,6 +378,7 @@ class PipelinedConnection(ReplyReader):
         except OSError:
             pass
         self._wake.set()
+        self._unpark.set()  # a parked reader thread ends now, not a tick later
         pending = self._pending
         taken = []
         while True:

@@ -84,6 +84,93 @@ class ReplyReader:
         except Exception:
             log.exception("request callback failed on %s", self.name)
 
+    def _init_reading(self) -> None:
+        """The state shared by the reader thread and a blocking send reading its own
+        reply (:meth:`read_own`); called by the connection before its threads start."""
+        #: held while reading the socket and parsing: by the reader or a blocking send
+        self._rlock = threading.Lock()
+        #: bytes read and not parsed yet (a partial reply), under ``_rlock``
+        self._rbuf = b""
+        #: a blocking send reads the socket: the reader thread keeps off it
+        self._caller_reading = False
+        #: the reader thread waits on ``_unpark`` instead of the socket (blocking sends
+        #: read their replies; put() without flush and read_own() hand reading back)
+        self._parked = False
+        self._unpark = threading.Event()
+        self._caller_done = 0.0
+        self._cpoll = select.poll()
+        self._cpoll.register(self._sock.fileno(),
+                             select.POLLIN | select.POLLERR | select.POLLHUP)
+
+    def _handover(self) -> None:
+        """Let the reader thread read again (it may be parked)."""
+        if self._parked:
+            self._unpark.set()
+
+    def read_own(self, request: Any, deadline: float) -> None:
+        """Called by a thread that just wrote ``request`` (``put(..., flush=True)``) and
+        will wait for it: when it is the only request in flight, read its reply here,
+        until ``deadline`` at most, instead of waiting for the reader thread to read
+        it and wake this one (one thread hand-over per round trip instead of three;
+        the reader thread parks meanwhile).  Anything else in the bytes -- a reply to
+        another request, out of order or later -- is left to the reader thread, and
+        this returns: the caller then waits for ``request`` as usual.  Never raises:
+        a failure of the connection fails its requests (``request`` included)."""
+        if (len(self._pending) != 1 or threading.current_thread() is self._reader
+                or not self._rlock.acquire(False)):
+            self._handover()
+            return
+        try:
+            self._caller_reading = True
+            pending = self._pending
+            buf = self._rbuf
+            # (not ``request in pending.values()``: a dict keeps the slots of popped
+            # entries until it is resized, and iterating it walks them all)
+            while self._error is None and not request.done():
+                if buf:
+                    replies, used = scan_results(buf)
+                    if replies:
+                        code, opaque, body = replies[0]
+                        if len(replies) > 1 or used != len(buf) or pending.get(opaque) \
+                                is not request:
+                            break  # not for it, or more than its reply: the reader's
+                        del pending[opaque]
+                        buf = b""
+                        self._last_reply = time.monotonic()
+                        self._freed(request._pipe_size)
+                        try:
+                            request.on_reply(code, body)
+                        except Exception:
+                            log.exception("request callback failed on %s", self.name)
+                        break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # (in slices: should the request fail here and be retried elsewhere --
+                # a stale reply swept by the reader thread -- this stops soon after)
+                if not self._cpoll.poll(min(left, 0.05) * 1000):
+                    continue
+                try:
+                    data = self._sock.recv(_RECV_SIZE, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    raise closed_error(f"broker {self.name} closed the connection", None)
+                buf = buf + data if buf else data
+            self._rbuf = buf
+        except ConnectionClosedError as e:
+            self._fail(e)
+        except ProtocolError as e:
+            self._fail(closed_error(f"malformed reply from broker {self.name}: {e}", e))
+        except OSError as e:
+            self._fail(closed_error(f"reading from broker {self.name} failed: {e}", e))
+        finally:
+            self._caller_reading = False
+            self._caller_done = time.monotonic()
+            self._rlock.release()
+            if self._rbuf or self._pending or self._error is not None:
+                self._handover()
+
     def _read_loop(self) -> None:
         sock = self._sock
         poller = select.poll()
@@ -92,21 +179,54 @@ class ReplyReader:
         tick_ms = int(tick * 1000)
         next_sweep = time.monotonic() + tick
         recv = sock.recv
-        buf = b""
+        rlock = self._rlock
+        unpark = self._unpark
+        trickle = True
         try:
             while self._error is None:
-                # Try a read first: under load the next replies are already there, and
-                # every blocking call costs a GIL hand-over; poll only when idle.
-                try:
-                    data = recv(_RECV_SIZE, socket.MSG_DONTWAIT)
-                except BlockingIOError:
-                    if not poller.poll(tick_ms):
+                if self._caller_reading or self._parked:
+                    # A blocking send reads its own reply (read_own): keep off the socket
+                    # while it does, and while such sends follow one another with
+                    # nothing else to read (no wake-up per round trip); back on it
+                    # when handed over, or a tick after the last one.
+                    if not self._caller_reading and (
+                            self._pending or self._rbuf
+                            or time.monotonic() - self._caller_done > tick):
+                        self._parked = False
+                        trickle = True
+                        continue
+                    self._parked = True
+                    if unpark.wait(tick):
+                        unpark.clear()
+                    if time.monotonic() >= next_sweep:
                         self._sweep()
                         next_sweep = time.monotonic() + tick
                     continue
-                if not data:
-                    raise closed_error(f"broker {self.name} closed the connection", None)
-                buf = self._handle(buf + data if buf else data)
+                # Under load try a read first: the next replies are already there, and
+                # every blocking call costs a GIL hand-over.  After a short read (a
+                # few replies: blocking sends, a light load) wait for the next bytes
+                # first: a read that finds nothing costs an exception.
+                if trickle and not self._rbuf and not poller.poll(tick_ms):
+                    self._sweep()
+                    next_sweep = time.monotonic() + tick
+                    continue
+                if self._caller_reading:  # its reply came: leave it to it, park
+                    continue
+                with rlock:
+                    if self._caller_reading:
+                        continue
+                    try:
+                        data = recv(_RECV_SIZE, socket.MSG_DONTWAIT)
+                    except BlockingIOError:
+                        if self._rbuf:  # handed over by read_own: parse what it left
+                            self._rbuf = self._handle(self._rbuf)
+                        trickle = True
+                        continue
+                    if not data:
+                        raise closed_error(f"broker {self.name} closed the connection", None)
+                    trickle = len(data) < _BULK_MIN
+                    buf = self._rbuf
+                    self._rbuf = self._handle(buf + data if buf else data)
                 if time.monotonic() >= next_sweep:
                     self._sweep()
                     next_sweep = time.monotonic() + tick

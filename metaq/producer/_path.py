@@ -148,6 +148,55 @@ class SendPath:
             part = self._avoid_faulty(route, part)
         return part
 
+    def submit(self, send: Send, topic: str, route: TopicRoute, data: bytes, key: Any) -> None:
+        """A new message's partition and attempts: :meth:`pick` then :meth:`dispatch`,
+        in one call on the common path (round-robin, no broker avoided, a usable
+        connection, not idempotent).  Raises NoBrokerAvailableError when no broker
+        publishes ``topic`` within the send timeout; any other failure goes on the
+        future."""
+        parts = route.partitions
+        if parts and self._round_robin and not self._faults and self.sequences is None:
+            part = parts[next(route.counter) % len(parts)]
+            bid = part.broker_id
+            conn = self._conns.get(bid)
+            if conn is not None and conn.usable and conn.address == route.addresses.get(bid):
+                send.part = part
+                send.attempts = 1
+                try:
+                    conn.put(topic, part.index, send.payload, send.flag, send.checksum, send,
+                             send.deadline, send.flush)
+                except ConnectionClosedError as e:
+                    self._first_failed(send, bid, e)
+                except (SendTimeoutError, ProtocolError) as e:
+                    self.fail(send, e)
+                return
+        else:
+            part = self.pick(topic, route, data, key)
+            if part is None:  # no broker publishes topic right now: wait within the timeout
+                route = self.writable(topic, send.deadline)
+                part = self.pick(topic, route, data, key)
+        self.dispatch(send, route, part)  # type: ignore[arg-type]
+
+    def read_reply(self, send: Send) -> None:
+        """A blocking send just written (``send.flush``): read its reply on this thread
+        when its connection has nothing else in flight
+        (:meth:`PipelinedConnection.read_own`)."""
+        part = send.part
+        if part is not None:
+            conn = self._conns.get(part.broker_id)
+            if conn is not None:
+                conn.read_own(send, send.deadline)
+
+    def _first_failed(self, send: Send, bid: int, err: ConnectionClosedError) -> None:
+        """:meth:`dispatch`'s answer to a connection failing under the put of :meth:`submit`."""
+        self._connections.broker_failed(bid)
+        if not send.retry_here:
+            self.attempt_failed(send, err)
+            return
+        nxt = self.retry_step(send, err)
+        if nxt is not None:
+            self.dispatch(send, *nxt)
+
     def _avoid_faulty(self, route: TopicRoute, part: Partition) -> Partition:
         """``part``, or the next partition on a broker that has not failed lately."""
         now = _monotonic()
@@ -426,6 +475,7 @@ class SendPath:
                 self._retrying = True
             try:
                 nxt = self.retry_step(send, err)
+                send.flush = False  # the reader thread reads its reply (see read_reply)
                 if nxt is not None:
                     self.dispatch(send, *nxt)
             except BaseException as e:  # a bug: never leave the user's future hanging

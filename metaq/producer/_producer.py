@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -164,13 +163,14 @@ class Producer:
                 "send() called from a send future's callback: it runs on the thread that "
                 "reads the broker's replies, so it would wait for itself; use send_async()")
         fut = self.send_async(topic, body, attribute, key, _flush=True)
-        try:
-            return fut.result(max(0.0, fut.deadline - _monotonic()) + 0.05)
-        except FutureTimeout:
-            raise SendTimeoutError(
-                f"no acknowledgement for a message to topic {topic!r} within "
-                f"{self._timeout:g}s ({fut.attempts} attempt(s)); it may or may not have "
-                f"been stored") from None
+        self._path.read_reply(fut)  # on this thread, when it is alone in flight
+        # Only this thread knows the future: it waits on a bare lock (no condition).
+        if fut.wait_done(max(0.0, fut.deadline - _monotonic()) + 0.05):
+            return fut.result()
+        raise SendTimeoutError(
+            f"no acknowledgement for a message to topic {topic!r} within "
+            f"{self._timeout:g}s ({fut.attempts} attempt(s)); it may or may not have "
+            f"been stored")
 
     def send_async(self, topic: str, body: Any, attribute: str | None = None,
                    key: Any = None, _flush: bool = False) -> Future[SendResult]:
@@ -187,7 +187,7 @@ class Producer:
         it is not keyword-only because on CPython 3.11 that makes every call
         slower.)
         """
-        # The hot path: per message, one pass here, SendPath.pick() and SendPath.dispatch().
+        # The hot path: per message, one pass here and SendPath.submit().
         if self._closed:
             raise ProducerError("the producer is closed")
         try:
@@ -207,12 +207,8 @@ class Producer:
         path = self._path
         send = self.future_type(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
                                 deadline)
-        part = path.pick(topic, route, data, key)
-        if part is None:  # no broker publishes topic right now: wait within the send timeout
-            route = path.writable(topic, deadline)
-            part = path.pick(topic, route, data, key)
         send.flush = _flush
-        path.dispatch(send, route, part)
+        path.submit(send, topic, route, data, key)  # pick, dispatch (waits for a broker)
         return send
 
     def send_batch(self, topic: str, bodies: Sequence[Any], *, attribute: str | None = None,

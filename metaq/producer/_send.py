@@ -13,6 +13,9 @@ from typing import NamedTuple, Protocol
 
 from metaq._errors import BrokerError, ProtocolError
 from metaq.net import LAZY_OK, LightFuture
+from metaq.protocol import ack_result as _ack_result
+from metaq.protocol import complete_acks as _complete_acks
+from metaq.protocol import untrack as _untrack
 from zk_layout import Partition
 
 __all__ = ["NO_RETRY", "Retrier", "Send", "SendResult", "make_result", "partition_names"]
@@ -98,6 +101,16 @@ class Send(LightFuture):
         self.part = None
         self.tried = None
         self.flush = False
+        if type(self) is Send:
+            # Out of the cyclic collector's lists: in flight a Send refers only to
+            # bytes, numbers, a Partition, its producer's long-lived send path and (on
+            # a retry) a set of Partitions -- nothing that can close a cycle back to
+            # it -- so refcounting frees it, and the collector need not walk every
+            # message in flight or held (0 collector time per message).  Whatever
+            # could make a cycle puts it back first: a waiter or callback, an
+            # exception (LightFuture.__getattr__ / set_exception).  Subclasses (the
+            # asyncio one keeps its waiters) stay tracked.
+            _untrack(self)
 
     def result(self, timeout: float | None = None) -> SendResult:
         """The :class:`SendResult` (see ``concurrent.futures.Future.result``).
@@ -112,9 +125,8 @@ class Send(LightFuture):
         r = self._result
         if r is None:
             bid = self.part.broker_id  # type: ignore[union-attr]
-            index = int(self._ack_index)
-            r = _new_tuple(SendResult, (int(self._ack_id), partition_names(bid)[index],
-                                        int(self._ack_offset), bid, index))
+            r = _ack_result(SendResult, self._ack_id, self._ack_index, self._ack_offset, bid,
+                            _NAMES.get(bid) or partition_names(bid))
         return r
 
     def on_reply(self, code: int, body: bytes) -> None:
@@ -146,16 +158,9 @@ class Send(LightFuture):
 
         Each future keeps the answer's bytes; ``result()`` builds the
         :class:`SendResult` when asked (no object per message here)."""
-        # set_result inlined: none of these is done (each was in the pending map)
-        for send, msg_id, index, offset in zip(requests, msg_ids, partitions, offsets,
-                                               strict=True):
-            send.payload = b""
-            send._ack_id = msg_id
-            send._ack_index = index
-            send._ack_offset = offset
-            send._state = FINISHED
-            if send._waited:
-                send._notify()
+        # set_result inlined (none of these is done: each was in the pending map), in C
+        for send in _complete_acks(requests, msg_ids, partitions, offsets, FINISHED):
+            send._notify()
 
     def on_error(self, exc: BaseException) -> None:
         self.path.attempt_failed(self, exc)

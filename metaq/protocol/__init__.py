@@ -14,7 +14,10 @@ One concept per module:
 ``_watermark``            metaq-py's high watermarks to slaves: ``watermarks``
 ``_fast``                 the per-message work, C (``_speedups.c``) or Python,
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
-                          (read by a ``PartitionReader``), ``encode_puts``
+                          (read by a ``PartitionReader``), ``encode_puts``,
+                          ``put_request``, ``untrack`` / ``track``, ``complete_acks``,
+                          ``ack_result``
+                          (the producer)
 ========================  =====================================================
 
 The broker, the client connections (:mod:`metaq.net`), the producer, the
@@ -83,12 +86,17 @@ from metaq.protocol._fast import (
     ST_LATER,
     ST_LIMIT,
     PartitionReader,
+    ack_result,
+    complete_acks,
     crc32,
     deliver,
     encode_puts,
     prepare,
+    put_request,
     scan,
     take,
+    track,
+    untrack,
 )
 from metaq.protocol._idempotence import (
     GAP_CODE,
@@ -173,7 +181,8 @@ __all__ = [
     # C or Python, chosen once
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
-    "encode_puts",
+    "encode_puts", "put_request", "untrack", "track", "complete_acks",
+    "ack_result",
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",

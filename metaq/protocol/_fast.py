@@ -49,6 +49,8 @@ __all__ = [
     "py_crc32", "py_scan", "py_take", "py_deliver", "py_prepare", "c_prepare",
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
+    "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
+    "complete_acks", "py_complete_acks", "ack_result", "py_ack_result",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -391,6 +393,72 @@ if speedups is not None:
     encode_puts = c_encode_puts
 else:
     encode_puts = py_encode_puts
+
+
+# ----------------------------------------------------------------------------------
+# Producer side, per message (issue 29): put_request, untrack / track.
+# ----------------------------------------------------------------------------------
+
+def py_put_request(prefix: bytes, partition: int, payload: Any, flag: int, checksum: int,
+                   opaque: int) -> bytes:
+    """put_request(prefix, partition, payload, flag, checksum, opaque) -> bytes.
+
+    One put request, ``prefix`` being ``b"put <topic> "``:
+    ``<prefix><partition> <len> <flag> <checksum> <opaque>\\r\\n<payload>``."""
+    return b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
+                                          opaque, payload)
+
+
+def py_untrack(obj: object) -> None:
+    """untrack(obj): without the C module, objects stay in the cyclic collector's
+    lists (the collector then costs time, results are the same)."""
+
+
+def py_track(obj: object) -> None:
+    """track(obj): the twin of :func:`py_untrack` (nothing to undo)."""
+
+
+def py_complete_acks(requests: list[Any], msg_ids: list[bytes], partitions: list[bytes],
+                     offsets: list[bytes], state: object) -> list[Any]:
+    """complete_acks(requests, msg_ids, partitions, offsets, state) -> waited.
+
+    The bulk completion of a producer's sends (``Send.on_acks``): each request's
+    ``payload`` becomes ``b""``, its ``_ack_id`` / ``_ack_index`` / ``_ack_offset``
+    the answer's columns, then its ``_state`` ``state`` (last: a waiter reads the
+    state first); the requests whose ``_waited`` is true are returned, to be notified."""
+    if not len(requests) == len(msg_ids) == len(partitions) == len(offsets):
+        raise ValueError("complete_acks: lists of different lengths")
+    waited = []
+    for r, msg_id, index, offset in zip(requests, msg_ids, partitions, offsets, strict=True):
+        r.payload = b""
+        r._ack_id = msg_id
+        r._ack_index = index
+        r._ack_offset = offset
+        r._state = state
+        if r._waited:
+            waited.append(r)
+    return waited
+
+
+def py_ack_result(cls: type, msg_id: bytes, index: bytes, offset: bytes, broker_id: int,
+                  names: Mapping[int, str]) -> Any:
+    """ack_result(cls, msg_id, index, offset, broker_id, names) -> a ``cls`` tuple.
+
+    A producer's ``SendResult`` from the decimal bytes of a bulk acknowledgement:
+    ``(int(msg_id), names[int(index)], int(offset), broker_id, int(index))``."""
+    i = int(index)
+    return tuple.__new__(cls, (int(msg_id), names[i], int(offset), broker_id, i))
+
+
+# Looked up by name, not by VERSION: an older build without them still serves the rest.
+put_request: Callable[[bytes, int, Any, int, int, int], bytes] = getattr(
+    speedups, "put_request", py_put_request)
+untrack: Callable[[object], None] = getattr(speedups, "untrack", py_untrack)
+track: Callable[[object], None] = getattr(speedups, "track", py_track)
+ack_result: Callable[[type, bytes, bytes, bytes, int, Mapping[int, str]], Any] = getattr(
+    speedups, "ack_result", py_ack_result)
+complete_acks: Callable[[list[Any], list[bytes], list[bytes], list[bytes], object],
+                        list[Any]] = getattr(speedups, "complete_acks", py_complete_acks)
 
 
 # ----------------------------------------------------------------------------------

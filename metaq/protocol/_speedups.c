@@ -894,6 +894,226 @@ done:
     return NULL;
 }
 
+/* ==== producer per-message path (issue 29, producer part) ================================
+ * Kept apart from the broker's put loop above.  Called once per message by
+ * metaq/net/_pipeline.py (put_request) and metaq/producer/_send.py (untrack / track);
+ * the pure-Python twins are in metaq/protocol/_fast.py.
+ *
+ *   put_request(prefix, partition, payload, flag, checksum, opaque) -> bytes
+ *       b"%b%d %d %d %d %d\r\n%b" % (prefix, partition, len(payload), flag, checksum,
+ *       opaque, payload), in one allocation (no tuple, no format parsing); anything but
+ *       exact bytes and ints of 64 bits goes to that very formatting (same results).
+ *   complete_acks(requests, msg_ids, partitions, offsets, state) -> waited  (see below)
+ *   ack_result(cls, msg_id, index, offset, broker_id, names) -> a SendResult (see below)
+ *   untrack(obj) / track(obj) -> None
+ *       take a GC object out of (back into) the cyclic collector's lists; see
+ *       metaq/producer/_send.py (a send in flight holds nothing that can close a cycle).
+ */
+static PyObject *put_request_fmt;  /* b"%b%d %d %d %d %d\r\n%b", for the general case */
+
+static PyObject *
+py_put_request(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "put_request takes 6 arguments");
+        return NULL;
+    }
+    PyObject *prefix = args[0], *payload = args[2];
+    long long v[5];
+    int simple = PyBytes_CheckExact(prefix) && PyBytes_CheckExact(payload);
+    static const int at[4] = {1, 3, 4, 5};
+    for (int i = 0; simple && i < 4; i++) {
+        PyObject *o = args[at[i]];
+        if (!PyLong_CheckExact(o)) {
+            simple = 0;
+            break;
+        }
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (overflow || (x == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            simple = 0;
+            break;
+        }
+        v[i] = x;
+    }
+    if (!simple) {
+        Py_ssize_t len = PyObject_Length(payload);
+        if (len < 0)
+            return NULL;
+        PyObject *n = PyLong_FromSsize_t(len);
+        if (n == NULL)
+            return NULL;
+        PyObject *t = PyTuple_Pack(7, prefix, args[1], n, args[3], args[4], args[5], payload);
+        Py_DECREF(n);
+        if (t == NULL)
+            return NULL;
+        PyObject *r = PyNumber_Remainder(put_request_fmt, t);
+        Py_DECREF(t);
+        return r;
+    }
+    Py_ssize_t plen = PyBytes_GET_SIZE(payload), hlen = PyBytes_GET_SIZE(prefix);
+    char line[5 * 21 + 8];
+    char *w = line;
+    w += put_digits(w, v[0]);
+    *w++ = ' ';
+    w += put_digits(w, plen);
+    *w++ = ' ';
+    w += put_digits(w, v[1]);
+    *w++ = ' ';
+    w += put_digits(w, v[2]);
+    *w++ = ' ';
+    w += put_digits(w, v[3]);
+    *w++ = '\r';
+    *w++ = '\n';
+    Py_ssize_t llen = w - line;
+    PyObject *data = PyBytes_FromStringAndSize(NULL, hlen + llen + plen);
+    if (data == NULL)
+        return NULL;
+    char *d = PyBytes_AS_STRING(data);
+    memcpy(d, PyBytes_AS_STRING(prefix), (size_t)hlen);
+    memcpy(d + hlen, line, (size_t)llen);
+    memcpy(d + hlen + llen, PyBytes_AS_STRING(payload), (size_t)plen);
+    return data;
+}
+
+static PyObject *
+py_untrack(PyObject *self, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && PyObject_GC_IsTracked(obj))
+        PyObject_GC_UnTrack(obj);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_track(PyObject *self, PyObject *obj)
+{
+    if (PyObject_IS_GC(obj) && !PyObject_GC_IsTracked(obj))
+        PyObject_GC_Track(obj);
+    Py_RETURN_NONE;
+}
+
+/* complete_acks(requests, msg_ids, partitions, offsets, state) -> list
+ * For each i: requests[i].payload = b""; ._ack_id, ._ack_index, ._ack_offset = the
+ * columns' items; then ._state = state (in this order: the state last, as a waiter
+ * reads it first); returns the requests whose ._waited is true (to be notified).
+ * (A producer's Send, metaq/producer/_send.py on_acks; no Python code runs in between
+ * for slot attributes.) */
+static PyObject *s_payload, *s_ack_id, *s_ack_index, *s_ack_offset, *s_state, *s_waited,
+    *empty_bytes;
+
+static PyObject *
+py_complete_acks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "complete_acks takes 5 arguments");
+        return NULL;
+    }
+    PyObject *reqs = args[0], *ids = args[1], *parts = args[2], *offs = args[3];
+    PyObject *state = args[4];
+    if (!PyList_CheckExact(reqs) || !PyList_CheckExact(ids) || !PyList_CheckExact(parts)
+        || !PyList_CheckExact(offs)) {
+        PyErr_SetString(PyExc_TypeError, "complete_acks: the columns must be lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(reqs);
+    if (PyList_GET_SIZE(ids) != n || PyList_GET_SIZE(parts) != n
+        || PyList_GET_SIZE(offs) != n) {
+        PyErr_SetString(PyExc_ValueError, "complete_acks: lists of different lengths");
+        return NULL;
+    }
+    PyObject *waited = PyList_New(0);
+    if (waited == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n && i < PyList_GET_SIZE(reqs); i++) {
+        PyObject *r = PyList_GET_ITEM(reqs, i);
+        Py_INCREF(r);
+        int bad = PyObject_SetAttr(r, s_payload, empty_bytes) < 0
+                  || i >= PyList_GET_SIZE(ids) || i >= PyList_GET_SIZE(parts)
+                  || i >= PyList_GET_SIZE(offs)
+                  || PyObject_SetAttr(r, s_ack_id, PyList_GET_ITEM(ids, i)) < 0
+                  || PyObject_SetAttr(r, s_ack_index, PyList_GET_ITEM(parts, i)) < 0
+                  || PyObject_SetAttr(r, s_ack_offset, PyList_GET_ITEM(offs, i)) < 0
+                  || PyObject_SetAttr(r, s_state, state) < 0;
+        if (!bad) {
+            PyObject *w = PyObject_GetAttr(r, s_waited);
+            int t = w == NULL ? -1 : PyObject_IsTrue(w);
+            Py_XDECREF(w);
+            bad = t < 0 || (t && PyList_Append(waited, r) < 0);
+        }
+        Py_DECREF(r);
+        if (bad) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_ValueError, "complete_acks: a list changed");
+            Py_DECREF(waited);
+            return NULL;
+        }
+    }
+    return waited;
+}
+
+/* int(b) for the decimal bytes of an acknowledgement: digits only, up to 18 of them,
+ * here; anything else through int() itself (same results). */
+static PyObject *
+ack_int(PyObject *b)
+{
+    if (PyBytes_CheckExact(b)) {
+        Py_ssize_t n = PyBytes_GET_SIZE(b);
+        const char *p = PyBytes_AS_STRING(b);
+        if (n > 0 && n <= 18) {
+            long long v = 0;
+            Py_ssize_t i = 0;
+            for (; i < n && p[i] >= '0' && p[i] <= '9'; i++)
+                v = v * 10 + (p[i] - '0');
+            if (i == n)
+                return PyLong_FromLongLong(v);
+        }
+    }
+    return PyNumber_Long(b);
+}
+
+/* ack_result(cls, msg_id, index, offset, broker_id, names) -> cls tuple
+ * tuple.__new__(cls, (int(msg_id), names[int(index)], int(offset), broker_id,
+ * int(index))): a SendResult from the bytes of a bulk acknowledgement. */
+static PyObject *
+py_ack_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "ack_result takes 6 arguments");
+        return NULL;
+    }
+    PyObject *cls = args[0];
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "ack_result: cls must be a tuple class");
+        return NULL;
+    }
+    PyObject *id = NULL, *index = NULL, *name = NULL, *offset = NULL, *items = NULL;
+    PyObject *r = NULL;
+    if ((id = ack_int(args[1])) == NULL || (index = ack_int(args[2])) == NULL
+        || (name = PyObject_GetItem(args[5], index)) == NULL
+        || (offset = ack_int(args[3])) == NULL
+        || (items = PyTuple_Pack(5, id, name, offset, args[4], index)) == NULL)
+        goto done;
+    if ((PyTypeObject *)cls == &PyTuple_Type) {
+        r = items;
+        items = NULL;
+    } else {
+        PyObject *a = PyTuple_Pack(1, items);
+        if (a != NULL) {
+            r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
+            Py_DECREF(a);
+        }
+    }
+done:
+    Py_XDECREF(id);
+    Py_XDECREF(index);
+    Py_XDECREF(name);
+    Py_XDECREF(offset);
+    Py_XDECREF(items);
+    return r;
+}
+/* ==== end of the producer per-message path ============================================= */
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -920,6 +1140,20 @@ static PyMethodDef methods[] = {
     {"encode_puts", py_encode_puts, METH_VARARGS,
      "encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes): the put\n"
      "requests of one partition, head being b'put <topic> <partition> '."},
+    /* producer per-message path (issue 29, producer part) */
+    {"put_request", (PyCFunction)(void (*)(void))py_put_request, METH_FASTCALL,
+     "put_request(prefix, partition, payload, flag, checksum, opaque) -> bytes: one put\n"
+     "request, prefix being b'put <topic> '."},
+    {"untrack", py_untrack, METH_O,
+     "untrack(obj): take obj out of the cyclic garbage collector's lists."},
+    {"track", py_track, METH_O, "track(obj): put obj back into them (after untrack)."},
+    {"ack_result", (PyCFunction)(void (*)(void))py_ack_result, METH_FASTCALL,
+     "ack_result(cls, msg_id, index, offset, broker_id, names) -> cls: tuple.__new__(cls,\n"
+     "(int(msg_id), names[int(index)], int(offset), broker_id, int(index)))."},
+    {"complete_acks", (PyCFunction)(void (*)(void))py_complete_acks, METH_FASTCALL,
+     "complete_acks(requests, msg_ids, partitions, offsets, state) -> list: store each\n"
+     "answer on its request, then its state; the requests with _waited set."},
+    /* end of the producer per-message path */
     {NULL, NULL, 0, NULL},
 };
 
@@ -935,6 +1169,20 @@ PyInit__speedups(void)
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
+    if ((put_request_fmt == NULL
+         && (put_request_fmt = PyBytes_FromString("%b%d %d %d %d %d\r\n%b")) == NULL)
+        || (s_payload == NULL && (s_payload = PyUnicode_InternFromString("payload")) == NULL)
+        || (s_ack_id == NULL && (s_ack_id = PyUnicode_InternFromString("_ack_id")) == NULL)
+        || (s_ack_index == NULL
+            && (s_ack_index = PyUnicode_InternFromString("_ack_index")) == NULL)
+        || (s_ack_offset == NULL
+            && (s_ack_offset = PyUnicode_InternFromString("_ack_offset")) == NULL)
+        || (s_state == NULL && (s_state = PyUnicode_InternFromString("_state")) == NULL)
+        || (s_waited == NULL && (s_waited = PyUnicode_InternFromString("_waited")) == NULL)
+        || (empty_bytes == NULL && (empty_bytes = PyBytes_FromStringAndSize("", 0)) == NULL)) {
+        Py_DECREF(m);
+        return NULL;
+    }
     if (PyModule_AddIntConstant(m, "VERSION", VERSION) < 0
         || PyModule_AddIntConstant(m, "END", ST_END) < 0
         || PyModule_AddIntConstant(m, "LIMIT", ST_LIMIT) < 0
