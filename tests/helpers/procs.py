@@ -86,11 +86,17 @@ class MemberProc:
         self.p.wait(30)
         self.t.join(10)
 
-    def stop(self) -> None:
-        """SIGTERM: the member closes (commits what finished) and exits."""
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM: the member closes (commits what finished) and exits; one still
+        running after ``timeout`` is killed (never left behind) and the test fails."""
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
-            self.p.wait(60)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"member {self.p.args[2:]} did not exit within "
+                                     f"{timeout:g} s of SIGTERM; killed") from None
         self.t.join(10)
 
 
