@@ -63,10 +63,16 @@ def _shot(driver, tmp_path: Path, name: str) -> Path:
     return path
 
 
-def _cells(driver, css: str) -> list[str]:
+def _cells(driver, css: str) -> list[str] | None:
+    """The texts of the elements ``css`` finds; None when the page's own refresh (every
+    second) replaced them while they were read (the caller's wait asks again)."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    try:
+        return [e.text for e in driver.find_elements(By.CSS_SELECTOR, css)]
+    except StaleElementReferenceException:
+        return None
 
 
 def test_group_page_live_owners_lag_chart_and_a_member_leaving(cluster, members, dashboard,
@@ -83,9 +89,11 @@ def test_group_page_live_owners_lag_chart_and_a_member_leaving(cluster, members,
     owners = wait_until(lambda: (o := _cells(browser, "#partitions td .owner")) and
                         set(o) == {one.id, two.id} and o, timeout=30, what="owners shown")
     assert len(owners) == 4
-    lags = _cells(browser, "#partitions td .lag")
+    lags = wait_until(lambda: _cells(browser, "#partitions td .lag"), timeout=10,
+                      what="the lag cells")
     assert all(int(x) > 0 for x in lags), lags
-    assert _cells(browser, "#group-status .state") == ["warn"]
+    assert wait_until(lambda: _cells(browser, "#group-status .state"), timeout=10,
+                      what="the group state") == ["warn"]
     # the chart: points drawn by the page's own script as samples come in
     wait_until(lambda: len(browser.find_elements(
         By.CSS_SELECTOR, "#lag-chart circle.series-messages")) >= 3,
@@ -97,7 +105,7 @@ def test_group_page_live_owners_lag_chart_and_a_member_leaving(cluster, members,
     browser.execute_script("document.body.dataset.marker = 'same page'")
     two.close()
     wait_until(lambda: _cells(browser, "#members td:first-child") == [one.id] and
-               set(_cells(browser, "#partitions td .owner")) == {one.id},
+               set(_cells(browser, "#partitions td .owner") or ()) == {one.id},
                timeout=60, what="the page to show one member owning everything")
     assert browser.execute_script("return document.body.dataset.marker") == "same page"
     # the other main pages
