@@ -11,10 +11,10 @@ from metaq.net import BrokerConnection
 from metaq.testing import wait_until
 
 
-def readable(port: int, offset: int) -> bool:
+def readable(port: int, offset: int, group: str = "consumers") -> bool:
     with BrokerConnection("127.0.0.1", port) as conn:
         try:
-            return len(conn.get("h", "consumers", 0, offset, 65536)) > 0
+            return len(conn.get("h", group, 0, offset, 65536)) > 0
         except BrokerError as e:
             if e.code == 404:
                 return False
@@ -68,10 +68,9 @@ def test_a_slave_serves_consumers_only_below_its_masters_watermark(zk_connect, b
         slaves[0].pause()
         try:
             second = producer.send("h", b"slave 2 alone")  # async: acknowledged
-            with BrokerConnection("127.0.0.1", slaves[1].port) as conn:
-                # slave 2 holds it (a replica's get reads all it holds) ...
-                wait_until(lambda: len(conn.get("h", "meta-slave-group-9", 0, second.offset,
-                                                65536)) > 0, 10, what="slave 2's copy")
+            # slave 2 holds it (a replica's get reads all it holds) ...
+            wait_until(lambda: readable(slaves[1].port, second.offset, "meta-slave-group-9"),
+                       10, what="slave 2's copy")
             # ... but serves it to no consumer while slave 1, in sync, lacks it
             assert not readable(slaves[1].port, second.offset)
             assert not readable(master.port, second.offset)
