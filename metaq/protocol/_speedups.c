@@ -630,6 +630,21 @@ tx_key_at(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, Py_ssize_t *start
     return 1;
 }
 
+/* A put's tail after its flag when it carries a transaction key: ``<txKey> <opaque>\r\n``
+ * (*tx, *tx_end: the key; *op, *op_end: the opaque's digits). */
+static inline int
+tx_tail_at(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, Py_ssize_t *tx,
+           Py_ssize_t *tx_end, Py_ssize_t *op, Py_ssize_t *op_end, long long *opaque)
+{
+    if (!tx_key_at(d, n, p, tx, tx_end))
+        return 0;
+    *op = *p;
+    if (!number(d, n, p, 1, opaque))
+        return 0;
+    *op_end = *p;
+    return literal(d, n, p, "\r\n", 2);
+}
+
 /* The broker's hot loop (metaq/protocol/_parsers.py, RequestParser._run): from ``pos``,
  * every whole ``put <topic> <part> <len> <flag> [<checksum>] <opaque>\r\n<payload>``
  * whose ``b"<topic> <part>"`` is a key of ``fast`` becomes the tuple
@@ -707,25 +722,14 @@ py_fast_puts(PyObject *self, PyObject *args)
                     op_end = p - 2;
                 } else {
                     p = slot;
-                    if (tx_cls == NULL || !tx_key_at(d, n, &p, &tx, &tx_end))
-                        break;
-                    op = p;
-                    if (!number(d, n, &p, 1, &opaque))
-                        break;
-                    op_end = p;
-                    if (!literal(d, n, &p, "\r\n", 2))
+                    if (tx_cls == NULL
+                        || !tx_tail_at(d, n, &p, &tx, &tx_end, &op, &op_end, &opaque))
                         break;
                 }
             }
         } else {
             check = -1;
-            if (tx_cls == NULL || !tx_key_at(d, n, &p, &tx, &tx_end))
-                break;
-            op = p;
-            if (!number(d, n, &p, 1, &opaque))
-                break;
-            op_end = p;
-            if (!literal(d, n, &p, "\r\n", 2))
+            if (tx_cls == NULL || !tx_tail_at(d, n, &p, &tx, &tx_end, &op, &op_end, &opaque))
                 break;
         }
         if (last_key == NULL || PyBytes_GET_SIZE(last_key) != key_end - key
