@@ -54,62 +54,62 @@ def _group(kind: str) -> str:
     return f"bench-{kind}-{next(_groups)}-{time.monotonic_ns()}"
 
 
+class _Count:
+    """Messages handled so far; the clock from the first to the ``total``-th, then
+    ``done()``."""
+
+    def __init__(self, total: int, done) -> None:  # noqa: ANN001
+        self.total, self.done = total, done
+        self.n, self.first, self.last = 0, 0.0, 0.0
+
+    def add(self, k: int) -> None:
+        if not self.n:
+            self.first = time.perf_counter()
+        self.n += k
+        if self.n >= self.total:
+            self.last = time.perf_counter()
+            self.done()
+
+    def rate(self) -> float:
+        return self.total / (self.last - self.first)
+
+
 def threaded_run(zk: str, topic: str, total: int, mode: str, runners: int) -> float:
     """msg/s of MessageConsumer, first message to last."""
-    state = {"n": 0, "first": 0.0, "last": 0.0}
     done = threading.Event()
+    count = _Count(total, done.set)
 
     def on_message(m):  # noqa: ANN001, ANN202
-        if not state["n"]:
-            state["first"] = time.perf_counter()
-        state["n"] += 1
-        if state["n"] >= total:
-            state["last"] = time.perf_counter()
-            done.set()
+        count.add(1)
 
     class Batch:
         def on_messages(self, batch):  # noqa: ANN001, ANN202
-            if not state["n"]:
-                state["first"] = time.perf_counter()
-            state["n"] += len(batch)
-            if state["n"] >= total:
-                state["last"] = time.perf_counter()
-                done.set()
+            count.add(len(batch))
 
     c = MessageConsumer(_group("t"), zk, fetch_runner_count=runners, commit_period=60.0)
     try:
         c.subscribe(topic, on_message if mode == "each" else Batch())
         c.start()
         if not done.wait(300):
-            raise RuntimeError(f"threaded {mode} stalled at {state['n']}/{total}")
+            raise RuntimeError(f"threaded {mode} stalled at {count.n}/{total}")
     finally:
         c.close()
-    return total / (state["last"] - state["first"])
+    return count.rate()
 
 
 async def aio_run(zk: str, topic: str, total: int, mode: str, runners: int,
                   lag: list[float] | None = None) -> float:
     """msg/s of AsyncConsumer, first message to last (``lag``: a 1 ms ticker's
     lateness while it runs, in ms)."""
-    state = {"n": 0, "first": 0.0, "last": 0.0}
     done = asyncio.Event()
+    count = _Count(total, done.set)
 
     async def handle(m):  # noqa: ANN001, ANN202
-        if not state["n"]:
-            state["first"] = time.perf_counter()
-        state["n"] += 1
-        if state["n"] >= total:
-            state["last"] = time.perf_counter()
-            done.set()
+        count.add(1)
 
     class Batch:
         async def on_messages(self, batch):  # noqa: ANN001, ANN202
-            if not state["n"]:
-                state["first"] = time.perf_counter()
-            state["n"] += len(batch)
-            if state["n"] >= total:
-                state["last"] = time.perf_counter()
-                done.set()
+            count.add(len(batch))
 
     async def ticker() -> None:
         loop = asyncio.get_running_loop()
@@ -139,7 +139,7 @@ async def aio_run(zk: str, topic: str, total: int, mode: str, runners: int,
             await tick
     finally:
         await c.close()
-    return total / (state["last"] - state["first"])
+    return count.rate()
 
 
 def steady(zk: str, topic: str, rate: int, seconds: float) -> int:
