@@ -12,6 +12,9 @@ throughput is not bounded by the round trip:
 - a blocking send that is alone in flight reads its own reply on its thread
   (:meth:`PipelinedConnection.read_own`, after ``put(..., flush=True)``) while the
   reader thread parks, and leaves anything else it finds to the reader thread;
+  with nothing else in flight it does its whole round trip there, as a plain client
+  would (:meth:`PipelinedConnection.put_wait`: one write, one blocking read, the
+  answer parsed in C);
 - at most ``max_in_flight`` requests / ``max_in_flight_bytes`` bytes are
   outstanding: :meth:`PipelinedConnection.put` blocks (until its deadline)
   while the window is full;
@@ -41,6 +44,7 @@ import collections
 import itertools
 import logging
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -48,7 +52,7 @@ from typing import Any
 from metaq._errors import ConnectionClosedError, SendTimeoutError
 from metaq.net._acks import MultiPending, Pending, PutFuture
 from metaq.net._reader import ReplyReader, Run, closed_error
-from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts, put_request
+from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts, put_ack, put_request
 
 __all__ = ["READER_PREFIX", "PipelinedConnection"]
 
@@ -60,7 +64,12 @@ _repeat = itertools.repeat
 _islice = itertools.islice
 #: ``put_request(prefix, partition, payload, flag, checksum, opaque)``: one put's bytes (C)
 _put_request = put_request
+_put_ack = put_ack
 _monotonic = time.monotonic
+#: SO_RCVTIMEO of a connection's socket (a struct timeval): 50 ms
+_RCV_SLICE = struct.pack("@ll", 0, 50_000)
+#: put_wait's read size (its reply is some 40 bytes; more is others' replies)
+_WAIT_RECV = 65536
 
 
 # --------------------------------------------------------------------------- connection
@@ -95,6 +104,10 @@ class PipelinedConnection(ReplyReader):
             raise ConnectionClosedError(f"cannot connect to broker {self.name}: {e}") from e
         sock.settimeout(None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A blocking recv (put_wait's; every other read is MSG_DONTWAIT) returns EAGAIN
+        # after this slice, so that the reading blocking send looks at its deadline and
+        # at its request's fate (swept, failed) now and then; writes are not affected.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _RCV_SLICE)
         self._sock = sock
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)
@@ -175,6 +188,88 @@ class PipelinedConnection(ReplyReader):
             if self._parked:  # blocking sends read their replies lately: the reader reads
                 self._unpark.set()
         return request
+
+    def put_wait(self, topic: str, partition: int, payload: bytes, flag: int, checksum: int,
+                 request: Pending, deadline: float, cls: type, broker_id: int,
+                 names: Any) -> Any:
+        """A blocking send's whole round trip on the calling thread, as a plain client
+        does it (one write, one blocking read, the answer parsed in C), when nothing
+        else is in flight, queued or being read on this connection.
+
+        Returns False when it did not apply (nothing sent: :meth:`put` as usual);
+        else ``request`` was sent (in the pending map like any put, so that a failing
+        connection, :meth:`close` and the reader thread's sweep complete it as usual)
+        and this returns its :func:`~metaq.protocol.put_ack` ``cls`` tuple when its
+        reply was read here, or None: then ``request`` gets its outcome the usual way
+        (a reply that is not a lone success of its own -- an error code, replies to
+        other requests put meanwhile -- left to the reader thread; the connection
+        failing; ``deadline`` passing), and the caller waits for it.  Raises only
+        ProtocolError for a bad topic (nothing sent).  Not from the reader thread (it
+        would park itself)."""
+        if self._pending:
+            return False
+        prefix = self._prefixes.get(topic)
+        if prefix is None:
+            prefix = self._prefix(topic)  # (raises ProtocolError for a bad topic)
+        if not self._rlock.acquire(False):
+            return False
+        try:
+            if not self._send_lock.acquire(False):
+                return False
+            try:
+                opaque = next(self._opaques) & OPAQUE_MASK
+                data = _put_request(prefix, partition, payload, flag, checksum, opaque)
+                size = len(data)
+                pending = self._pending
+                with self._lock:
+                    if (pending or self._out or self._rbuf or self._error is not None
+                            or self._closing):
+                        return False
+                    request._pipe_sent = _monotonic()
+                    request._pipe_size = size
+                    pending[opaque] = request
+                    self._inflight_bytes += size
+                    self._caller_reading = True  # the reader thread keeps off the socket
+                self._sock.sendall(data)
+            finally:
+                self._send_lock.release()
+            recv = self._sock.recv
+            buf = b""
+            while True:
+                try:
+                    got = recv(_WAIT_RECV)  # blocks for up to one SO_RCVTIMEO slice
+                except BlockingIOError:  # a slice went by: give up when it is time
+                    if pending.get(opaque) is not request or _monotonic() >= deadline:
+                        break
+                    continue
+                if not got:
+                    raise closed_error(f"broker {self.name} closed the connection", None)
+                buf = buf + got if buf else got
+                r = _put_ack(buf, opaque, cls, broker_id, names)
+                if r is None:  # not whole yet
+                    continue
+                if r is False:  # not (only) its success: the reader thread's
+                    break
+                buf = b""
+                if pending.pop(opaque, None) is not request:
+                    return None  # swept or failed meanwhile: it has its outcome
+                self._last_reply = _monotonic()
+                self._freed(size)
+                return r
+            self._rbuf = buf
+            return None
+        except ConnectionClosedError as e:
+            self._fail(e)
+        except OSError as e:
+            self._fail(closed_error(f"talking to broker {self.name} failed: {e}", e))
+        finally:
+            if self._caller_reading:
+                self._caller_reading = False
+                self._caller_done = _monotonic()
+            self._rlock.release()
+            if self._parked and (self._rbuf or self._pending or self._error is not None):
+                self._unpark.set()
+        return None
 
     def put_marked(self, mark: bytes, topic: str, partition: int, payload: bytes, flag: int,
                    checksum: int, request: Pending, deadline: float | None = None,

@@ -53,7 +53,7 @@ from metaq.producer._connections import BrokerConnections
 from metaq.producer._idempotence import Sequences
 from metaq.producer._partitioner import make_partitioner
 from metaq.producer._router import Router, TopicRoute
-from metaq.producer._send import Send
+from metaq.producer._send import Send, SendResult, partition_names
 from metaq.protocol import GAP_CODE, check_topic, encode_idem_mark
 from zk_layout import Layout, Partition
 
@@ -176,6 +176,37 @@ class SendPath:
                 route = self.writable(topic, send.deadline)
                 part = self.pick(topic, route, data, key)
         self.dispatch(send, route, part)  # type: ignore[arg-type]
+
+    def submit_sync(self, send: Send, topic: str, route: TopicRoute, data: bytes,
+                    key: Any) -> SendResult | None:
+        """:meth:`submit` for a blocking send (``send.flush``): when its connection has
+        nothing else in flight, the whole round trip on this thread
+        (:meth:`PipelinedConnection.put_wait`), returning the :class:`SendResult`;
+        None when ``send`` goes (or went) the usual way -- an idempotent producer, a
+        broker to connect to or avoided, a reply other than its success, another
+        request in flight -- and completes as a future (wait for it)."""
+        parts = route.partitions
+        if parts and self.sequences is None:
+            if self._round_robin:
+                part = parts[next(route.counter) % len(parts)]
+            else:
+                part = parts[self._choose(topic, parts, data, key)]
+            if self._faults:
+                part = self._avoid_faulty(route, part)
+            bid = part.broker_id
+            conn = self._conns.get(bid)
+            if conn is not None and conn.usable and conn.address == route.addresses.get(bid):
+                send.part = part
+                send.attempts = 1
+                r = conn.put_wait(topic, part.index, send.payload, send.flag, send.checksum,
+                                  send, send.deadline, SendResult, bid, partition_names(bid))
+                if r is not False:
+                    return r
+                send.attempts = 0  # not sent: dispatch counts its attempt
+            self.dispatch(send, route, part)
+            return None
+        self.submit(send, topic, route, data, key)
+        return None
 
     def read_reply(self, send: Send) -> None:
         """A blocking send just written (``send.flush``): read its reply on this thread

@@ -162,8 +162,32 @@ class Producer:
             raise ProducerError(
                 "send() called from a send future's callback: it runs on the thread that "
                 "reads the broker's replies, so it would wait for itself; use send_async()")
-        fut = self.send_async(topic, body, attribute, key, _flush=True)
-        self._path.read_reply(fut)  # on this thread, when it is alone in flight
+        # send_async's checks and payload (a copy: a call less per send), then, when the
+        # connection has nothing else in flight, the round trip on this thread
+        # (SendPath.submit_sync); else a future, as send_async's.
+        if self._closed:
+            raise ProducerError("the producer is closed")
+        try:
+            route = self._routes[topic]
+        except (KeyError, TypeError):
+            route = self._path.route(topic)
+        data = body if type(body) is bytes and self._raw_bytes else self._encode(body)
+        if len(data) > self._max_size:
+            raise MessageTooLargeError(
+                f"message body of {len(data)} bytes is over the limit of {self._max_size} "
+                f"bytes (max_message_size); nothing was sent to topic {topic!r}")
+        if attribute is None:
+            payload, flag = data, 0
+        else:
+            payload, flag = self._with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
+        path = self._path
+        fut = self.future_type(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
+                               _monotonic() + self._timeout)
+        fut.flush = True
+        r = path.submit_sync(fut, topic, route, data, key)
+        if r is not None:
+            return r
+        path.read_reply(fut)  # on this thread, when it is alone in flight
         # Only this thread knows the future: it waits on a bare lock (no condition).
         if fut.wait_done(max(0.0, fut.deadline - _monotonic()) + 0.05):
             return fut.result()

@@ -50,7 +50,8 @@ __all__ = [
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
-    "complete_acks", "py_complete_acks", "ack_result", "py_ack_result",
+    "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "put_ack",
+    "py_put_ack",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -450,6 +451,40 @@ def py_ack_result(cls: type, msg_id: bytes, index: bytes, offset: bytes, broker_
     return tuple.__new__(cls, (int(msg_id), names[i], int(offset), broker_id, i))
 
 
+# Issue 29 (sync send): one put's acknowledgement read whole by a blocking send.
+_ACK1_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) (-?[0-9]{1,10})\r\n")
+_ACK1_BODY = re.compile(rb"(-?[0-9]{1,19}) ([0-9]{1,9}) (-?[0-9]{1,19})")
+
+
+def py_put_ack(buf: bytes, opaque: int, cls: type, broker_id: int,
+               names: Mapping[int, str]) -> Any:
+    """put_ack(buf, opaque, cls, broker_id, names) -> a ``cls`` tuple, None or False.
+
+    ``buf`` as exactly one successful put reply with this ``opaque`` (``result 200
+    <len> <opaque>\\r\\n<msgId> <index> <offset>``, ``len`` at most 64):
+    ``(int(msgId), names[index], int(offset), broker_id, index)``; None while it may
+    still become one (no CRLF yet and under 64 bytes, or a body short of ``len``);
+    False for anything else (another code or opaque, more than one reply, not a
+    reply): the general parser's business."""
+    if b"\r\n" not in buf:
+        return None if len(buf) < 64 else False
+    m = _ACK1_HEAD.match(buf)
+    if m is None or int(m[2]) != opaque:
+        return False
+    n = int(m[1])
+    start = m.end()
+    have = len(buf) - start
+    if n > 64 or have > n:
+        return False
+    if have < n:
+        return None
+    b = _ACK1_BODY.fullmatch(buf, start)
+    if b is None:
+        return False
+    i = int(b[2])
+    return tuple.__new__(cls, (int(b[1]), names[i], int(b[3]), broker_id, i))
+
+
 # Looked up by name, not by VERSION: an older build without them still serves the rest.
 put_request: Callable[[bytes, int, Any, int, int, int], bytes] = getattr(
     speedups, "put_request", py_put_request)
@@ -459,6 +494,8 @@ ack_result: Callable[[type, bytes, bytes, bytes, int, Mapping[int, str]], Any] =
     speedups, "ack_result", py_ack_result)
 complete_acks: Callable[[list[Any], list[bytes], list[bytes], list[bytes], object],
                         list[Any]] = getattr(speedups, "complete_acks", py_complete_acks)
+put_ack: Callable[[bytes, int, type, int, Mapping[int, str]], Any] = getattr(
+    speedups, "put_ack", py_put_ack)
 
 
 # ----------------------------------------------------------------------------------

@@ -1118,6 +1118,138 @@ done:
 }
 /* ==== end of the producer per-message path ============================================= */
 
+/* ==== issue 29 (sync send): one put's acknowledgement, whole ==========================
+ * put_ack(buf, opaque, cls, broker_id, names) -> cls tuple | None | False
+ *   What a blocking send read on its own thread (PipelinedConnection.put_wait):
+ *   - buf is exactly one "result 200 <len> <opaque>\r\n<msgId> <index> <offset>" with
+ *     this opaque (len [0-9]{1,9} and at most 64, opaque -?[0-9]{1,10}, msgId and offset
+ *     -?[0-9]{1,19}, index [0-9]{1,9}): tuple.__new__(cls, (int(msgId), names[index],
+ *     int(offset), broker_id, index));
+ *   - buf may still become that (no CRLF yet and under 64 bytes, or the body short of
+ *     len): None;
+ *   - anything else (another code or opaque, more than one reply, not a reply): False.
+ * The twin is py_put_ack in metaq/protocol/_fast.py. */
+static Py_ssize_t
+ack_num(const char *s, Py_ssize_t p, Py_ssize_t end, int sign, int maxd)
+{
+    if (sign && p < end && s[p] == '-')
+        p++;
+    Py_ssize_t d = p;
+    while (p < end && p - d <= maxd && s[p] >= '0' && s[p] <= '9')
+        p++;
+    if (p == d || p - d > maxd)
+        return -1;
+    return p;
+}
+
+static PyObject *
+ack_long(const char *s, Py_ssize_t a, Py_ssize_t b)
+{
+    char tmp[24];  /* at most a sign and 19 digits */
+    memcpy(tmp, s + a, (size_t)(b - a));
+    tmp[b - a] = '\0';
+    return PyLong_FromString(tmp, NULL, 10);
+}
+
+static PyObject *
+py_put_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "put_ack takes 5 arguments");
+        return NULL;
+    }
+    PyObject *buf = args[0], *cls = args[2];
+    if (!PyBytes_Check(buf)) {
+        PyErr_SetString(PyExc_TypeError, "put_ack: buf must be bytes");
+        return NULL;
+    }
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "put_ack: cls must be a tuple class");
+        return NULL;
+    }
+    int overflow = 0;
+    long long want = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (want == -1 && PyErr_Occurred())
+        return NULL;
+    const char *s = PyBytes_AS_STRING(buf);
+    Py_ssize_t end = PyBytes_GET_SIZE(buf);
+    Py_ssize_t eol = -1;  /* the first CRLF */
+    for (Py_ssize_t i = 0; i + 1 < end; i++) {
+        if (s[i] == '\r' && s[i + 1] == '\n') {
+            eol = i;
+            break;
+        }
+    }
+    if (eol < 0) {
+        if (end < 64)
+            Py_RETURN_NONE;
+        Py_RETURN_FALSE;
+    }
+    /* the header: "result 200 " [0-9]{1,9} " " -?[0-9]{1,10} "\r\n" */
+    Py_ssize_t p = 11, q;
+    if (end < 11 || memcmp(s, "result 200 ", 11) != 0)
+        Py_RETURN_FALSE;
+    if ((q = ack_num(s, p, end, 0, 9)) < 0 || q >= end || s[q] != ' ')
+        Py_RETURN_FALSE;
+    long long n = 0;
+    for (Py_ssize_t i = p; i < q; i++)
+        n = n * 10 + (s[i] - '0');
+    p = q + 1;
+    if ((q = ack_num(s, p, end, 1, 10)) < 0 || q + 1 >= end || s[q] != '\r' || s[q + 1] != '\n')
+        Py_RETURN_FALSE;
+    long long op = 0;
+    for (Py_ssize_t i = (s[p] == '-' ? p + 1 : p); i < q; i++)
+        op = op * 10 + (s[i] - '0');
+    if (s[p] == '-')
+        op = -op;
+    if (overflow || op != want)
+        Py_RETURN_FALSE;
+    p = q + 2;
+    Py_ssize_t have = end - p;
+    if (n > 64 || have > n)
+        Py_RETURN_FALSE;
+    if (have < n)
+        Py_RETURN_NONE;
+    /* the body: -?[0-9]{1,19} " " [0-9]{1,9} " " -?[0-9]{1,19}, all of it */
+    Py_ssize_t a0 = p, a1, b0, b1, c0, c1;
+    if ((a1 = ack_num(s, a0, end, 1, 19)) < 0 || a1 >= end || s[a1] != ' ')
+        Py_RETURN_FALSE;
+    b0 = a1 + 1;
+    if ((b1 = ack_num(s, b0, end, 0, 9)) < 0 || b1 >= end || s[b1] != ' ')
+        Py_RETURN_FALSE;
+    c0 = b1 + 1;
+    if ((c1 = ack_num(s, c0, end, 1, 19)) < 0 || c1 != end)
+        Py_RETURN_FALSE;
+    long idx = 0;
+    for (Py_ssize_t i = b0; i < b1; i++)
+        idx = idx * 10 + (s[i] - '0');
+    PyObject *id = NULL, *index = NULL, *name = NULL, *offset = NULL, *items = NULL;
+    PyObject *r = NULL;
+    if ((id = ack_long(s, a0, a1)) == NULL || (index = PyLong_FromLong(idx)) == NULL
+        || (name = PyObject_GetItem(args[4], index)) == NULL
+        || (offset = ack_long(s, c0, c1)) == NULL
+        || (items = PyTuple_Pack(5, id, name, offset, args[3], index)) == NULL)
+        goto done;
+    if ((PyTypeObject *)cls == &PyTuple_Type) {
+        r = items;
+        items = NULL;
+    } else {
+        PyObject *t = PyTuple_Pack(1, items);
+        if (t != NULL) {
+            r = PyTuple_Type.tp_new((PyTypeObject *)cls, t, NULL);
+            Py_DECREF(t);
+        }
+    }
+done:
+    Py_XDECREF(id);
+    Py_XDECREF(index);
+    Py_XDECREF(name);
+    Py_XDECREF(offset);
+    Py_XDECREF(items);
+    return r;
+}
+/* ==== end of issue 29 (sync send) ====================================================== */
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1158,6 +1290,12 @@ static PyMethodDef methods[] = {
      "complete_acks(requests, msg_ids, partitions, offsets, state) -> list: store each\n"
      "answer on its request, then its state; the requests with _waited set."},
     /* end of the producer per-message path */
+    /* issue 29 (sync send) */
+    {"put_ack", (PyCFunction)(void (*)(void))py_put_ack, METH_FASTCALL,
+     "put_ack(buf, opaque, cls, broker_id, names) -> cls | None | False: buf as exactly one\n"
+     "successful put reply with this opaque, as a cls tuple; None while it may still become\n"
+     "one; False for anything else."},
+    /* end of issue 29 (sync send) */
     {NULL, NULL, 0, NULL},
 };
 
