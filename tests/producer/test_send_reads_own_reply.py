@@ -1,6 +1,7 @@
 """A blocking ``send`` reads its own reply on its thread while it is alone in flight
-(``PipelinedConnection.read_own``; issue 29): the reader thread parks meanwhile, and
-takes over again for anything else -- pipelined sends, batches, a broker going away."""
+(``PipelinedConnection.put_wait``, its whole round trip there, or ``read_own``; issue
+29): the reader thread parks meanwhile, and takes over again for anything else --
+pipelined sends, batches, a broker going away."""
 
 from __future__ import annotations
 
@@ -31,15 +32,25 @@ def _stored(procs: list[BrokerProc], topic: str, parts: int) -> dict[tuple[str, 
 
 @pytest.fixture
 def own_reads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Whether each read_own call completed its request on the calling thread."""
+    """Per blocking send, whether its reply was read on the calling thread: by its
+    whole round trip there (put_wait answering the result) or by read_own (called
+    when put_wait did not answer it: the request done by then)."""
     got: list[bool] = []
     real = PipelinedConnection.read_own
+    real_wait = PipelinedConnection.put_wait
 
     def counting(self: PipelinedConnection, request: object, deadline: float) -> None:
         real(self, request, deadline)
         got.append(request.done())  # type: ignore[attr-defined]
 
+    def waiting(self: PipelinedConnection, *args: object) -> object:
+        r = real_wait(self, *args)  # type: ignore[arg-type]
+        if isinstance(r, SendResult):
+            got.append(True)
+        return r
+
     monkeypatch.setattr(PipelinedConnection, "read_own", counting)
+    monkeypatch.setattr(PipelinedConnection, "put_wait", waiting)
     return got
 
 
