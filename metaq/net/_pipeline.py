@@ -211,64 +211,98 @@ class PipelinedConnection(ReplyReader):
         prefix = self._prefixes.get(topic)
         if prefix is None:
             prefix = self._prefix(topic)  # (raises ProtocolError for a bad topic)
-        if not self._rlock.acquire(False):
+        rlock = self._rlock
+        if not rlock.acquire(False):
             return False
+        send_lock = self._send_lock
+        if not send_lock.acquire(False):
+            rlock.release()
+            return False
+        opaque = next(self._opaques) & OPAQUE_MASK
+        data = _put_request(prefix, partition, payload, flag, checksum, opaque)
+        size = len(data)
+        pending = self._pending
+        lock = self._lock
+        lock.acquire()
+        if pending or self._out or self._rbuf or self._error is not None or self._closing:
+            lock.release()
+            send_lock.release()
+            rlock.release()
+            return False
+        request._pipe_sent = _monotonic()
+        request._pipe_size = size
+        pending[opaque] = request
+        self._inflight_bytes += size
+        self._caller_reading = True  # the reader thread keeps off the socket
+        lock.release()
         try:
-            if not self._send_lock.acquire(False):
-                return False
             try:
-                opaque = next(self._opaques) & OPAQUE_MASK
-                data = _put_request(prefix, partition, payload, flag, checksum, opaque)
-                size = len(data)
-                pending = self._pending
-                with self._lock:
-                    if (pending or self._out or self._rbuf or self._error is not None
-                            or self._closing):
-                        return False
-                    request._pipe_sent = _monotonic()
-                    request._pipe_size = size
-                    pending[opaque] = request
-                    self._inflight_bytes += size
-                    self._caller_reading = True  # the reader thread keeps off the socket
                 self._sock.sendall(data)
             finally:
-                self._send_lock.release()
-            recv = self._sock.recv
-            buf = b""
-            while True:
-                try:
-                    got = recv(_WAIT_RECV)  # blocks for up to one SO_RCVTIMEO slice
-                except BlockingIOError:  # a slice went by: give up when it is time
-                    if pending.get(opaque) is not request or _monotonic() >= deadline:
-                        break
-                    continue
-                if not got:
-                    raise closed_error(f"broker {self.name} closed the connection", None)
-                buf = buf + got if buf else got
-                r = _put_ack(buf, opaque, cls, broker_id, names)
-                if r is None:  # not whole yet
-                    continue
-                if r is False:  # not (only) its success: the reader thread's
-                    break
-                buf = b""
-                if pending.pop(opaque, None) is not request:
-                    return None  # swept or failed meanwhile: it has its outcome
-                self._last_reply = _monotonic()
-                self._freed(size)
-                return r
-            self._rbuf = buf
-            return None
+                send_lock.release()
+            try:
+                got = self._sock.recv(_WAIT_RECV)  # blocks for up to one SO_RCVTIMEO slice
+            except BlockingIOError:  # a slice went by
+                got = None
+            if got:  # most often the whole reply at once
+                r = _put_ack(got, opaque, cls, broker_id, names)
+                if r is not None and r is not False and pending.pop(opaque, None) is request:
+                    self._last_reply = _monotonic()
+                    with lock:  # (_freed, inlined)
+                        self._inflight_bytes -= size
+                        if self._room_waiters and (len(pending) <= self._wake_at
+                                                   or self._inflight_bytes <= self._wake_bytes):
+                            self._room.notify_all()
+                    return r
+                self._rbuf = got
+            elif got is not None:
+                raise closed_error(f"broker {self.name} closed the connection", None)
+            return self._wait_rest(request, opaque, size, deadline, cls, broker_id, names)
         except ConnectionClosedError as e:
             self._fail(e)
         except OSError as e:
             self._fail(closed_error(f"talking to broker {self.name} failed: {e}", e))
         finally:
-            if self._caller_reading:
-                self._caller_reading = False
-                self._caller_done = _monotonic()
-            self._rlock.release()
-            if self._parked and (self._rbuf or self._pending or self._error is not None):
+            self._caller_reading = False
+            self._caller_done = _monotonic()
+            rlock.release()
+            if self._parked and (self._rbuf or pending or self._error is not None):
                 self._unpark.set()
+        return None
+
+    def _wait_rest(self, request: Pending, opaque: int, size: int, deadline: float, cls: type,
+                   broker_id: int, names: Any) -> Any:
+        """:meth:`put_wait` after a first read that was not its whole reply (``_rbuf``
+        holds what came, if anything): read until its reply is whole, something else
+        comes (left in ``_rbuf`` for the reader thread), the request gets its outcome
+        elsewhere (swept, failed) or ``deadline`` passes.  Raises ConnectionClosedError
+        (the broker closed) and OSError."""
+        pending = self._pending
+        recv = self._sock.recv
+        buf = self._rbuf
+        while True:
+            if buf:
+                r = _put_ack(buf, opaque, cls, broker_id, names)
+                if r is False:  # not (only) its success: the reader thread's
+                    break
+                if r is not None:
+                    self._rbuf = b""
+                    if pending.pop(opaque, None) is not request:
+                        return None  # swept or failed meanwhile: it has its outcome
+                    self._last_reply = _monotonic()
+                    self._freed(size)
+                    return r
+            if pending.get(opaque) is not request or _monotonic() >= deadline:
+                break
+            try:
+                got = recv(_WAIT_RECV)  # blocks for up to one SO_RCVTIMEO slice
+            except BlockingIOError:  # a slice went by
+                continue
+            if not got:
+                self._rbuf = buf
+                raise closed_error(f"broker {self.name} closed the connection", None)
+            buf = buf + got if buf else got
+        self._rbuf = buf
         return None
 
     def put_marked(self, mark: bytes, topic: str, partition: int, payload: bytes, flag: int,
