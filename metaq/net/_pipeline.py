@@ -52,7 +52,14 @@ from typing import Any
 from metaq._errors import ConnectionClosedError, SendTimeoutError
 from metaq.net._acks import MultiPending, Pending, PutFuture
 from metaq.net._reader import ReplyReader, Run, closed_error
-from metaq.protocol import OPAQUE_MASK, encode_put, encode_puts, put_ack, put_request
+from metaq.protocol import (
+    OPAQUE_MASK,
+    encode_put,
+    encode_puts,
+    put_ack,
+    put_request,
+    put_round_trip,
+)
 
 __all__ = ["READER_PREFIX", "PipelinedConnection"]
 
@@ -65,6 +72,7 @@ _islice = itertools.islice
 #: ``put_request(prefix, partition, payload, flag, checksum, opaque)``: one put's bytes (C)
 _put_request = put_request
 _put_ack = put_ack
+_put_round_trip = put_round_trip
 _monotonic = time.monotonic
 #: SO_RCVTIMEO of a connection's socket (a struct timeval): 50 ms
 _RCV_SLICE = struct.pack("@ll", 0, 50_000)
@@ -236,26 +244,22 @@ class PipelinedConnection(ReplyReader):
         self._caller_reading = True  # the reader thread keeps off the socket
         lock.release()
         try:
-            try:
-                self._sock.sendall(data)
-            finally:
-                send_lock.release()
-            try:
-                got = self._sock.recv(_WAIT_RECV)  # blocks for up to one SO_RCVTIMEO slice
-            except BlockingIOError:  # a slice went by
-                got = None
-            if got:  # most often the whole reply at once
-                r = _put_ack(got, opaque, cls, broker_id, names)
-                if r is not None and r is not False and pending.pop(opaque, None) is request:
+            # write, release send_lock, one blocking read (SO_RCVTIMEO bounds it) and
+            # the reply parsed, in one C call
+            got = _put_round_trip(self._sock, send_lock, data, opaque, cls, broker_id, names)
+            if type(got) is not bytes:
+                if got is not None and pending.pop(opaque, None) is request:
                     self._last_reply = _monotonic()
                     with lock:  # (_freed, inlined)
                         self._inflight_bytes -= size
                         if self._room_waiters and (len(pending) <= self._wake_at
                                                    or self._inflight_bytes <= self._wake_bytes):
                             self._room.notify_all()
-                    return r
+                    return got
+                # (None: a slice went by; else swept or failed meanwhile)
+            elif got:
                 self._rbuf = got
-            elif got is not None:
+            else:
                 raise closed_error(f"broker {self.name} closed the connection", None)
             return self._wait_rest(request, opaque, size, deadline, cls, broker_id, names)
         except ConnectionClosedError as e:

@@ -16,7 +16,7 @@ One concept per module:
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``,
                           ``put_request``, ``untrack`` / ``track``, ``complete_acks``,
-                          ``ack_result``, ``put_ack``
+                          ``ack_result``, ``put_ack``, ``put_round_trip``
                           (the producer)
 ========================  =====================================================
 
@@ -94,6 +94,7 @@ from metaq.protocol._fast import (
     prepare,
     put_ack,
     put_request,
+    put_round_trip,
     scan,
     take,
     track,
@@ -183,7 +184,7 @@ __all__ = [
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
-    "ack_result", "put_ack",
+    "ack_result", "put_ack", "put_round_trip",
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",

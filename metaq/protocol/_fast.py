@@ -51,7 +51,7 @@ __all__ = [
     "encode_puts", "py_encode_puts", "c_encode_puts",
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
     "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "put_ack",
-    "py_put_ack",
+    "py_put_ack", "put_round_trip", "py_put_round_trip",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -485,6 +485,32 @@ def py_put_ack(buf: bytes, opaque: int, cls: type, broker_id: int,
     return tuple.__new__(cls, (int(b[1]), names[i], int(b[3]), broker_id, i))
 
 
+def py_put_round_trip(sock: Any, send_lock: Any, data: bytes, opaque: int, cls: type,
+                      broker_id: int, names: Mapping[int, str]) -> Any:
+    """put_round_trip(sock, send_lock, data, opaque, cls, broker_id, names)
+    -> a ``cls`` tuple, bytes or None.
+
+    A blocking send's write and first read: ``sock.sendall(data)``, then
+    ``send_lock.release()`` (always), then one blocking ``recv`` of up to 16 KiB
+    (bounded by the socket's SO_RCVTIMEO): :func:`py_put_ack`'s tuple when that read
+    is exactly the request's lone success, else the bytes read (``b""``: the peer
+    closed), or None when the receive timeout passed with nothing read.  OSError
+    for a failed send or recv."""
+    try:
+        sock.sendall(data)
+    finally:
+        send_lock.release()
+    try:
+        got = sock.recv(16384)
+    except BlockingIOError:
+        return None
+    if got:
+        r = put_ack(got, opaque, cls, broker_id, names)
+        if r is not None and r is not False:
+            return r
+    return got
+
+
 # Looked up by name, not by VERSION: an older build without them still serves the rest.
 put_request: Callable[[bytes, int, Any, int, int, int], bytes] = getattr(
     speedups, "put_request", py_put_request)
@@ -496,6 +522,8 @@ complete_acks: Callable[[list[Any], list[bytes], list[bytes], list[bytes], objec
                         list[Any]] = getattr(speedups, "complete_acks", py_complete_acks)
 put_ack: Callable[[bytes, int, type, int, Mapping[int, str]], Any] = getattr(
     speedups, "put_ack", py_put_ack)
+put_round_trip: Callable[[Any, Any, bytes, int, type, int, Mapping[int, str]], Any] = getattr(
+    speedups, "put_round_trip", py_put_round_trip)
 
 
 # ----------------------------------------------------------------------------------

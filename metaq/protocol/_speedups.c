@@ -29,6 +29,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/socket.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
@@ -1151,28 +1153,15 @@ ack_long(const char *s, Py_ssize_t a, Py_ssize_t b)
     return PyLong_FromString(tmp, NULL, 10);
 }
 
+/* put_ack on s[0:end]; args as put_ack's but for buf (args[0] unused); cls checked */
 static PyObject *
-py_put_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+put_ack_at(const char *s, Py_ssize_t end, PyObject *const *args)
 {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "put_ack takes 5 arguments");
-        return NULL;
-    }
-    PyObject *buf = args[0], *cls = args[2];
-    if (!PyBytes_Check(buf)) {
-        PyErr_SetString(PyExc_TypeError, "put_ack: buf must be bytes");
-        return NULL;
-    }
-    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "put_ack: cls must be a tuple class");
-        return NULL;
-    }
+    PyObject *cls = args[2];
     int overflow = 0;
     long long want = PyLong_AsLongLongAndOverflow(args[1], &overflow);
     if (want == -1 && PyErr_Occurred())
         return NULL;
-    const char *s = PyBytes_AS_STRING(buf);
-    Py_ssize_t end = PyBytes_GET_SIZE(buf);
     Py_ssize_t eol = -1;  /* the first CRLF */
     for (Py_ssize_t i = 0; i + 1 < end; i++) {
         if (s[i] == '\r' && s[i + 1] == '\n') {
@@ -1248,6 +1237,135 @@ done:
     Py_XDECREF(items);
     return r;
 }
+static int
+ack_cls_ok(PyObject *cls, const char *fn)
+{
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_Format(PyExc_TypeError, "%s: cls must be a tuple class", fn);
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+py_put_ack(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "put_ack takes 5 arguments");
+        return NULL;
+    }
+    if (!PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "put_ack: buf must be bytes");
+        return NULL;
+    }
+    if (!ack_cls_ok(args[2], "put_ack"))
+        return NULL;
+    return put_ack_at(PyBytes_AS_STRING(args[0]), PyBytes_GET_SIZE(args[0]), args);
+}
+
+/* put_round_trip(sock, send_lock, data, opaque, cls, broker_id, names)
+ *   -> cls tuple | bytes | None
+ * A blocking send's write and first read in one call: send all of data on sock's
+ * descriptor (the GIL released), release send_lock (always, whatever happens), then
+ * one blocking recv of up to 16 KiB (sock's SO_RCVTIMEO bounds it): put_ack's tuple
+ * when that read is exactly the request's lone success (no bytes object made); else
+ * the bytes read (b"": the peer closed), or None when the receive timeout passed with
+ * nothing read.  OSError for a failed send or recv.  The twin is py_put_round_trip. */
+static PyObject *s_fileno, *s_release;
+
+static PyObject *
+py_put_round_trip(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "put_round_trip takes 7 arguments");
+        return NULL;
+    }
+    PyObject *sock = args[0], *lock = args[1], *data = args[2];
+    int fd = -1, ok = 1, err = 0;  /* err: errno of a failed send */
+    if (!PyBytes_Check(data)) {
+        PyErr_SetString(PyExc_TypeError, "put_round_trip: data must be bytes");
+        ok = 0;
+    } else if (!ack_cls_ok(args[4], "put_round_trip")) {
+        ok = 0;
+    }
+    if (ok) {
+        PyObject *f = PyObject_CallMethodNoArgs(sock, s_fileno);
+        if (f == NULL) {
+            ok = 0;
+        } else {
+            fd = (int)PyLong_AsLong(f);
+            Py_DECREF(f);
+            if (fd == -1 && PyErr_Occurred())
+                ok = 0;
+        }
+    }
+    if (ok) {
+        const char *p = PyBytes_AS_STRING(data);
+        Py_ssize_t left = PyBytes_GET_SIZE(data);
+        while (left > 0) {
+            ssize_t n;
+            Py_BEGIN_ALLOW_THREADS
+            n = send(fd, p, (size_t)left, MSG_NOSIGNAL);
+            Py_END_ALLOW_THREADS
+            if (n < 0) {
+                if (errno == EINTR) {
+                    if (PyErr_CheckSignals() < 0) {
+                        ok = 0;
+                        break;
+                    }
+                    continue;
+                }
+                err = errno;
+                break;
+            }
+            p += n;
+            left -= n;
+        }
+    }
+    /* send_lock is released whatever happened (keeping an exception set above) */
+    PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
+    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    PyObject *rel = PyObject_CallMethodNoArgs(lock, s_release);
+    if (rel == NULL) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc_value);
+        Py_XDECREF(exc_tb);
+        return NULL;
+    }
+    Py_DECREF(rel);
+    PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (!ok)
+        return NULL;
+    if (err) {
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    char buf[16384];
+    ssize_t n;
+    for (;;) {
+        Py_BEGIN_ALLOW_THREADS
+        n = recv(fd, buf, sizeof buf, 0);
+        Py_END_ALLOW_THREADS
+        if (n < 0 && errno == EINTR) {
+            if (PyErr_CheckSignals() < 0)
+                return NULL;
+            continue;
+        }
+        break;
+    }
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            Py_RETURN_NONE;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (n > 0) {
+        PyObject *r = put_ack_at(buf, (Py_ssize_t)n, args + 2);
+        if (r == NULL || (r != Py_None && r != Py_False))
+            return r;
+        Py_DECREF(r);
+    }
+    return PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
+}
 /* ==== end of issue 29 (sync send) ====================================================== */
 
 /* ---- module --------------------------------------------------------------------------- */
@@ -1295,6 +1413,10 @@ static PyMethodDef methods[] = {
      "put_ack(buf, opaque, cls, broker_id, names) -> cls | None | False: buf as exactly one\n"
      "successful put reply with this opaque, as a cls tuple; None while it may still become\n"
      "one; False for anything else."},
+    {"put_round_trip", (PyCFunction)(void (*)(void))py_put_round_trip, METH_FASTCALL,
+     "put_round_trip(sock, send_lock, data, opaque, cls, broker_id, names) -> cls | bytes |\n"
+     "None: send data, release send_lock, one blocking recv: put_ack's tuple when it is the\n"
+     "lone success; else the bytes read (b'': closed), None when nothing came in time."},
     /* end of issue 29 (sync send) */
     {NULL, NULL, 0, NULL},
 };
@@ -1321,7 +1443,10 @@ PyInit__speedups(void)
             && (s_ack_offset = PyUnicode_InternFromString("_ack_offset")) == NULL)
         || (s_state == NULL && (s_state = PyUnicode_InternFromString("_state")) == NULL)
         || (s_waited == NULL && (s_waited = PyUnicode_InternFromString("_waited")) == NULL)
-        || (empty_bytes == NULL && (empty_bytes = PyBytes_FromStringAndSize("", 0)) == NULL)) {
+        || (empty_bytes == NULL && (empty_bytes = PyBytes_FromStringAndSize("", 0)) == NULL)
+        || (s_fileno == NULL && (s_fileno = PyUnicode_InternFromString("fileno")) == NULL)
+        || (s_release == NULL
+            && (s_release = PyUnicode_InternFromString("release")) == NULL)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,6 +1,7 @@
 """``put_ack`` (issue 29, the blocking send's lone acknowledgement) in C against its
 pure-Python twin: the same answer -- a ``SendResult``, None (not whole yet) or False
-(anything else) -- for every buffer, and the right one for replies a broker sends."""
+(anything else) -- for every buffer, and the right one for replies a broker sends; and
+``put_round_trip`` (write, release the send lock, one read) alike over a socket pair."""
 
 from __future__ import annotations
 
@@ -139,9 +140,71 @@ def test_put_ack_edges(impl):
             fn(b"", 1, int, 7, names)
 
 
-def test_without_the_extension_put_ack_is_the_twin():
+def test_without_the_extension_the_names_are_the_twins():
     code = ("import metaq.protocol as p; from metaq.protocol import _fast as f;"
-            "assert f.speedups is None and p.put_ack is f.py_put_ack is f.put_ack")
+            "assert f.speedups is None and p.put_ack is f.py_put_ack is f.put_ack;"
+            "assert p.put_round_trip is f.py_put_round_trip is f.put_round_trip")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ,
                          "METAQ_NO_SPEEDUPS": "1"}, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+ROUND_TRIPS = [pytest.param("c", marks=needs_c), "python"]
+
+
+def _round_trip(impl: str):  # type: ignore[no-untyped-def]
+    return s.put_round_trip if impl == "c" else _fast.py_put_round_trip
+
+
+@pytest.mark.parametrize("impl", ROUND_TRIPS)
+@pytest.mark.parametrize(("answer", "want"), [
+    (_reply(11, 2, 40, 5), SendResult(11, "7-2", 40, 7, 2)),
+    (b"result 500 4 5\r\noops", b"result 500 4 5\r\noops"),  # not a success: the bytes
+    (_reply(11, 2, 40, 6), _reply(11, 2, 40, 6)),  # someone else's
+    (_reply(11, 2, 40, 5) + _reply(1, 1, 1, 6), _reply(11, 2, 40, 5) + _reply(1, 1, 1, 6)),
+    (b"result 200 7 5\r\n11 ", b"result 200 7 5\r\n11 "),  # not whole yet: the bytes
+    (b"", b""),  # the peer closed
+    (None, None),  # nothing within the receive timeout
+])
+def test_put_round_trip_writes_releases_and_reads_once(impl, answer, want):  # type: ignore[no-untyped-def]
+    import socket
+    import struct
+    import threading
+
+    a, b = socket.socketpair()
+    try:
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("@ll", 0, 100_000))
+        if answer == b"":
+            b.shutdown(socket.SHUT_WR)
+        elif answer is not None:
+            b.sendall(answer)
+        lock = threading.Lock()
+        lock.acquire()
+        got = _round_trip(impl)(a, lock, b"put t 1 1 0 0 5\r\nx", 5, SendResult, 7, Names())
+        assert got == want and type(got) is type(want)
+        assert not lock.locked()  # released, whatever the answer
+        assert b.recv(100) == b"put t 1 1 0 0 5\r\nx"
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("impl", ROUND_TRIPS)
+def test_put_round_trip_releases_the_lock_when_it_fails(impl):  # type: ignore[no-untyped-def]
+    import socket
+    import threading
+
+    a, b = socket.socketpair()
+    b.close()
+    lock = threading.Lock()
+    lock.acquire()
+    try:
+        with pytest.raises(OSError):
+            _round_trip(impl)(a, lock, b"x" * 100_000, 5, SendResult, 7, Names())
+        assert not lock.locked()
+    finally:
+        a.close()
+    lock.acquire()
+    with pytest.raises(OSError):  # a closed socket: fileno() is -1
+        _round_trip(impl)(a, lock, b"x", 5, SendResult, 7, Names())
+    assert not lock.locked()
