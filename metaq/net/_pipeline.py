@@ -243,13 +243,15 @@ class PipelinedConnection(ReplyReader):
         self._inflight_bytes += size
         self._caller_reading = True  # the reader thread keeps off the socket
         lock.release()
+        timed = False  # _caller_done set on the way (else the finally sets it)
         try:
             # write, release send_lock, one blocking read (SO_RCVTIMEO bounds it) and
             # the reply parsed, in one C call
             got = _put_round_trip(self._sock, send_lock, data, opaque, cls, broker_id, names)
             if type(got) is not bytes:
                 if got is not None and pending.pop(opaque, None) is request:
-                    self._last_reply = _monotonic()
+                    self._last_reply = self._caller_done = _monotonic()
+                    timed = True
                     with lock:  # (_freed, inlined)
                         self._inflight_bytes -= size
                         if self._room_waiters and (len(pending) <= self._wake_at
@@ -268,7 +270,8 @@ class PipelinedConnection(ReplyReader):
             self._fail(closed_error(f"talking to broker {self.name} failed: {e}", e))
         finally:
             self._caller_reading = False
-            self._caller_done = _monotonic()
+            if not timed:
+                self._caller_done = _monotonic()
             rlock.release()
             if self._parked and (self._rbuf or pending or self._error is not None):
                 self._unpark.set()

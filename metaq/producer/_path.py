@@ -85,6 +85,8 @@ class SendPath:
         self._faults = connections.faults  # read per message (pick)
         self._choose = make_partitioner(config.partitioner)
         self._round_robin = config.partitioner == "roundrobin"  # inlined in pick
+        #: broker id -> its partition-name cache (partition_names), read per blocking send
+        self._names: dict[int, Any] = {}
         self._retry_q: collections.deque[tuple[Send, BaseException]] = collections.deque()
         self._retry_cond = threading.Condition()
         self._retrying = False
@@ -198,8 +200,11 @@ class SendPath:
             if conn is not None and conn.usable and conn.address == route.addresses.get(bid):
                 send.part = part
                 send.attempts = 1
+                names = self._names.get(bid)
+                if names is None:
+                    names = self._names[bid] = partition_names(bid)
                 r = conn.put_wait(topic, part.index, send.payload, send.flag, send.checksum,
-                                  send, send.deadline, SendResult, bid, partition_names(bid))
+                                  send, send.deadline, SendResult, bid, names)
                 if r is not False:
                     return r
                 send.attempts = 0  # not sent: dispatch counts its attempt
