@@ -10,7 +10,12 @@ ZooKeeper client (unless given one), the router that follows the topics
 (:class:`~metaq.producer._connections.BrokerConnections`), and closes them.
 
 One pipelined connection per broker carries every message for that broker,
-many in flight at once.  A failed attempt (broker gone, connection reset, no
+many in flight at once.  A blocking :meth:`Producer.send` whose connection has
+nothing else in flight does its whole round trip on its own thread, as a plain
+client would (:meth:`SendPath.submit_sync`: one write, one blocking read, the
+answer parsed in C); otherwise it waits for its future like any send.
+
+A failed attempt (broker gone, connection reset, no
 reply within ``request_timeout``, a result code other than 400/401) is
 retried on another partition, preferring another broker, up to ``retries``
 times within ``send_timeout``; retries triggered by a reply are handed to the
@@ -181,8 +186,9 @@ class Producer:
         else:
             payload, flag = self._with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
         path = self._path
-        fut = self.future_type(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
-                               _monotonic() + self._timeout)
+        # (a plain Send, whatever future_type is: this future never leaves this call)
+        fut = Send(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
+                   _monotonic() + self._timeout)
         fut.flush = True
         r = path.submit_sync(fut, topic, route, data, key)
         if r is not None:
