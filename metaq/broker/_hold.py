@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 #: Answers a get (the server's normal get path) on a connection.
 Answer = Callable[["Connection", GetRequest], None]
+#: Answers a slave's held get (its connection, request, log, replica number).
+ReplicaAnswer = Callable[["Connection", GetRequest, "PartitionLog", int], None]
 
 
 class _Held:
@@ -47,9 +49,9 @@ class _Held:
         self.req = req
         self.plog = plog
         self.timer: asyncio.TimerHandle | None = None
-        #: a slave's get reads up to the readable end; a consumer's below the master's
-        #: high watermark too (``_replicas``)
-        self.replica = replica_of_group(req.group) is not None
+        #: a slave's get (its replica number) reads up to the readable end; a
+        #: consumer's (None) below the master's high watermark too (``_replicas``)
+        self.replica = replica_of_group(req.group)
 
 
 class HeldGets:
@@ -62,14 +64,20 @@ class HeldGets:
     """
 
     def __init__(self, answer: Answer, *, max_hold: float, max_held: int,
-                 stats: collections.Counter) -> None:
+                 stats: collections.Counter, answer_replica: ReplicaAnswer | None = None
+                 ) -> None:
         self._answer = answer
+        #: answers a slave's held get woken by a put (a short path for the one case a
+        #: synchronous put waits on); ``answer`` when not given
+        self._answer_replica = answer_replica
         self._max_hold = max_hold
         self._max_held = max_held
         self._stats = stats
         self._by_log: dict[PartitionLog, dict[_Held, None]] = {}
         self._count = 0
+        #: logs whose readable end moved, their held gets not answered yet
         self._firing: set[PartitionLog] = set()
+        self._soon: asyncio.Handle | None = None
 
     def __len__(self) -> int:
         return self._count
@@ -97,13 +105,28 @@ class HeldGets:
 
     def _readable(self, plog: PartitionLog) -> None:
         """(Called by the log, maybe inside a put) its readable end moved: answer its
-        held gets on the next turn of the loop, once for all puts of this turn."""
+        held gets on the next turn of the loop, once for all puts of this turn (or
+        sooner: :meth:`fire_due`)."""
         if plog not in self._firing and plog in self._by_log:
             self._firing.add(plog)
-            asyncio.get_running_loop().call_soon(self._fire, plog)
+            if self._soon is None:
+                self._soon = asyncio.get_running_loop().call_soon(self._fire_due)
+
+    def fire_due(self) -> None:
+        """Answer now the held gets that the next turn of the loop would (the server
+        calls it after a read of a few requests: a lone put's slaves get its bytes in
+        the put's own turn, one wake-up of the loop fewer on the synchronous path)."""
+        if self._soon is not None:
+            self._soon.cancel()
+            self._fire_due()
+
+    def _fire_due(self) -> None:
+        self._soon = None
+        firing, self._firing = self._firing, set()
+        for plog in firing:
+            self._fire(plog)
 
     def _fire(self, plog: PartitionLog) -> None:
-        self._firing.discard(plog)
         waiting = self._by_log.get(plog)
         if not waiting:
             return
@@ -111,7 +134,7 @@ class HeldGets:
         hw = plog.high_watermark
         visible = end if hw is None else min(end, hw)
         woken = [held for held in waiting
-                 if held.req.offset < (end if held.replica else visible)]
+                 if held.req.offset < (end if held.replica is not None else visible)]
         for held in woken:  # (a get past an fsync still running waits on)
             del waiting[held]
         if not waiting:
@@ -120,7 +143,7 @@ class HeldGets:
         for held in woken:
             self._forget(held)
             self._stats["get_held_woken"] += 1
-            self._reply(held)
+            self._reply(held, True)
 
     def _expire(self, held: _Held) -> None:
         held.timer = None
@@ -142,11 +165,14 @@ class HeldGets:
             held.timer.cancel()
             held.timer = None
 
-    def _reply(self, held: _Held) -> None:
+    def _reply(self, held: _Held, woken: bool = False) -> None:
         if held.conn.closing:
             return
         try:
-            self._answer(held.conn, held.req._replace(hold_ms=0))
+            if woken and held.replica is not None and self._answer_replica is not None:
+                self._answer_replica(held.conn, held.req, held.plog, held.replica)
+            else:
+                self._answer(held.conn, held.req._replace(hold_ms=0))
         except Exception:
             log.exception("answering a held get of %s failed; closing its connection",
                           held.conn.peer)
