@@ -78,6 +78,9 @@ class HeldGets:
         #: logs whose readable end moved, their held gets not answered yet
         self._firing: set[PartitionLog] = set()
         self._soon: asyncio.Handle | None = None
+        #: set by the server while it serves a read: it calls :meth:`fire_due` after,
+        #: so no turn of the loop is scheduled meanwhile
+        self.deferred = False
 
     def __len__(self) -> int:
         return self._count
@@ -109,16 +112,23 @@ class HeldGets:
         sooner: :meth:`fire_due`)."""
         if plog not in self._firing and plog in self._by_log:
             self._firing.add(plog)
-            if self._soon is None:
+            if self._soon is None and not self.deferred:
                 self._soon = asyncio.get_running_loop().call_soon(self._fire_due)
 
-    def fire_due(self) -> None:
-        """Answer now the held gets that the next turn of the loop would (the server
-        calls it after a read of a few requests: a lone put's slaves get its bytes in
-        the put's own turn, one wake-up of the loop fewer on the synchronous path)."""
-        if self._soon is not None:
-            self._soon.cancel()
+    def fire_due(self, now: bool = True) -> None:
+        """The server served a read (:attr:`deferred` ends): answer now (``now``) the
+        held gets that the next turn of the loop would, or leave them to that turn.
+        After a read of a few requests a lone put's slaves get its bytes in the put's
+        own turn: one wake-up of the loop fewer on the synchronous path."""
+        self.deferred = False
+        if not self._firing:
+            return
+        if now:
+            if self._soon is not None:
+                self._soon.cancel()
             self._fire_due()
+        elif self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._fire_due)
 
     def _fire_due(self) -> None:
         self._soon = None

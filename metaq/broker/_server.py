@@ -328,9 +328,12 @@ class BrokerServer:
         put: a synchronous ``send``), the held gets its puts woke are answered at once,
         not on the loop's next turn (a read of many, a batch stream, leaves them to
         that turn, where the puts of every read of this turn go out as one chunk)."""
-        self._handle(conn, reqs)
-        if len(reqs) <= _FIRE_NOW_MAX:
-            self.held.fire_due()
+        held = self.held
+        held.deferred = True
+        try:
+            self._handle(conn, reqs)
+        finally:
+            held.fire_due(len(reqs) <= _FIRE_NOW_MAX)
 
     def _handle(self, conn: Connection, reqs: list) -> None:
         i = 0
@@ -550,6 +553,11 @@ class BrokerServer:
             replica = replica_of_group(_group)
             if replica is not None:
                 self.role.fetched(replica, plog, offset)
+                # a slave caught up (the usual get of a synchronous copy): held at once
+                if hold_ms and offset == plog.readable_end and offset >= plog.min_offset \
+                        and not self.config.java_tell_max_offset \
+                        and self.held.hold(conn, r, plog):
+                    return
             else:
                 hw = plog.high_watermark
         if offset < plog.min_offset:
