@@ -8,12 +8,15 @@ moves (a put landed; with group commit, its fsync finished), or with the usual
 404 when its hold runs out.  A plain get, as every Java Metaq client sends it,
 is never held.
 
-Costs: one small object and one timer handle of the event loop per held get; no
-thread and no polling.  A held get takes no place in its connection's ordered
-reply queue, so replies to later requests on the same connection are never
-delayed by it (Metaq replies carry the request's opaque).  Bounds: the broker
-clamps each hold to ``max_hold`` and holds at most ``max_held_gets`` at once
-(beyond it gets are answered at once, as a Java broker would); a connection
+Costs: one small object per held get, and one timer of the event loop per
+``_GRAIN`` (10 ms) of hold deadlines, shared by the gets due in it (a get held
+again and again, as a synchronous slave's is after every put, costs no timer
+handle each time; a hold ends up to ``_GRAIN`` late); no thread and no polling.
+A held get takes no place in its connection's ordered reply queue, so replies
+to later requests on the same connection are never delayed by it (Metaq
+replies carry the request's opaque).  Bounds: the broker clamps each hold to
+``max_hold`` and holds at most ``max_held_gets`` at once (beyond it gets are
+answered at once, as a Java broker would); a connection
 that closes drops its held gets.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -37,18 +41,22 @@ log = logging.getLogger(__name__)
 
 #: Answers a get (the server's normal get path) on a connection.
 Answer = Callable[["Connection", GetRequest], None]
+#: Hold deadlines are rounded up to this many seconds: one timer per bucket.
+_GRAIN = 0.01
+
 #: Answers a slave's held get (its connection, request, log, replica number).
 ReplicaAnswer = Callable[["Connection", GetRequest, "PartitionLog", int], None]
 
 
 class _Held:
-    __slots__ = ("conn", "req", "plog", "timer", "replica")
+    __slots__ = ("conn", "req", "plog", "bucket", "replica")
 
     def __init__(self, conn: Connection, req: GetRequest, plog: PartitionLog) -> None:
         self.conn = conn
         self.req = req
         self.plog = plog
-        self.timer: asyncio.TimerHandle | None = None
+        #: the deadline bucket it waits in (``HeldGets._buckets``), None once out
+        self.bucket: int | None = None
         #: a slave's get (its replica number) reads up to the readable end; a
         #: consumer's (None) below the master's high watermark too (``_replicas``)
         self.replica = replica_of_group(req.group)
@@ -75,6 +83,8 @@ class HeldGets:
         self._stats = stats
         self._by_log: dict[PartitionLog, dict[_Held, None]] = {}
         self._count = 0
+        #: deadline bucket (``ceil(deadline / _GRAIN)``) -> the gets due in it
+        self._buckets: dict[int, dict[_Held, None]] = {}
         #: logs whose readable end moved, their held gets not answered yet
         self._firing: set[PartitionLog] = set()
         self._soon: asyncio.Handle | None = None
@@ -103,8 +113,23 @@ class HeldGets:
         self._count += 1
         self._stats["get_held"] += 1
         seconds = min(req.hold_ms / 1000.0, self._max_hold)
-        held.timer = asyncio.get_running_loop().call_later(seconds, self._expire, held)
+        loop = asyncio.get_running_loop()
+        b = math.ceil((loop.time() + seconds) / _GRAIN)
+        due = self._buckets.get(b)
+        if due is None:
+            due = self._buckets[b] = {}
+            loop.call_at(b * _GRAIN, self._sweep, b)
+        due[held] = None
+        held.bucket = b
         return True
+
+    def _sweep(self, b: int) -> None:
+        """Bucket ``b``'s time came: its gets still held are answered (404)."""
+        due = self._buckets.pop(b, None)
+        if due:
+            for held in list(due):
+                held.bucket = None
+                self._expire(held)
 
     def _readable(self, plog: PartitionLog) -> None:
         """(Called by the log, maybe inside a put) its readable end moved: answer its
@@ -156,7 +181,6 @@ class HeldGets:
             self._reply(held, True)
 
     def _expire(self, held: _Held) -> None:
-        held.timer = None
         waiting = self._by_log.get(held.plog)
         if waiting is None or held not in waiting:
             return
@@ -171,9 +195,11 @@ class HeldGets:
     def _forget(self, held: _Held) -> None:
         self._count -= 1
         held.conn.held.pop(held, None)
-        if held.timer is not None:
-            held.timer.cancel()
-            held.timer = None
+        if held.bucket is not None:
+            due = self._buckets.get(held.bucket)
+            if due is not None:
+                due.pop(held, None)  # (an emptied bucket goes when its timer fires)
+            held.bucket = None
 
     def _reply(self, held: _Held, woken: bool = False) -> None:
         if held.conn.closing:
