@@ -211,6 +211,11 @@ class ReplicaSet:
             gathered.add_done_callback(lambda _f: on_done())
         return gathered
 
+    def waiting(self) -> bool:
+        """Whether puts wait for slaves now (the event loop polls for their answer a
+        moment before it sleeps, ``_spin``)."""
+        return any(self._waiters.values())
+
     def _release(self, plog: PartitionLog) -> None:
         q = self._waiters.get(plog)
         if not q:
