@@ -146,7 +146,7 @@ class Broker:
     def _run(self, main: Coroutine[Any, Any, None]) -> None:
         """``asyncio.run(main)`` on a loop whose selector polls a moment for a slave's
         answer before it sleeps, while puts wait for one (``_spin``)."""
-        selector = self._selector = SpinSelector()
+        selector = self._selector = SpinSelector(self.config.replication_poll_us / 1e6)
         with asyncio.Runner(loop_factory=lambda: new_loop(selector)) as runner:
             runner.run(main)
 

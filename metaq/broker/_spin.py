@@ -7,11 +7,12 @@ nothing to do until the slave's next get arrives, some tens of microseconds
 later.  Sleeping in ``epoll_wait`` for that costs a wake-up of the master's
 process when the slave's get lands, and on a virtual machine whose other vCPU
 went idle a cross-vCPU wake-up is the slowest part of the round trip.  So while
-puts wait for slaves (:meth:`ReplicaSet.waiting`), the loop's selector polls
-(``epoll_wait`` with timeout 0) for up to :data:`SPIN_SECONDS` before it blocks;
-at any other time it blocks at once, as asyncio's own does.  What it costs: at
-most :data:`SPIN_SECONDS` of CPU per wait that has a slave to wait for, none
-when nothing waits.
+a lone put waits for slaves (:meth:`ReplicaSet.waiting`), the loop's selector
+polls (``epoll_wait`` with timeout 0) for up to ``replication_poll_us`` (default
+:data:`SPIN_SECONDS`) before it blocks; at any other time it blocks at once, as
+asyncio's own does.  What it costs: at most that much CPU per wait, none when
+nothing waits; never for a stream of batches (many puts wait, and the producer
+keeps the loop busy): polling there would take a CPU from the slave.
 """
 
 from __future__ import annotations
