@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from metaq.broker._config import BrokerConfig
 from metaq.broker._registry import BrokerRegistry
 from metaq.broker._role import MARKER, Role
 from metaq.broker._server import VERSION, BrokerServer
+from metaq.broker._spin import SpinSelector, new_loop
 from metaq.broker._storage import Storage
 from metaq.protocol import MsgIdGenerator, ProducerRecord, check_topic
 
@@ -71,6 +72,8 @@ class Broker:
         self._server: BrokerServer | None = None
         self._registry: BrokerRegistry | None = None
         self._role: Role | None = None
+        #: the event loop's selector (``_spin``), made when the loop is
+        self._selector: SpinSelector | None = None
         self._topics: dict[str, int] = {}   # copy-on-write snapshot for the ZK thread
         self._running = False
         self._last_topic_registration = None
@@ -120,7 +123,7 @@ class Broker:
 
     def _thread_main(self) -> None:
         try:
-            asyncio.run(self._main())
+            self._run(self._main())
         except BaseException as e:
             if not self._ready.is_set():
                 self._start_error = e
@@ -138,7 +141,19 @@ class Broker:
                 loop.add_signal_handler(sig, stop.set)
             await self._main(on_ready)
 
-        asyncio.run(main())
+        self._run(main())
+
+    def _run(self, main: Coroutine[Any, Any, None]) -> None:
+        """``asyncio.run(main)`` on a loop whose selector polls a moment for a slave's
+        answer before it sleeps, while puts wait for one (``_spin``)."""
+        selector = self._selector = SpinSelector(self.config.replication_poll_us / 1e6)
+        with asyncio.Runner(loop_factory=lambda: new_loop(selector)) as runner:
+            runner.run(main)
+
+    def _spin_wanted(self) -> bool:
+        role = self._role
+        replicas = None if role is None else role.replicas
+        return replicas is not None and replicas.waiting()
 
     @property
     def running(self) -> bool:
@@ -177,6 +192,8 @@ class Broker:
                     transactions=server.tx)
                 role.loop = loop
                 server.role = role
+                if self._selector is not None:
+                    self._selector.wanted = self._spin_wanted
                 reg = self._registry = BrokerRegistry(
                     zk_connect=cfg.zk_connect, zk_root=cfg.zk_root, broker_id=cfg.broker_id,
                     host=_advertised_host(cfg), port=self.port, topics=lambda: self._topics,

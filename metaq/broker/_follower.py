@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import itertools
 import logging
 import time
@@ -99,6 +100,9 @@ class _MasterLink(asyncio.Protocol):
         self.opaques = itertools.count(1)
         self.closed = asyncio.get_running_loop().create_future()
         self.capabilities: frozenset[str] = frozenset()
+        #: opaque -> a handler that may take its reply right here, in ``data_received``
+        #: (``handler(reply, fut)`` True: taken; ``fut`` now waits on for a later reply)
+        self.fast: dict[int, Callable[[object, asyncio.Future], bool]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -111,10 +115,14 @@ class _MasterLink(asyncio.Protocol):
                                               f"sent a reply that does not parse: {e}",
                                               address=self.address))
             return
+        fast = self.fast
         for reply in replies:
-            fut = self.pending.pop(reply.opaque, None)
+            opaque = reply.opaque
+            fut = self.pending.pop(opaque, None)
             if fut is not None and not fut.done():
-                fut.set_result(reply)
+                handler = fast.pop(opaque, None) if fast else None
+                if handler is None or not handler(reply, fut):
+                    fut.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(ConnectionClosedError(
@@ -123,6 +131,7 @@ class _MasterLink(asyncio.Protocol):
 
     def _fail(self, err: Exception) -> None:
         pending, self.pending = self.pending, {}
+        self.fast = {}
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(err)
@@ -132,12 +141,19 @@ class _MasterLink(asyncio.Protocol):
         if self.transport is not None:
             self.transport.abort()
 
-    def request(self, encode: Callable[[int], bytes]) -> asyncio.Future:
+    def request(self, encode: Callable[[int], bytes], fut: asyncio.Future | None = None,
+                fast: Callable[[object, asyncio.Future], bool] | None = None
+                ) -> asyncio.Future:
+        """Send a request; the future its reply resolves (``fut``: that one, still
+        waiting).  ``fast(reply, fut)`` sees the reply first (see :attr:`fast`)."""
         if self.closed.done():
             raise self.closed.result()
         opaque = next(self.opaques) & OPAQUE_MASK
-        fut = asyncio.get_running_loop().create_future()
+        if fut is None:
+            fut = asyncio.get_running_loop().create_future()
         self.pending[opaque] = fut
+        if fast is not None:
+            self.fast[opaque] = fast
         self.transport.write(encode(opaque))
         return fut
 
@@ -161,7 +177,7 @@ class PartitionCopy:
 
     __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
                  "caught_up_at", "task", "max_size", "below_since", "records_to",
-                 "applying", "pushed")
+                 "applying", "pushed", "asked_at")
 
     def __init__(self, plog: PartitionLog, max_size: int) -> None:
         self.plog = plog
@@ -183,6 +199,8 @@ class PartitionCopy:
         self.pushed: tuple[_MasterLink, int, asyncio.Future] | None = None
         #: when an unflushed Java master's max offset was first seen below this end
         self.below_since: float | None = None
+        #: the offset the get in flight asked from
+        self.asked_at = 0
 
     def lag_seconds(self, now: float) -> float | None:
         """Seconds since this copy last reached the master's end (None: never)."""
@@ -392,6 +410,7 @@ class Follower:
                             copy.records_to = offset
                     ahead, ahead_on = self._get(link, copy, offset, hold), link
                 reply, ahead = await ahead, None
+                offset = copy.asked_at  # (the fast path may have copied and asked on)
             except BrokerUnavailableError:
                 ahead = ahead_on = None
                 copy.pushed = None
@@ -403,6 +422,11 @@ class Follower:
             pushed, copy.pushed = copy.pushed, None
             if pushed is not None:  # its records, if any, came before the reply
                 pushed[0].forget(pushed[1])
+            if reply is _APPEND_FAILED:  # the fast path's append failed (state says why)
+                if copy.state == "diverged":
+                    return
+                await asyncio.sleep(self.retry_delay)
+                continue
             if type(reply) is Value or reply.code != 301:
                 copy.below_since = None
             if type(reply) is Value:
@@ -448,16 +472,52 @@ class Follower:
                 await asyncio.sleep(self.retry_delay)
 
     def _get(self, link: _MasterLink, copy: PartitionCopy, offset: int,
-             hold: int) -> asyncio.Future:
+             hold: int, fut: asyncio.Future | None = None) -> asyncio.Future:
+        """Ask for ``copy`` from ``offset`` (the reply resolves ``fut``, or a new future).
+
+        A ``value`` reply is copied right where it is read, when it can be (the fast
+        path, :meth:`_copied_now`): appended, and the next get sent, in the same call,
+        the future left waiting; anything else resolves it for the copy task."""
         plog = copy.plog
-        if self.apply_records is not None and RECORDS_CAPABILITY in link.capabilities \
-                and IDEMPOTENT_CAPABILITY in link.capabilities:
-            records, fut = link.expect()
-            copy.pushed = (link, records, fut)
-            return link.request(lambda o: encode_get(plog.topic, self.group, plog.partition,
-                                                     offset, copy.max_size, o, hold, records))
+        copy.asked_at = offset
+        fast = None if self.group_commit else functools.partial(self._copied_now, copy, link,
+                                                                hold)
+        if self.apply_records is not None and IDEMPOTENT_CAPABILITY in link.capabilities:
+            if RECORDS_CAPABILITY not in link.capabilities:  # ``producers`` asked after
+                fast = None                                   # each chunk: the task's
+            else:
+                records, rfut = link.expect()
+                copy.pushed = (link, records, rfut)
+                return link.request(lambda o: encode_get(
+                    plog.topic, self.group, plog.partition, offset, copy.max_size, o, hold,
+                    records), fut, fast)
         return link.request(lambda o: encode_get(plog.topic, self.group, plog.partition,
-                                                 offset, copy.max_size, o, hold))
+                                                 offset, copy.max_size, o, hold), fut, fast)
+
+    def _copied_now(self, copy: PartitionCopy, link: _MasterLink, hold: int, reply: object,
+                    fut: asyncio.Future) -> bool:
+        """(In the link's ``data_received``) copy a ``value`` reply and ask on at once,
+        as the copy task would, without waking it: the master learns that this slave
+        holds it (the next get) in the same turn of the loop as the bytes arrived, which
+        is what a synchronous put waits for.  False: the task takes ``reply``."""
+        if type(reply) is not Value or self._stopped or self._link is not link:
+            return False
+        pushed, copy.pushed = copy.pushed, None
+        if pushed is not None:  # its records, if any, came before the reply
+            link.forget(pushed[1])
+        copy.below_since = None
+        if not self._append_now(copy, reply.body, copy.asked_at):
+            fut.set_result(_APPEND_FAILED)
+            return True
+        upto = copy.plog.end
+        try:
+            self._get(link, copy, upto, hold, fut)
+        except BrokerUnavailableError as e:  # closed meanwhile: the task reconnects
+            fut.set_exception(e)
+            return True
+        if pushed is not None and self._pushed_records(copy, pushed[2]):
+            copy.records_to = upto
+        return True
 
     def _pushed_records(self, copy: PartitionCopy, fut: asyncio.Future) -> bool:
         """Store the records a ``+records`` master sent before the value just copied
@@ -501,6 +561,19 @@ class Follower:
         return used == len(reply.body)
 
     async def _append(self, copy: PartitionCopy, data: bytes, offset: int) -> bool:
+        if not self._append_now(copy, data, offset):
+            return False
+        if self.group_commit and copy.state == "copying":
+            try:
+                await copy.plog.request_flush()
+            except StorageError as e:
+                copy.state, copy.problem = "stopped", str(e)
+                return False
+        return True
+
+    def _append_now(self, copy: PartitionCopy, data: bytes, offset: int) -> bool:
+        """Append a reply's whole messages (no fsync); False when they were not
+        (``copy.state`` says why: diverged, stopped)."""
         plog = copy.plog
         try:
             n, count = plog.append_copy(data, offset)
@@ -524,12 +597,6 @@ class Follower:
         copy.copied_messages += count
         self.stats["replication_copied_bytes"] += n
         self.stats["replication_copied_messages"] += count
-        if self.group_commit:
-            try:
-                await plog.request_flush()
-            except StorageError as e:
-                copy.state, copy.problem = "stopped", str(e)
-                return False
         return True
 
     def _check_master_end(self, copy: PartitionCopy, body: bytes, offset: int) -> bool:
@@ -590,6 +657,10 @@ class Follower:
                         "problem": c.problem})
         return out
 
+
+
+#: what the fast path resolves a get's future with when its append failed
+_APPEND_FAILED = object()
 
 
 def _retrieved(fut: asyncio.Future) -> None:

@@ -8,12 +8,15 @@ moves (a put landed; with group commit, its fsync finished), or with the usual
 404 when its hold runs out.  A plain get, as every Java Metaq client sends it,
 is never held.
 
-Costs: one small object and one timer handle of the event loop per held get; no
-thread and no polling.  A held get takes no place in its connection's ordered
-reply queue, so replies to later requests on the same connection are never
-delayed by it (Metaq replies carry the request's opaque).  Bounds: the broker
-clamps each hold to ``max_hold`` and holds at most ``max_held_gets`` at once
-(beyond it gets are answered at once, as a Java broker would); a connection
+Costs: one small object per held get, and one timer of the event loop per
+``_GRAIN`` (10 ms) of hold deadlines, shared by the gets due in it (a get held
+again and again, as a synchronous slave's is after every put, costs no timer
+handle each time; a hold ends up to ``_GRAIN`` late); no thread and no polling.
+A held get takes no place in its connection's ordered reply queue, so replies
+to later requests on the same connection are never delayed by it (Metaq
+replies carry the request's opaque).  Bounds: the broker clamps each hold to
+``max_hold`` and holds at most ``max_held_gets`` at once (beyond it gets are
+answered at once, as a Java broker would); a connection
 that closes drops its held gets.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -37,19 +41,25 @@ log = logging.getLogger(__name__)
 
 #: Answers a get (the server's normal get path) on a connection.
 Answer = Callable[["Connection", GetRequest], None]
+#: Hold deadlines are rounded up to this many seconds: one timer per bucket.
+_GRAIN = 0.01
+
+#: Answers a slave's held get (its connection, request, log, replica number).
+ReplicaAnswer = Callable[["Connection", GetRequest, "PartitionLog", int], None]
 
 
 class _Held:
-    __slots__ = ("conn", "req", "plog", "timer", "replica")
+    __slots__ = ("conn", "req", "plog", "bucket", "replica")
 
     def __init__(self, conn: Connection, req: GetRequest, plog: PartitionLog) -> None:
         self.conn = conn
         self.req = req
         self.plog = plog
-        self.timer: asyncio.TimerHandle | None = None
-        #: a slave's get reads up to the readable end; a consumer's below the master's
-        #: high watermark too (``_replicas``)
-        self.replica = replica_of_group(req.group) is not None
+        #: the deadline bucket it waits in (``HeldGets._buckets``), None once out
+        self.bucket: int | None = None
+        #: a slave's get (its replica number) reads up to the readable end; a
+        #: consumer's (None) below the master's high watermark too (``_replicas``)
+        self.replica = replica_of_group(req.group)
 
 
 class HeldGets:
@@ -62,14 +72,25 @@ class HeldGets:
     """
 
     def __init__(self, answer: Answer, *, max_hold: float, max_held: int,
-                 stats: collections.Counter) -> None:
+                 stats: collections.Counter, answer_replica: ReplicaAnswer | None = None
+                 ) -> None:
         self._answer = answer
+        #: answers a slave's held get woken by a put (a short path for the one case a
+        #: synchronous put waits on); ``answer`` when not given
+        self._answer_replica = answer_replica
         self._max_hold = max_hold
         self._max_held = max_held
         self._stats = stats
         self._by_log: dict[PartitionLog, dict[_Held, None]] = {}
         self._count = 0
+        #: deadline bucket (``ceil(deadline / _GRAIN)``) -> the gets due in it
+        self._buckets: dict[int, dict[_Held, None]] = {}
+        #: logs whose readable end moved, their held gets not answered yet
         self._firing: set[PartitionLog] = set()
+        self._soon: asyncio.Handle | None = None
+        #: set by the server while it serves a read: it calls :meth:`fire_due` after,
+        #: so no turn of the loop is scheduled meanwhile
+        self.deferred = False
 
     def __len__(self) -> int:
         return self._count
@@ -92,18 +113,55 @@ class HeldGets:
         self._count += 1
         self._stats["get_held"] += 1
         seconds = min(req.hold_ms / 1000.0, self._max_hold)
-        held.timer = asyncio.get_running_loop().call_later(seconds, self._expire, held)
+        loop = asyncio.get_running_loop()
+        b = math.ceil((loop.time() + seconds) / _GRAIN)
+        due = self._buckets.get(b)
+        if due is None:
+            due = self._buckets[b] = {}
+            loop.call_at(b * _GRAIN, self._sweep, b)
+        due[held] = None
+        held.bucket = b
         return True
+
+    def _sweep(self, b: int) -> None:
+        """Bucket ``b``'s time came: its gets still held are answered (404)."""
+        due = self._buckets.pop(b, None)
+        if due:
+            for held in list(due):
+                held.bucket = None
+                self._expire(held)
 
     def _readable(self, plog: PartitionLog) -> None:
         """(Called by the log, maybe inside a put) its readable end moved: answer its
-        held gets on the next turn of the loop, once for all puts of this turn."""
+        held gets on the next turn of the loop, once for all puts of this turn (or
+        sooner: :meth:`fire_due`)."""
         if plog not in self._firing and plog in self._by_log:
             self._firing.add(plog)
-            asyncio.get_running_loop().call_soon(self._fire, plog)
+            if self._soon is None and not self.deferred:
+                self._soon = asyncio.get_running_loop().call_soon(self._fire_due)
+
+    def fire_due(self, now: bool = True) -> None:
+        """The server served a read (:attr:`deferred` ends): answer now (``now``) the
+        held gets that the next turn of the loop would, or leave them to that turn.
+        After a read of a few requests a lone put's slaves get its bytes in the put's
+        own turn: one wake-up of the loop fewer on the synchronous path."""
+        self.deferred = False
+        if not self._firing:
+            return
+        if now:
+            if self._soon is not None:
+                self._soon.cancel()
+            self._fire_due()
+        elif self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._fire_due)
+
+    def _fire_due(self) -> None:
+        self._soon = None
+        firing, self._firing = self._firing, set()
+        for plog in firing:
+            self._fire(plog)
 
     def _fire(self, plog: PartitionLog) -> None:
-        self._firing.discard(plog)
         waiting = self._by_log.get(plog)
         if not waiting:
             return
@@ -111,7 +169,7 @@ class HeldGets:
         hw = plog.high_watermark
         visible = end if hw is None else min(end, hw)
         woken = [held for held in waiting
-                 if held.req.offset < (end if held.replica else visible)]
+                 if held.req.offset < (end if held.replica is not None else visible)]
         for held in woken:  # (a get past an fsync still running waits on)
             del waiting[held]
         if not waiting:
@@ -120,10 +178,9 @@ class HeldGets:
         for held in woken:
             self._forget(held)
             self._stats["get_held_woken"] += 1
-            self._reply(held)
+            self._reply(held, True)
 
     def _expire(self, held: _Held) -> None:
-        held.timer = None
         waiting = self._by_log.get(held.plog)
         if waiting is None or held not in waiting:
             return
@@ -138,15 +195,20 @@ class HeldGets:
     def _forget(self, held: _Held) -> None:
         self._count -= 1
         held.conn.held.pop(held, None)
-        if held.timer is not None:
-            held.timer.cancel()
-            held.timer = None
+        if held.bucket is not None:
+            due = self._buckets.get(held.bucket)
+            if due is not None:
+                due.pop(held, None)  # (an emptied bucket goes when its timer fires)
+            held.bucket = None
 
-    def _reply(self, held: _Held) -> None:
+    def _reply(self, held: _Held, woken: bool = False) -> None:
         if held.conn.closing:
             return
         try:
-            self._answer(held.conn, held.req._replace(hold_ms=0))
+            if woken and held.replica is not None and self._answer_replica is not None:
+                self._answer_replica(held.conn, held.req, held.plog, held.replica)
+            else:
+                self._answer(held.conn, held.req._replace(hold_ms=0))
         except Exception:
             log.exception("answering a held get of %s failed; closing its connection",
                           held.conn.peer)

@@ -53,6 +53,10 @@ __all__ = ["ReplicaSet", "NotReplicatedError"]
 log = logging.getLogger(__name__)
 
 
+#: At most this many puts waiting for slaves make the loop poll for their answer.
+FEW_WAITING = 1
+
+
 class NotReplicatedError(MetaqError):
     """A put written on the master whose replication could not be confirmed (the
     master was fenced, or stopped): it is not acknowledged."""
@@ -210,6 +214,16 @@ class ReplicaSet:
         if on_done is not None:
             gathered.add_done_callback(lambda _f: on_done())
         return gathered
+
+    def waiting(self) -> bool:
+        """Whether a lone put (at most :data:`FEW_WAITING`) waits for slaves now: the
+        event loop then polls a moment for their answer before it sleeps (``_spin``).
+        Many waiting is a stream of batches, whose producer keeps the loop busy: no
+        polling there, which would take a CPU from the slave and the producer."""
+        n = 0
+        for q in self._waiters.values():
+            n += len(q)
+        return 0 < n <= FEW_WAITING
 
     def _release(self, plog: PartitionLog) -> None:
         q = self._waiters.get(plog)

@@ -84,6 +84,10 @@ log = logging.getLogger(__name__)
 VERSION = f"1.4.6 metaq-py/{__version__}"
 
 
+#: A read of at most this many requests gets the held gets its puts woke answered at
+#: once (:meth:`BrokerServer.handle`).
+_FIRE_NOW_MAX = 4
+
 #: The counters of :meth:`BrokerServer.connection_stats`.
 _CONNECTION_COUNTERS = ("connections_total", "connections_refused", "connections_evicted",
                         "idle_closed", "slow_closed", "unused_closed")
@@ -145,7 +149,8 @@ class BrokerServer:
                                max_hold=config.max_hold)
         self.tx.recover()
         self.held = HeldGets(self._get, max_hold=config.max_hold,
-                             max_held=config.max_held_gets, stats=self.stats)
+                             max_held=config.max_held_gets, stats=self.stats,
+                             answer_replica=self._replica_get)
         self.topics = Topics(storage, auto_create=config.auto_create_topics,
                              num_partitions=config.num_partitions, on_added=on_topic_added)
         #: the parsers' put-loop mapping: b"<topic> <partition>" -> target (see ``_topics``)
@@ -319,7 +324,18 @@ class BrokerServer:
 
     # -- requests --------------------------------------------------------------------------
     def handle(self, conn: Connection, reqs: list) -> None:
-        """Serve one read's requests in order."""
+        """Serve one read's requests in order.  After a read of a few requests (a lone
+        put: a synchronous ``send``), the held gets its puts woke are answered at once,
+        not on the loop's next turn (a read of many, a batch stream, leaves them to
+        that turn, where the puts of every read of this turn go out as one chunk)."""
+        held = self.held
+        held.deferred = True
+        try:
+            self._handle(conn, reqs)
+        finally:
+            held.fire_due(len(reqs) <= _FIRE_NOW_MAX)
+
+    def _handle(self, conn: Connection, reqs: list) -> None:
         i = 0
         n = len(reqs)
         if self._idem_open:  # an idem mark's puts continue in this read (idempotent puts)
@@ -496,6 +512,26 @@ class BrokerServer:
         else:
             conn.send(replies[0])
 
+    def _replica_get(self, conn: Connection, r: GetRequest, plog: PartitionLog,
+                     replica: int) -> None:
+        """A slave's held get that a put woke: its bytes, on the short path where
+        nothing but reading them is left to decide (the get was checked when it was
+        held); else the whole :meth:`_get`."""
+        offset, max_size = r.offset, r.max_size
+        if (plog.closed or not 0 < max_size <= self.config.max_transfer_size or self.role is None
+                or (r.records is not None and self.config.idempotent
+                    and self.producers.table(plog).pids)):
+            self._get(conn, r._replace(hold_ms=0))
+            return
+        s = plog.read(offset, max_size)
+        if s is None or s.segment.damaged:
+            self._get(conn, r._replace(hold_ms=0))
+            return
+        self.stats["cmd_get"] += 1
+        self.role.fetched(replica, plog, offset)  # as the get path: when it was asked
+        self.stats["get_bytes"] += s.length
+        conn.send_file(FileReply(encode_value_header(s.length, r.opaque), s, plog))
+
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1
         topic, _group, partition, offset, max_size, opaque, hold_ms, records = r
@@ -517,6 +553,11 @@ class BrokerServer:
             replica = replica_of_group(_group)
             if replica is not None:
                 self.role.fetched(replica, plog, offset)
+                # a slave caught up (the usual get of a synchronous copy): held at once
+                if hold_ms and offset == plog.readable_end and offset >= plog.min_offset \
+                        and not self.config.java_tell_max_offset \
+                        and self.held.hold(conn, r, plog):
+                    return
             else:
                 hw = plog.high_watermark
         if offset < plog.min_offset:
