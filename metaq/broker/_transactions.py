@@ -27,6 +27,12 @@ needs PREPARED (else XAER_PROTO); COMMIT_ONE_PHASE commits START or IN_USE (and,
 as Java does, PREPARED); a timeout given at BEGIN (capped by
 ``max_transaction_timeout``) rolls back a transaction not prepared by then.
 
+A **pipelined** local commit (``puts=<n>``, offered as ``+txpipe``: the producer wrote
+BEGIN, the puts and COMMIT together without waiting for any answer) commits only a
+transaction holding exactly ``n`` messages none of whose puts was refused (each
+refusal is remembered on the transaction); otherwise it rolls it back and answers
+``COMMIT FAILED: ...``.  A commit without ``puts=`` (Java's) keeps Java's rule.
+
 Each put is assigned its msgId when it arrives (the producer is told it, with
 offset -1, as Java answers), so a committed transaction's messages carry times
 up to its duration before the messages appended around its commit.
@@ -125,6 +131,9 @@ class Tx:
     bounds: list[tuple[str, int, int, int]] | None = None
     #: committing: the ``D``'s places
     decided: list[tuple[str, int, int, int]] | None = None
+    #: why a put of it was refused (the first), if one was: a pipelined commit
+    #: (``puts=<n>``, ``+txpipe``) then rolls it back instead
+    refused: str | None = None
 
 
 class Transactions:
@@ -455,6 +464,7 @@ class Transactions:
         else:
             topic, partition, _length, flag, check, tx_key, opaque, payload = p
             plog = None
+        tx: Tx | None = None
         try:
             key = self._keys.get(tx_key)
             if key is None:
@@ -475,14 +485,14 @@ class Transactions:
             if plog is None:
                 plog = self.storage.get(topic, partition)
                 if plog is None:
-                    return result(404, f"topic {topic} partition {partition} not found",
-                                  opaque)
+                    return _refused(tx, 404, f"topic {topic} partition {partition} not "
+                                             f"found", opaque)
             actual = crc32(payload) & CHECKSUM_MASK  # once
             if check != -1 and check != actual:  # -1: not given (Java's)
-                return result(400, "checksum mismatch", opaque)
+                return _refused(tx, 400, "checksum mismatch", opaque)
             if len(payload) > self.max_message_size:
-                return result(400, f"message of {len(payload)} bytes is over "
-                                   f"max_message_size {self.max_message_size}", opaque)
+                return _refused(tx, 400, f"message of {len(payload)} bytes is over "
+                                         f"max_message_size {self.max_message_size}", opaque)
             if tx.size + len(payload) > self.max_size:
                 raise TxError(f"transaction {key.text} would hold more than "
                               f"max_transaction_size={self.max_size} bytes", XAER_RMERR)
@@ -495,10 +505,11 @@ class Transactions:
             return answer(b"%d %d -1" % (msg_id, partition), opaque)
         except TxError as e:
             self.stats["put_failed"] += 1
-            return result(500, e.text, opaque)
+            return _refused(tx, 500, e.text, opaque) if tx is not None \
+                else result(500, e.text, opaque)
         except StorageError as e:
             self.stats["put_failed"] += 1
-            return result(500, f"write failed: {e}", opaque)
+            return _refused(tx, 500, f"write failed: {e}", opaque)
 
     def connection_closed(self, conn: Connection) -> None:
         """Roll back the local transactions ``conn`` left open (Java's
@@ -578,6 +589,14 @@ class Transactions:
                           XAER_PROTO)
         if tx.state not in (START, IN_USE, PREPARED):
             raise TxError("Cannot call commit now.", XAER_PROTO)
+        if r.puts is not None and (tx.refused is not None or len(tx.puts) != r.puts):
+            # a pipelined commit (``+txpipe``): sent without waiting for the puts'
+            # answers, so it must not commit a transaction one of them is missing from
+            why = (f"a put in it was refused ({tx.refused})" if tx.refused is not None
+                   else f"it holds {len(tx.puts)} of the {r.puts} messages sent")
+            self._finish(tx, committed=False)
+            self.stats["tx_rolled_back"] += 1
+            raise TxError(f"COMMIT FAILED: {why}; transaction {key.text} rolled back")
         closed = [f"{t}-{p}" for plog, t, p, _m in tx.puts if plog.closed]
         if closed:
             self._finish(tx, committed=False)
@@ -715,6 +734,13 @@ class Transactions:
             waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
         fut = asyncio.gather(*waits) if len(waits) > 1 else waits[0]
         conn.send_gated(Gate(fut, data, opaques or [opaque]))
+
+
+def _refused(tx: Tx, code: int, text: str, opaque: int) -> bytes:
+    """A put of ``tx`` refused: the answer; ``tx`` remembers the first refusal."""
+    if tx.refused is None:
+        tx.refused = text
+    return result(code, text, opaque)
 
 
 def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:

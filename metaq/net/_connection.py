@@ -219,12 +219,27 @@ class BrokerConnection:
                     unique_qualifier: str | None = None) -> bytes | None:
         """A ``transaction`` request; the body of its ``result 200`` (BrokerError for
         another code), or None for END, which the broker does not answer."""
-        opaque = next(self._opaque)
-        self._send(encode_transaction(key, session_id, type, opaque, timeout=timeout,
-                                      unique_qualifier=unique_qualifier))
+        opaque = self.send_transaction(key, session_id, type, timeout=timeout,
+                                       unique_qualifier=unique_qualifier)
         if type == "END":
             return None
         return bytes(self._reply(opaque, want_value=False))
+
+    def send_transaction(self, key: str, session_id: str, type: str, *, timeout: int = 0,
+                         unique_qualifier: str | None = None, puts: int | None = None,
+                         hold: bool = False) -> int:
+        """Send a ``transaction`` request without waiting (queued with the held puts
+        when ``hold``, as :meth:`send_put`); its opaque, for :meth:`read_result`.
+        ``puts``: a pipelined local commit's count (``metaq.protocol._transaction``)."""
+        opaque = next(self._opaque)
+        data = encode_transaction(key, session_id, type, opaque, timeout=timeout,
+                                  unique_qualifier=unique_qualifier, puts=puts)
+        if hold:
+            self._held.append(data)
+            self._held_size += len(data)
+        else:
+            self._send(data)
+        return opaque
 
     def stats(self, item: str | None = None) -> str:
         opaque = next(self._opaque)

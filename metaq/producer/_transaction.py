@@ -15,7 +15,11 @@ partitioner) and so the broker; later ones are kept on that broker (the
 partitioner's choice when it is there, else the topic's partitions on that
 broker, round-robin).  Puts are pipelined: :meth:`~LocalTransaction.send` does not
 wait; :meth:`~LocalTransaction.commit` reads every put's answer, and if any was
-refused rolls the transaction back and raises TransactionError.
+refused rolls the transaction back and raises TransactionError.  Against a broker
+that offers ``+txpipe`` (metaq-py's) BEGIN is not waited for either, and COMMIT is
+written right after the puts, saying how many there were: the whole transaction is
+one round trip, and the broker refuses (rolling back) a commit one of whose puts
+it refused.  Against Java Metaq, BEGIN and COMMIT each wait for their answer.
 
 An **XA resource** (:meth:`Producer.xa_resource`) is what a transaction manager
 drives for a two-phase commit: ``start(xid)``, :meth:`XAResource.send`,
@@ -34,6 +38,7 @@ import os
 import re
 import socket
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -50,6 +55,7 @@ from metaq.producer._send import SendResult
 from metaq.protocol import (
     CHECKSUM_MASK,
     FLAG_HAS_ATTRIBUTE,
+    TXPIPE_CAPABILITY,
     crc32,
     local_key,
     parse_transaction_key,
@@ -107,6 +113,19 @@ class TxSender:
     idle: dict[BrokerAddress, list[BrokerConnection]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    #: per connection: whether its broker offers ``+txpipe`` (asked once per connection)
+    pipelines: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+
+    def pipelined(self, conn: BrokerConnection) -> bool:
+        """Whether ``conn``'s broker takes pipelined local transactions (``+txpipe``)."""
+        known = self.pipelines.get(conn)
+        if known is None:
+            try:
+                known = TXPIPE_CAPABILITY in conn.version().split()
+            except BrokerError:  # a broker that does not answer ``version`` offers nothing
+                known = False
+            self.pipelines[conn] = known
+        return known
 
     def close(self) -> None:
         """The producer closes: no connection is kept any more."""
@@ -223,15 +242,71 @@ class LocalTransaction(_OnOneBroker):
         self.session_id = new_session_id()
         self.key = local_key(self.session_id, 1)
         self._state = "new"
+        #: pipelined (``+txpipe``): BEGIN's opaque, its answer not read yet; else None
+        self._begun: int | None = None
+        self._pipelined = False
 
     def _begin(self, conn: BrokerConnection) -> str:
         if self._state == "new":
+            if self._sender.pipelined(conn):  # BEGIN goes with the puts, not waited for
+                self._begun = conn.send_transaction(self.key, self.session_id, "BEGIN",
+                                                    timeout=self.timeout, hold=True)
+                self._pipelined = True
+                self._state = "open"
+                return self.key
             try:
                 conn.transaction(self.key, self.session_id, "BEGIN", timeout=self.timeout)
             except BrokerError as e:
                 raise _failure(e, f"begin of {self.key}") from None
             self._state = "open"
         return self.key
+
+    def _collect(self) -> list[BaseException]:
+        """Read BEGIN's answer (pipelined) and every pending put's; the failures."""
+        errors: list[BaseException] = []
+        if self._begun is not None:
+            opaque, self._begun = self._begun, None
+            try:
+                self._conn.read_result(opaque)
+            except BrokerError as e:
+                errors.append(_failure(e, f"begin of {self.key}"))
+            except BrokerUnavailableError as e:
+                errors.append(e)
+        return errors + super()._collect()
+
+    def _commit_pipelined(self, conn: BrokerConnection) -> list[SendResult]:
+        """COMMIT written right after the puts (``puts=<n>``: the broker commits only
+        what holds every one of them), then every answer read: one round trip."""
+        n = len(self._pending)
+        try:
+            opaque = conn.send_transaction(self.key, self.session_id, "COMMIT_ONE_PHASE",
+                                           puts=n)
+        except BrokerUnavailableError as e:
+            # not sent whole, maybe not at all: the broker rolls back a transaction whose
+            # connection closes, and a commit cut short is not one (its line is unfinished)
+            self._state = "unknown"
+            raise TransactionError(f"commit of {self.key}: the connection failed ({e}); "
+                                   f"the outcome is unknown") from e
+        errors = self._collect()
+        try:
+            conn.read_result(opaque)
+        except BrokerError as e:
+            self._state = "failed"
+            if errors:
+                raise TransactionError(f"{self.key} was rolled back: {len(errors)} of its "
+                                       f"requests were refused, first: {errors[0]}"
+                                       ) from None
+            raise _failure(e, f"commit of {self.key}") from None
+        except BrokerUnavailableError as e:
+            self._state = "unknown"
+            raise TransactionError(f"commit of {self.key}: the connection failed ({e}); "
+                                   f"the outcome is unknown") from e
+        if errors:  # refused puts, yet committed: never by a +txpipe broker
+            self._state = "unknown"
+            raise TransactionError(f"commit of {self.key}: the broker committed although "
+                                   f"{len(errors)} message(s) were refused ({errors[0]})")
+        self._state = "committed"
+        return list(self._results)
 
     def send(self, topic: str, body: Any, attribute: str | None = None, key: Any = None, *,
              partition: str | None = None) -> None:
@@ -251,6 +326,8 @@ class LocalTransaction(_OnOneBroker):
         conn = self._conn
         assert conn is not None
         try:
+            if self._pipelined:
+                return self._commit_pipelined(conn)
             errors = self._collect()
             if errors:
                 self.rollback()

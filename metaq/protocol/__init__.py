@@ -126,6 +126,7 @@ from metaq.protocol._message import (
 from metaq.protocol._parsers import ReplyParser, RequestParser
 from metaq.protocol._transaction import (
     TX_TYPES,
+    TXPIPE_CAPABILITY,
     XA_OK,
     XA_RBOTHER,
     XA_RDONLY,
@@ -183,7 +184,8 @@ __all__ = [
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
     "ack_result",
-    "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
+    "TX_TYPES", "TXPIPE_CAPABILITY",
+    "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",
     # the transaction feed to slaves

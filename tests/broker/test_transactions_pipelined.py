@@ -1,0 +1,233 @@
+"""Pipelined local transactions (``+txpipe``, issue 29): BEGIN, the puts and COMMIT
+written together, the COMMIT carrying how many puts were sent; the broker commits
+only a transaction that holds every one of them.  Against real brokers: in-process
+for the protocol and the producer, a subprocess killed with SIGKILL mid-pipeline."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from metaq import Producer, TransactionError
+from metaq._errors import ProtocolError
+from metaq.net import BrokerConnection
+from metaq.protocol import (
+    TXPIPE_CAPABILITY,
+    ReplyParser,
+    checksum,
+    encode_put,
+    encode_transaction,
+    iter_messages,
+    local_key,
+    xa_key,
+)
+from metaq.protocol._transaction import transaction_request
+
+pytestmark = pytest.mark.broker
+
+TOPIC = "txp"
+
+
+class Raw:
+    """One connection writing many requests at once and reading their answers."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=20)
+        self.parser = ReplyParser()
+        self.opaque = 100
+
+    def next(self) -> int:
+        self.opaque += 1
+        return self.opaque
+
+    def tx(self, key: str, type: str, **kw: object) -> bytes:
+        return encode_transaction(key, "s1", type, self.next(), **kw)
+
+    def put(self, key: str | None, body: bytes, partition: int = 0, check: int | None = None
+            ) -> bytes:
+        return encode_put(TOPIC, partition, body, 0,
+                          checksum(body) if check is None else check, self.next(), tx_key=key)
+
+    def ask(self, requests: list[bytes]) -> list:
+        self.sock.sendall(b"".join(requests))
+        out: list = []
+        while len(out) < len(requests):
+            data = self.sock.recv(1 << 20)
+            if not data:
+                raise ConnectionError("closed")
+            out += self.parser.feed(data)
+        return out
+
+
+def bodies(port: int, partition: int = 0) -> list[bytes]:
+    with BrokerConnection("127.0.0.1", port) as c:
+        out, pos = [], 0
+        while True:
+            try:
+                data = bytes(c.get(TOPIC, "g", partition, pos, 1 << 20))
+            except Exception:  # noqa: BLE001 - 404: the end
+                return out
+            msgs = list(iter_messages(data))
+            if not msgs:
+                return out
+            out += [bytes(m.payload) for m in msgs]
+            pos += sum(20 + len(m.payload) for m in msgs)
+
+
+def test_the_commit_count_on_the_wire():
+    key = local_key("s1", 1)
+    line = encode_transaction(key, "s1", "COMMIT_ONE_PHASE", 9, puts=100)
+    assert line == f"transaction {key} s1 COMMIT_ONE_PHASE puts=100 9\r\n".encode()
+    r = transaction_request(line.rstrip(b"\r\n").split(b" "))
+    assert (r.puts, r.unique_qualifier, r.timeout, r.opaque) == (100, None, 0, 9)
+    plain = transaction_request(encode_transaction(key, "s1", "COMMIT_ONE_PHASE", 9)
+                                .rstrip(b"\r\n").split(b" "))
+    assert plain.puts is None  # Java's commit
+    # an XA branch's unique qualifier is never read as a count
+    x = xa_key(1, b"g", b"b", "puts=3")
+    r = transaction_request(encode_transaction(x, "s1", "COMMIT_ONE_PHASE", 9,
+                                               unique_qualifier="puts=3")
+                            .rstrip(b"\r\n").split(b" "))
+    assert (r.puts, r.unique_qualifier) == (None, "puts=3")
+    for kw in ({"type": "BEGIN"}, {"key": x}):
+        args = {"key": key, "type": "COMMIT_ONE_PHASE", **kw}
+        with pytest.raises(ProtocolError, match="puts="):
+            encode_transaction(args["key"], "s1", args["type"], 9, puts=1)
+    with pytest.raises(ProtocolError, match="puts="):
+        encode_transaction(key, "s1", "COMMIT_ONE_PHASE", 9, puts=-1)
+
+
+def test_a_pipelined_transaction_is_one_write(broker_factory):
+    b = broker_factory({TOPIC: 2})
+    with BrokerConnection("127.0.0.1", b.port) as c:
+        assert TXPIPE_CAPABILITY in c.version().split()
+    c = Raw(b.port)
+    key = local_key("s1", 1)
+    reqs = [c.tx(key, "BEGIN")] + [c.put(key, b"m%d" % i, i % 2) for i in range(5)]
+    answers = c.ask(reqs + [c.tx(key, "COMMIT_ONE_PHASE", puts=5)])
+    assert [a.code for a in answers] == [200] * 7
+    assert bodies(b.port, 0) == [b"m0", b"m2", b"m4"]
+    assert bodies(b.port, 1) == [b"m1", b"m3"]
+
+
+@pytest.mark.parametrize("bad", ["unknown partition", "oversized", "checksum", "no begin"])
+def test_a_refused_put_fails_the_pipelined_commit(broker_factory, bad):
+    b = broker_factory({TOPIC: 1}, max_message_size=64)
+    c = Raw(b.port)
+    key = local_key("s1", 1)
+    refused = {"unknown partition": c.put(key, b"to nowhere", partition=7),
+               "oversized": c.put(key, b"x" * 100),
+               "checksum": c.put(key, b"bad sum", check=12345),
+               "no begin": c.put(local_key("s1", 2), b"other key")}[bad]
+    answers = c.ask([c.tx(key, "BEGIN"), c.put(key, b"a"), refused, c.put(key, b"c"),
+                     c.tx(key, "COMMIT_ONE_PHASE", puts=3)])
+    codes = [a.code for a in answers]
+    assert codes[:2] == [200, 200] and codes[2] != 200 and codes[3] == 200
+    assert codes[4] == 500 and b"COMMIT FAILED" in answers[4].body
+    assert b"rolled back" in answers[4].body
+    assert bodies(b.port, 0) == []
+    assert "STAT tx_rolled_back 1" in b.stats()
+    # finished: the key can begin again, and Java's commit (no count) keeps Java's rule
+    answers = c.ask([c.tx(key, "BEGIN"), c.put(key, b"a"), refused, c.put(key, b"c"),
+                     c.tx(key, "COMMIT_ONE_PHASE")])
+    assert [a.code for a in answers][4] == 200
+    assert bodies(b.port, 0) == [b"a", b"c"]
+
+
+def test_a_commit_counting_more_puts_than_arrived_is_refused(broker_factory):
+    b = broker_factory({TOPIC: 1})
+    c = Raw(b.port)
+    key = local_key("s1", 1)
+    answers = c.ask([c.tx(key, "BEGIN"), c.put(key, b"a"), c.put(key, b"b"),
+                     c.tx(key, "COMMIT_ONE_PHASE", puts=3)])
+    assert [a.code for a in answers] == [200, 200, 200, 500]
+    assert b"holds 2 of the 3 messages" in answers[3].body
+    assert bodies(b.port, 0) == []
+    answers = c.ask([c.tx(key, "BEGIN"), c.tx(key, "COMMIT_ONE_PHASE", puts=0)])
+    assert [a.code for a in answers] == [200, 200]  # an empty one commits
+
+
+def _blocking_transaction_calls(monkeypatch) -> list[str]:
+    """The types of the transaction requests the producer waited for one by one."""
+    calls: list[str] = []
+    real = BrokerConnection.transaction
+
+    def spy(self, key, session_id, type, **kw):  # noqa: ANN001, ANN202
+        calls.append(type)
+        return real(self, key, session_id, type, **kw)
+
+    monkeypatch.setattr(BrokerConnection, "transaction", spy)
+    return calls
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_the_producer_pipelined_and_step_by_step_give_the_same_results(
+        zk_connect, broker_factory, monkeypatch, pipelined):
+    b = broker_factory({TOPIC: 2}, zk_connect=zk_connect, max_message_size=256)
+    if not pipelined:
+        from metaq.producer._transaction import TxSender
+
+        monkeypatch.setattr(TxSender, "pipelined", lambda self, conn: False)
+    calls = _blocking_transaction_calls(monkeypatch)
+    with Producer(zk_connect) as p:
+        tx = p.transaction()
+        for i in range(20):
+            tx.send(TOPIC, b"ok-%d" % i, partition=f"0-{i % 2}")
+        results = tx.commit()
+        assert [(r.partition, r.offset) for r in results] == \
+            [(f"0-{i % 2}", -1) for i in range(20)]
+        assert len({r.msg_id for r in results}) == 20
+        assert bodies(b.port, 0) == [b"ok-%d" % i for i in range(0, 20, 2)]
+        assert bodies(b.port, 1) == [b"ok-%d" % i for i in range(1, 20, 2)]
+        # a put the broker refuses mid-transaction (over its max_message_size, not the
+        # producer's): nothing of the transaction is visible, and the commit raises
+        tx = p.transaction()
+        tx.send(TOPIC, b"first", partition="0-0")
+        tx.send(TOPIC, b"x" * 1000, partition="0-0")
+        tx.send(TOPIC, b"last", partition="0-1")
+        with pytest.raises(TransactionError, match="rolled back"):
+            tx.commit()
+        with pytest.raises(TransactionError):
+            tx.commit()
+        assert b"first" not in bodies(b.port, 0) and b"last" not in bodies(b.port, 1)
+        # the producer goes on: the next transaction commits
+        with p.transaction() as tx:
+            tx.send(TOPIC, b"after", partition="0-1")
+        assert bodies(b.port, 1)[-1] == b"after"
+    if pipelined:
+        assert calls == []  # nothing waited for alone: BEGIN and COMMIT went with the puts
+    else:
+        assert calls == ["BEGIN", "COMMIT_ONE_PHASE", "BEGIN", "ROLLBACK", "BEGIN",
+                         "COMMIT_ONE_PHASE"]
+
+
+def test_sigkill_mid_pipeline_leaves_all_or_nothing(zk_connect, brokers):
+    """The broker killed at different moments while a pipelined transaction of 3,000
+    messages arrives: after recovery the partition holds all of it or none, never a
+    part."""
+    b = brokers(0, {TOPIC: 1})
+    n = 3000
+    seen = []
+    for round_, delay in enumerate([0.0, 0.003, 0.01, 0.03, 0.1]):
+        c = Raw(b.port)
+        key = local_key("s1", round_ + 1)
+        tag = b"r%d-" % round_
+        reqs = [c.tx(key, "BEGIN")] + [c.put(key, tag + b"%05d" % i + b"." * 90)
+                                       for i in range(n)]
+        reqs.append(c.tx(key, "COMMIT_ONE_PHASE", puts=n))
+        try:
+            c.sock.sendall(b"".join(reqs))
+        except OSError:
+            pass
+        time.sleep(delay)
+        b.kill()
+        c.sock.close()
+        b.restart()
+        mine = [m for m in bodies(b.port) if m.startswith(tag)]
+        assert len(mine) in (0, n), f"round {round_}: {len(mine)} of {n} messages visible"
+        if mine:
+            assert mine == [tag + b"%05d" % i + b"." * 90 for i in range(n)]
+        seen.append(len(mine))
+    print("messages visible per round:", seen)
