@@ -446,9 +446,14 @@ class Transactions:
         tx.state = IN_USE
         self.stats["cmd_put"] += m
         self.stats["tx_puts"] += m
-        bodies = [b"%d %d -1" % (i, partition) for i in ids]
-        return b"".join([b"result 200 %d %d\r\n%b" % (len(b), o, b)
-                         for b, o in zip(bodies, map(int, opaques), strict=True)])
+        tail = b" %d -1" % partition
+        width = len(b"%d" % ids[0])
+        if ids[0] >= 0 and len(b"%d" % ids[-1]) == width:  # the usual: one format a put
+            fmt = b"result 200 %d %%b\r\n%%d%b" % (width + len(tail), tail)
+            return b"".join(map(fmt.__mod__, zip(opaques, ids, strict=True)))
+        bodies = [b"%d%b" % (i, tail) for i in ids]
+        return b"".join([b"result 200 %d %b\r\n%b" % (len(b), o, b)
+                         for b, o in zip(bodies, opaques, strict=True)])
 
     def _put(self, conn: Connection, p: PutRequest | TxPut, msg_id: int) -> bytes:
         self.stats["cmd_put"] += 1

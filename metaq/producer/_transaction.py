@@ -145,7 +145,7 @@ class _OnOneBroker:
         self._sender = sender
         self._broker: int | None = None
         self._conn: BrokerConnection | None = None
-        self._pending: list[tuple[int, str]] = []   # (opaque, partition name)
+        self._pending: list[tuple[int, Partition]] = []   # (opaque, partition)
         self._results: list[SendResult] = []
         self._rr = itertools.count()
         self._lock = threading.Lock()
@@ -200,18 +200,23 @@ class _OnOneBroker:
             conn = self._connect(part.broker_id, address)
             opaque = conn.send_put(topic, part.index, payload, flag,
                                    crc32(payload) & CHECKSUM_MASK, tx_key_of(conn), hold=True)
-            self._pending.append((opaque, str(part)))
+            self._pending.append((opaque, part))
 
     def _collect(self) -> list[BaseException]:
         """Read every pending put's answer; the failures."""
         errors: list[BaseException] = []
         conn = self._conn
+        names: dict[Partition, str] = {}
+        results = self._results
         for opaque, part in self._pending:
             try:
-                body = conn.read_result(opaque).split()
-                self._results.append(SendResult(int(body[0]), part, int(body[2]),
-                                                *map(int, part.split("-"))))
-            except (BrokerError, BrokerUnavailableError, ValueError, IndexError) as e:
+                msg_id, _index, offset = conn.read_result(opaque).split()
+                name = names.get(part)
+                if name is None:
+                    name = names[part] = str(part)
+                results.append(SendResult(int(msg_id), name, int(offset), part.broker_id,
+                                          part.index))
+            except (BrokerError, BrokerUnavailableError, ValueError) as e:
                 errors.append(e)
         self._pending = []
         return errors
