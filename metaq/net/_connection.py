@@ -24,6 +24,7 @@ for "the broker answered no".
 from __future__ import annotations
 
 import itertools
+import re
 import socket
 
 from metaq._errors import (
@@ -48,6 +49,8 @@ __all__ = ["BrokerConnection", "parse_meta_uri", "unavailable"]
 _MAX_HEADER = 1024
 _HELD_MAX = 256 * 1024
 _HEADROOM = 64 * 1024
+#: a ``result 200 <length> <opaque>`` line, read in place by :meth:`read_results`
+_OK_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) (-?[0-9]{1,10})\r\n").match
 
 
 def unavailable(address: BrokerAddress, doing: str, e: OSError) -> BrokerUnavailableError:
@@ -214,6 +217,29 @@ class BrokerConnection:
         if self._held:
             self._send(b"")
         return bytes(self._reply(opaque, want_value=False))
+
+    def read_results(self, opaques: list[int]) -> list[bytes | BrokerError]:
+        """The bodies of the answers to ``opaques`` (requests sent in that order, such
+        as a transaction's puts), a BrokerError in place of each refused one."""
+        if self._held:
+            self._send(b"")
+        out: list[bytes | BrokerError] = []
+        append = out.append
+        for opaque in opaques:
+            m = _OK_HEAD(self._buf, self._start, self._end)
+            if m is not None and int(m.group(2)) == opaque:  # whole in the buffer: at once
+                begin = m.end()
+                stop = begin + int(m.group(1))
+                if stop <= self._end:
+                    append(bytes(self._buf[begin:stop]))
+                    self._start = stop
+                    continue
+            code, length = self._head(opaque)
+            try:
+                append(bytes(self._body(code, length)))
+            except BrokerError as e:
+                append(e)
+        return out
 
     def transaction(self, key: str, session_id: str, type: str, *, timeout: int = 0,
                     unique_qualifier: str | None = None) -> bytes | None:

@@ -205,20 +205,27 @@ class _OnOneBroker:
     def _collect(self) -> list[BaseException]:
         """Read every pending put's answer; the failures."""
         errors: list[BaseException] = []
-        conn = self._conn
+        pending, self._pending = self._pending, []
+        if not pending:
+            return errors
+        try:
+            bodies = self._conn.read_results([opaque for opaque, _part in pending])
+        except BrokerUnavailableError as e:  # the answers cannot be read: none is known
+            return [e] * len(pending)
         names: dict[Partition, str] = {}
         results = self._results
-        for opaque, part in self._pending:
+        for (_opaque, part), body in zip(pending, bodies, strict=True):
             try:
-                msg_id, _index, offset = conn.read_result(opaque).split()
+                if type(body) is not bytes:
+                    raise body
+                msg_id, _index, offset = body.split()
                 name = names.get(part)
                 if name is None:
                     name = names[part] = str(part)
                 results.append(SendResult(int(msg_id), name, int(offset), part.broker_id,
                                           part.index))
-            except (BrokerError, BrokerUnavailableError, ValueError) as e:
+            except (BrokerError, ValueError) as e:
                 errors.append(e)
-        self._pending = []
         return errors
 
     def _close(self, reuse: bool = False) -> None:
