@@ -602,7 +602,8 @@ class Transactions:
             self._finish(tx, committed=False)
             self.stats["tx_rolled_back"] += 1
             raise TxError(f"COMMIT FAILED: {why}; transaction {key.text} rolled back")
-        closed = [f"{t}-{p}" for plog, t, p, _m in tx.puts if plog.closed]
+        closed = [f"{plog.topic}-{plog.partition}"
+                  for plog in dict.fromkeys(map(_target_of, tx.puts)) if plog.closed]
         if closed:
             self._finish(tx, committed=False)
             raise TxError(f"COMMIT FAILED: partition {closed[0]} is closed; transaction "
@@ -751,8 +752,12 @@ def _refused(tx: Tx, code: int, text: str, opaque: int) -> bytes:
 def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
     """``tx``'s messages per partition, in put order: ``log -> (topic, partition, their
     bytes, how many)``."""
+    puts = tx.puts
+    if puts and len(dict.fromkeys(map(_target_of, puts))) == 1:  # the usual: one partition
+        plog, topic, partition, _m = puts[0]
+        return {plog: (topic, partition, b"".join(map(_message_of, puts)), len(puts))}
     groups: dict[PartitionLog, tuple[str, int, list[bytes]]] = {}
-    for plog, topic, partition, message in tx.puts:
+    for plog, topic, partition, message in puts:
         g = groups.get(plog)
         if g is None:
             g = groups[plog] = (topic, partition, [])
@@ -762,6 +767,7 @@ def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
 
 _pack_header = HEADER.pack
 _target_of = operator.itemgetter(0)
+_message_of = operator.itemgetter(3)
 _tx_key_of = operator.itemgetter(6)
 #: Smallest run worth :meth:`Transactions._same_tx`'s whole-list steps.
 _COLUMNAR_MIN = 8

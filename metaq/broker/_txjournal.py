@@ -46,6 +46,7 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from pathlib import Path
 
 from metaq._durable import write_durably
@@ -121,13 +122,14 @@ def put_record(key: str, topic: str, partition: int, message: bytes) -> bytes:
     return _record(b"P", key, _put_name(topic) + _I32.pack(partition) + message)
 
 
-def put_records(key: str, topic: str, partition: int, messages: list[bytes]) -> list[bytes]:
-    """The ``P`` records of puts of transaction ``key`` to one partition (each what
-    :func:`put_record` makes of it)."""
+def put_records(key: str, topic: str, partition: int, messages: list[bytes]) -> bytes:
+    """The ``P`` records of puts of transaction ``key`` to one partition, together (each
+    what :func:`put_record` makes of it; each message copied once, its CRC continued
+    from the shared prefix's)."""
     prefix = b"P" + _put_name(key) + _put_name(topic) + _I32.pack(partition)
-    bodies = list(map(prefix.__add__, messages))
-    return list(map(bytes.__add__, map(_HEAD.pack, map(len, bodies), map(zlib.crc32, bodies)),
-                    bodies))
+    heads = map(_HEAD.pack, map(len(prefix).__add__, map(len, messages)),
+                map(zlib.crc32, messages, repeat(zlib.crc32(prefix))))
+    return b"".join(chain.from_iterable(zip(heads, repeat(prefix), messages)))
 
 
 def prepare_record(key: str, bounds: list[tuple[str, int, int, int]] | None) -> bytes:
@@ -228,8 +230,8 @@ class TxJournal:
     def puts(self, key: str, topic: str, partition: int, messages: list[bytes]) -> None:
         """:meth:`put` of several messages to one partition."""
         recs = put_records(key, topic, partition, messages)
-        self._buffer += recs
-        self._buffered += sum(map(len, recs))
+        self._buffer.append(recs)
+        self._buffered += len(recs)
         if self._buffered >= _BUFFER_MAX:
             self.write()
 
