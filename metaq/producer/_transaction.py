@@ -33,6 +33,7 @@ other way round, given the same unique qualifier.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -74,10 +75,15 @@ _XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
 _sessions = itertools.count(1)
 
 
+@functools.lru_cache(maxsize=4)
+def _session_prefix(pid: int) -> str:
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "host"
+    return f"{host}-{pid}-"
+
+
 def new_session_id() -> str:
     """A session id unique to this process's transactions (no ':' nor spaces)."""
-    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "host"
-    return f"{host}-{os.getpid()}-{next(_sessions)}"
+    return f"{_session_prefix(os.getpid())}{next(_sessions)}"
 
 
 class Xid(NamedTuple):
