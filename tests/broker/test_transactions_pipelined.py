@@ -99,15 +99,20 @@ def test_the_commit_count_on_the_wire():
         encode_transaction(key, "s1", "COMMIT_ONE_PHASE", 9, puts=-1)
 
 
-def test_a_pipelined_transaction_is_one_write(broker_factory):
-    b = broker_factory({TOPIC: 2})
+@pytest.mark.parametrize("flush", ["default", "group commit"])
+def test_a_pipelined_transaction_is_one_write(broker_factory, flush):
+    """Answered in order (with group commit the puts' and the commit's answers wait for
+    fsyncs, BEGIN's does not; the broker writes a read's answers together)."""
+    b = broker_factory({TOPIC: 2}, **({"unflush_threshold": 0} if flush != "default" else {}))
     with BrokerConnection("127.0.0.1", b.port) as c:
         assert TXPIPE_CAPABILITY in c.version().split()
     c = Raw(b.port)
     key = local_key("s1", 1)
+    first = c.opaque + 1
     reqs = [c.tx(key, "BEGIN")] + [c.put(key, b"m%d" % i, i % 2) for i in range(5)]
     answers = c.ask(reqs + [c.tx(key, "COMMIT_ONE_PHASE", puts=5)])
     assert [a.code for a in answers] == [200] * 7
+    assert [a.opaque for a in answers] == list(range(first, first + 7))
     assert bodies(b.port, 0) == [b"m0", b"m2", b"m4"]
     assert bodies(b.port, 1) == [b"m1", b"m3"]
 
