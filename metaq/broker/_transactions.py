@@ -514,7 +514,8 @@ class Transactions:
                 else result(500, e.text, opaque)
         except StorageError as e:
             self.stats["put_failed"] += 1
-            return _refused(tx, 500, f"write failed: {e}", opaque)
+            return _refused(tx, 500, f"write failed: {e}", opaque) if tx is not None \
+                else result(500, f"write failed: {e}", opaque)
 
     def connection_closed(self, conn: Connection) -> None:
         """Roll back the local transactions ``conn`` left open (Java's

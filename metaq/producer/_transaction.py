@@ -218,16 +218,16 @@ class _OnOneBroker:
             bodies = self._conn.read_results([opaque for opaque, _part in pending])
         except BrokerUnavailableError as e:  # the answers cannot be read: none is known
             return [e] * len(pending)
-        names: dict[Partition, str] = {}
         results = self._results
+        last: Partition | None = None
+        name = ""
         for (_opaque, part), body in zip(pending, bodies, strict=True):
             try:
                 if type(body) is not bytes:
                     raise body
                 msg_id, _index, offset = body.split()
-                name = names.get(part)
-                if name is None:
-                    name = names[part] = str(part)
+                if part is not last:  # the name once per run of puts to one partition
+                    last, name = part, str(part)
                 results.append(SendResult(int(msg_id), name, int(offset), part.broker_id,
                                           part.index))
             except (BrokerError, ValueError) as e:
@@ -284,6 +284,7 @@ class LocalTransaction(_OnOneBroker):
         errors: list[BaseException] = []
         if self._begun is not None:
             opaque, self._begun = self._begun, None
+            assert self._conn is not None
             try:
                 self._conn.read_result(opaque)
             except BrokerError as e:
