@@ -440,7 +440,8 @@ class Transactions:
         topic, partition = plog.topic, plog.partition
         messages = list(map(bytes.__add__, map(_pack_header, lengths, crcs, ids, flags),
                             payloads))
-        self.journal.puts(key.text, topic, partition, messages)
+        if key.is_xa:  # a local transaction's are journaled at its commit (_append)
+            self.journal.puts(key.text, topic, partition, messages)
         tx.puts += zip(repeat(plog), repeat(topic), repeat(partition), messages)
         tx.size += size
         tx.state = IN_USE
@@ -502,7 +503,8 @@ class Transactions:
                 raise TxError(f"transaction {key.text} would hold more than "
                               f"max_transaction_size={self.max_size} bytes", XAER_RMERR)
             message = _pack_header(len(payload), actual, msg_id, flag) + payload
-            self.journal.put(key.text, topic, partition, message)
+            if key.is_xa:  # a local transaction's are journaled at its commit (_append)
+                self.journal.put(key.text, topic, partition, message)
             tx.puts.append((plog, topic, partition, message))
             tx.size += len(message)
             tx.state = IN_USE
@@ -679,12 +681,38 @@ class Transactions:
         messages go), then one append per partition, in put order; the logs written
         and the record."""
         groups = _by_partition(tx)
+        if not tx.xa:
+            self._journal_local(tx, groups)
         rec = self.journal.commit(tx.key, [(topic, partition, plog.end, len(data))
                                            for plog, (topic, partition, data, _n)
                                            in groups.items()])
         for plog, (_topic, _partition, data, n) in groups.items():
             plog.append(data, n)
         return list(groups), rec
+
+    def _journal_local(self, tx: Tx, groups: dict[PartitionLog, tuple[str, int, bytes, int]]
+                       ) -> None:
+        """A local transaction's messages, journaled only at its commit (one that never
+        commits needs none: recovery rolls back whatever has no ``C``), written with
+        the ``C`` in one write: per partition, ``P`` records each holding a run of
+        whole messages (at most :data:`_P_RUN` bytes of them, a message over it alone),
+        which the redo after a crash joins again as it joins single puts."""
+        for plog, (topic, partition, data, _n) in groups.items():
+            if len(data) <= _P_RUN:
+                self.journal.put(tx.key, topic, partition, data)
+                continue
+            run: list[bytes] = []
+            size = 0
+            for target, _t, _p, message in tx.puts:
+                if target is not plog:
+                    continue
+                if run and size + len(message) > _P_RUN:
+                    self.journal.put(tx.key, topic, partition, b"".join(run))
+                    run, size = [], 0
+                run.append(message)
+                size += len(message)
+            if run:
+                self.journal.put(tx.key, topic, partition, b"".join(run))
 
     def _finish(self, tx: Tx, *, committed: bool, journal: bool = True,
                 drop: bool = True) -> bytes | None:
@@ -770,6 +798,8 @@ _pack_header = HEADER.pack
 _target_of = operator.itemgetter(0)
 _message_of = operator.itemgetter(3)
 _tx_key_of = operator.itemgetter(6)
+#: Most message bytes in one ``P`` record of a local transaction (``_journal_local``).
+_P_RUN = 8 << 20
 #: Smallest run worth :meth:`Transactions._same_tx`'s whole-list steps.
 _COLUMNAR_MIN = 8
 _SEARCH_CHUNK = 4 << 20

@@ -7,7 +7,11 @@ appended; each is ``length (u32) | crc32 of the body (u32) | body`` with the bod
 
 ========  =========================================================================
 ``P``     a put: ``topic length (u16) | topic | partition (i32) | message bytes``
-          (the whole stored message, msgId assigned at the put)
+          (the whole stored message, msgId assigned at the put).  An XA branch's
+          are written as they come; a local transaction's only at its commit, right
+          before its ``C`` (in the same write), each ``P`` then holding a run of
+          whole messages of one partition (read back like single puts: a partition's
+          are joined in order)
 ``R``     prepared (XA): the branch must survive a crash until committed or rolled back;
           its data (empty in journals written before slaves copied them) is like
           ``C``'s, each start the partition's end when the branch was prepared: a

@@ -236,3 +236,55 @@ def test_sigkill_mid_pipeline_leaves_all_or_nothing(zk_connect, brokers):
             assert mine == [tag + b"%05d" % i + b"." * 90 for i in range(n)]
         seen.append(len(mine))
     print("messages visible per round:", seen)
+
+
+def test_a_local_commit_journals_runs_of_messages_that_recovery_redoes_once(
+        tmp_path, monkeypatch):
+    """A local transaction's messages reach the journal only at its commit, as ``P``
+    records of runs of whole messages (here at most 300 bytes of them): replayed, they
+    join to exactly what the commit appended; and a ``C`` whose appends a crash cut
+    off is finished from such runs, once."""
+    from metaq.broker import Broker, BrokerConfig, _transactions
+    from metaq.broker._txjournal import TxJournal
+    from metaq.protocol import encode_message
+    from metaq.testing import free_port
+
+    monkeypatch.setattr(_transactions, "_P_RUN", 300)
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=free_port(), topics={TOPIC: 2})
+    key = local_key("s1", 1)
+    with Broker(cfg) as b:
+        c = Raw(b.port)
+        rolled = local_key("s1", 2)
+        answers = c.ask([c.tx(rolled, "BEGIN"), c.put(rolled, b"never"),
+                         c.tx(rolled, "ROLLBACK")])
+        assert [a.code for a in answers] == [200] * 3
+        reqs = [c.tx(key, "BEGIN")] + [c.put(key, b"m%02d" % i + b"." * 60, i % 2)
+                                       for i in range(20)]
+        answers = c.ask(reqs + [c.tx(key, "COMMIT_ONE_PHASE", puts=20)])
+        assert [a.code for a in answers] == [200] * 22
+        logs = {p: bodies(b.port, p) for p in (0, 1)}
+    assert logs[0] == [b"m%02d" % i + b"." * 60 for i in range(0, 20, 2)]
+    replayed = TxJournal(tmp_path / "transactions").replay()
+    assert not [t for t in replayed if t.key == rolled and t.puts]  # never journaled
+    (tx,) = [t for t in replayed if t.key == key]
+    runs = {p: [m for t, q, m in tx.puts if q == p] for p in (0, 1)}
+    assert all(len(runs[p]) > 1 for p in (0, 1))  # several runs, none over 300 bytes
+    assert all(len(r) <= 300 for p in (0, 1) for r in runs[p])
+    assert max(len(list(iter_messages(r))) for p in (0, 1) for r in runs[p]) == 3
+    for p in (0, 1):
+        joined = b"".join(runs[p])
+        assert [bytes(m.payload) for m in iter_messages(joined)] == logs[p]
+    # a commit cut short: its runs and C in the journal, nothing appended
+    tmp2 = tmp_path / "cut"
+    cfg2 = BrokerConfig(broker_id=0, data_dir=tmp2, port=free_port(), topics={TOPIC: 1})
+    with Broker(cfg2):
+        pass
+    j = TxJournal(tmp2 / "transactions")
+    msgs = [encode_message(5000 + i, 0, b"r%d" % i) for i in range(5)]
+    j.put(key, TOPIC, 0, b"".join(msgs[:3]))
+    j.put(key, TOPIC, 0, b"".join(msgs[3:]))
+    j.commit(key, [(TOPIC, 0, 0, sum(map(len, msgs)))])
+    j.close()
+    for _ in range(2):
+        with Broker(cfg2) as b:
+            assert bodies(b.port, 0) == [b"r%d" % i for i in range(5)]
