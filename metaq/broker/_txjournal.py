@@ -47,7 +47,6 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain, repeat
@@ -55,6 +54,7 @@ from pathlib import Path
 
 from metaq._durable import write_durably
 from metaq._errors import StorageError
+from metaq.protocol import crc32  # zlib's CRC-32, ISA-L's when installed (much faster)
 
 __all__ = ["TxJournal", "Replayed", "COMPACT_AT", "put_record", "prepare_record",
            "decide_record", "read_records", "records_of"]
@@ -113,7 +113,7 @@ def _put_name(s: str) -> bytes:
 def _record(kind: bytes, key: str, data: bytes = b"") -> bytes:
     """A journal record: length and CRC32 of the body, then the body."""
     body = kind + _put_name(key) + data
-    return _HEAD.pack(len(body), zlib.crc32(body)) + body
+    return _HEAD.pack(len(body), crc32(body)) + body
 
 
 def _places(places: list[tuple[str, int, int, int]]) -> bytes:
@@ -132,7 +132,7 @@ def put_records(key: str, topic: str, partition: int, messages: list[bytes]) -> 
     from the shared prefix's)."""
     prefix = b"P" + _put_name(key) + _put_name(topic) + _I32.pack(partition)
     heads = map(_HEAD.pack, map(len(prefix).__add__, map(len, messages)),
-                map(zlib.crc32, messages, repeat(zlib.crc32(prefix))))
+                map(crc32, messages, repeat(crc32(prefix))))
     return b"".join(chain.from_iterable(zip(heads, repeat(prefix), messages)))
 
 
@@ -161,7 +161,7 @@ def read_records(data: bytes) -> list[Replayed]:
             raise ValueError(f"a record of {length} bytes at offset {pos} runs past the "
                              f"end ({len(data)} bytes)")
         body = data[pos + _HEAD.size:end]
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             raise ValueError(f"a record whose CRC does not match at offset {pos}")
         try:
             TxJournal._apply(body, txs)
@@ -303,7 +303,7 @@ class TxJournal:
                 self._damaged(data, pos, f"an impossible record length {length}")
                 break
             body = data[pos + _HEAD.size:end]
-            if zlib.crc32(body) != crc:
+            if crc32(body) != crc:
                 if end == len(data):
                     self._cut(pos, len(data), "a torn last record (bad CRC)")
                 else:
