@@ -57,6 +57,7 @@ from metaq.protocol import (
     CHECKSUM_MASK,
     FLAG_HAS_ATTRIBUTE,
     TXPIPE_CAPABILITY,
+    ack_result,
     crc32,
     local_key,
     parse_transaction_key,
@@ -218,18 +219,22 @@ class _OnOneBroker:
             bodies = self._conn.read_results([opaque for opaque, _part in pending])
         except BrokerUnavailableError as e:  # the answers cannot be read: none is known
             return [e] * len(pending)
-        results = self._results
+        append = self._results.append
         last: Partition | None = None
-        name = ""
+        names: dict[int, str] = {}
         for (_opaque, part), body in zip(pending, bodies, strict=True):
             try:
                 if type(body) is not bytes:
                     raise body
-                msg_id, _index, offset = body.split()
+                msg_id, index, offset = body.split()
                 if part is not last:  # the name once per run of puts to one partition
-                    last, name = part, str(part)
-                results.append(SendResult(int(msg_id), name, int(offset), part.broker_id,
-                                          part.index))
+                    last, names = part, {part.index: str(part)}
+                try:  # the answer's partition is the put's: the SendResult made in C
+                    append(ack_result(SendResult, msg_id, index, offset, part.broker_id,
+                                      names))
+                except KeyError:
+                    append(SendResult(int(msg_id), str(part), int(offset), part.broker_id,
+                                      part.index))
             except (BrokerError, ValueError) as e:
                 errors.append(e)
         return errors
