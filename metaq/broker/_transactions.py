@@ -389,15 +389,17 @@ class Transactions:
 
     def puts(self, conn: Connection, run: list) -> None:
         """A run of puts carrying transaction keys (:class:`~metaq.protocol.PutRequest`, or
-        the put loop's :class:`~metaq.protocol.TxPut`): kept (and journaled) until their
-        commit; answered with one send (after the journal's fsync with group commit).
-        Their msgIds are taken together; each payload's CRC32 is computed once."""
+        the put loop's :class:`~metaq.protocol.TxPut`): kept (an XA branch's journaled)
+        until their commit; answered with one send (with group commit, after the
+        journal's fsync when an XA branch's are among them: a local transaction's
+        reach the journal only at its commit).  Their msgIds are taken together; each
+        payload's CRC32 is computed once."""
         ids = self.ids.next_ids(len(run))
         data = self._same_tx(conn, run, ids) if len(run) >= _COLUMNAR_MIN else None
         if data is None:
             put = self._put
             data = b"".join([put(conn, p, msg_id) for p, msg_id in zip(run, ids, strict=True)])
-        if self.group_commit:
+        if self.group_commit and any(map(_is_xa_key, run)):
             opaques = [p.opaque if type(p) is PutRequest else int(p[4]) for p in run]
             self._reply(conn, opaques[0], data, sync=True, ok_is_body=True, opaques=opaques)
         else:
@@ -769,6 +771,12 @@ class Transactions:
             waits.append(loop.run_in_executor(self.storage.executor, self.journal.sync))
         fut = asyncio.gather(*waits) if len(waits) > 1 else waits[0]
         conn.send_gated(Gate(fut, data, opaques or [opaque]))
+
+
+def _is_xa_key(p: PutRequest | TxPut) -> bool:
+    """Whether put ``p`` names an XA branch (``XID:...``)."""
+    key = p[6] if type(p) is TxPut else p.tx_key
+    return (key if type(key) is bytes else str(key).encode()).startswith(b"XID:")
 
 
 def _refused(tx: Tx, code: int, text: str, opaque: int) -> bytes:

@@ -288,3 +288,32 @@ def test_a_local_commit_journals_runs_of_messages_that_recovery_redoes_once(
     for _ in range(2):
         with Broker(cfg2) as b:
             assert bodies(b.port, 0) == [b"r%d" % i for i in range(5)]
+
+
+def test_group_commit_syncs_the_journal_for_xa_puts_not_for_local_ones(
+        tmp_path, monkeypatch):
+    """With group commit, an answer waits for the journal's fsync when there is
+    something of it in the journal: an XA branch's puts are; a local transaction's are
+    not (they reach it with its commit, whose answer waits for the fsync)."""
+    from metaq.broker import Broker, BrokerConfig
+    from metaq.broker._txjournal import TxJournal
+    from metaq.testing import free_port
+
+    syncs: list[int] = []
+    real = TxJournal.sync
+    monkeypatch.setattr(TxJournal, "sync", lambda self: (syncs.append(1), real(self))[1])
+    cfg = BrokerConfig(broker_id=0, data_dir=tmp_path, port=free_port(), topics={TOPIC: 1},
+                       unflush_threshold=0)
+    with Broker(cfg) as b:
+        c = Raw(b.port)
+        key = local_key("s1", 1)
+        answers = c.ask([c.tx(key, "BEGIN")] + [c.put(key, b"l%d" % i) for i in range(10)])
+        assert [a.code for a in answers] == [200] * 11 and syncs == []
+        assert c.ask([c.tx(key, "COMMIT_ONE_PHASE", puts=10)])[0].code == 200
+        assert len(syncs) >= 1
+        before = len(syncs)
+        x = xa_key(1, b"g", b"b", "q")
+        answers = c.ask([encode_transaction(x, "s1", "BEGIN", c.next(), unique_qualifier="q")]
+                        + [c.put(x, b"x%d" % i) for i in range(10)])
+        assert [a.code for a in answers] == [200] * 11 and len(syncs) > before
+        assert bodies(b.port, 0) == [b"l%d" % i for i in range(10)]
