@@ -38,7 +38,8 @@ offset -1, as Java answers), so a committed transaction's messages carry times
 up to its duration before the messages appended around its commit.
 
 Durability follows the broker's flush rules: with group commit every answer waits
-for the journal's (and, for a commit, the partitions') fsync; otherwise only
+for the journal's (and, for a commit, the partitions') fsync, but for a local
+transaction's puts (journaled only with its commit, whose answer waits); otherwise only
 PREPARE and the commit of a prepared branch wait for the journal's fsync, the
 rest is written at once (kill -9 loses nothing: the page cache keeps it).
 
