@@ -40,6 +40,7 @@ from metaq.protocol import (
     encode_put,
     encode_stats,
     encode_transaction,
+    encode_tx_puts,
     encode_version,
     is_unwritten_partition,
 )
@@ -211,6 +212,21 @@ class BrokerConnection:
         else:
             self._send(data)
         return opaque
+
+    def send_tx_puts(self, topic: str, partition: int, payloads: list[bytes], flag: int,
+                     checksums: list[int], tx_key: str, *, hold: bool = False) -> list[int]:
+        """:meth:`send_put` of several payloads to one partition joining transaction
+        ``tx_key``, encoded together; their opaques, in order."""
+        opaques = list(itertools.islice(self._opaque, len(payloads)))
+        data = encode_tx_puts(topic, partition, flag, payloads, checksums, tx_key, opaques)
+        if hold:
+            self._held.append(data)
+            self._held_size += len(data)
+            if self._held_size >= _HELD_MAX:
+                self._send(b"")
+        else:
+            self._send(data)
+        return opaques
 
     def read_result(self, opaque: int) -> bytes:
         """The body of the ``result 200`` answering ``opaque``; BrokerError otherwise."""

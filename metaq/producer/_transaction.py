@@ -58,6 +58,7 @@ from metaq.protocol import (
     FLAG_HAS_ATTRIBUTE,
     TXPIPE_CAPABILITY,
     ack_result,
+    check_topic,
     crc32,
     local_key,
     parse_transaction_key,
@@ -105,6 +106,8 @@ def _failure(e: BrokerError, what: str) -> TransactionError:
 
 #: idle connections kept per broker address for a producer's next transactions
 _IDLE_MAX = 4
+#: payload bytes of a run of puts kept before they are encoded and queued
+_RUN_MAX = 256 * 1024
 
 
 @dataclass
@@ -153,6 +156,10 @@ class _OnOneBroker:
         self._broker: int | None = None
         self._conn: BrokerConnection | None = None
         self._pending: list[tuple[int, Partition]] = []   # (opaque, partition)
+        #: the puts not encoded yet, of one partition, flag and key: ``[topic, partition,
+        #: flag, key, payloads]`` (encoded together by :meth:`_flush_run`)
+        self._run: list[Any] | None = None
+        self._run_size = 0
         self._results: list[SendResult] = []
         self._rr = itertools.count()
         self._lock = threading.Lock()
@@ -205,12 +212,35 @@ class _OnOneBroker:
         with self._lock:
             part, address = self._partition(topic, data, key, partition)
             conn = self._connect(part.broker_id, address)
-            opaque = conn.send_put(topic, part.index, payload, flag,
-                                   crc32(payload) & CHECKSUM_MASK, tx_key_of(conn), hold=True)
-            self._pending.append((opaque, part))
+            tx_key = tx_key_of(conn)
+            run = self._run
+            if (run is not None and run[1] is part and run[2] == flag and run[3] == tx_key
+                    and run[0] == topic):
+                run[4].append(payload)
+            else:  # a new run: its topic checked now, as encoding it would
+                check_topic(topic)
+                self._flush_run()
+                self._run = [topic, part, flag, tx_key, [payload]]
+            self._run_size += len(payload)
+            if self._run_size >= _RUN_MAX:
+                self._flush_run()
+
+    def _flush_run(self) -> None:
+        """The puts not encoded yet, encoded together and queued on the connection (sent
+        with the next request that is not held)."""
+        run, self._run = self._run, None
+        self._run_size = 0
+        if run is not None:
+            topic, part, flag, tx_key, payloads = run
+            assert self._conn is not None
+            opaques = self._conn.send_tx_puts(
+                topic, part.index, payloads, flag,
+                list(map(CHECKSUM_MASK.__and__, map(crc32, payloads))), tx_key, hold=True)
+            self._pending += zip(opaques, itertools.repeat(part))
 
     def _collect(self) -> list[BaseException]:
         """Read every pending put's answer; the failures."""
+        self._flush_run()
         errors: list[BaseException] = []
         pending, self._pending = self._pending, []
         if not pending:
@@ -248,7 +278,8 @@ class _OnOneBroker:
         s = self._sender
         with s.lock:
             idle = s.idle.setdefault(conn.address, [])
-            if reuse and not self._pending and len(idle) < _IDLE_MAX and not s.closed:
+            if (reuse and not self._pending and self._run is None and len(idle) < _IDLE_MAX
+                    and not s.closed):
                 idle.append(conn)
                 return
         conn.close()
@@ -286,6 +317,7 @@ class LocalTransaction(_OnOneBroker):
 
     def _collect(self) -> list[BaseException]:
         """Read BEGIN's answer (pipelined) and every pending put's; the failures."""
+        self._flush_run()
         errors: list[BaseException] = []
         if self._begun is not None:
             opaque, self._begun = self._begun, None
@@ -301,6 +333,7 @@ class LocalTransaction(_OnOneBroker):
     def _commit_pipelined(self, conn: BrokerConnection) -> list[SendResult]:
         """COMMIT written right after the puts (``puts=<n>``: the broker commits only
         what holds every one of them), then every answer read: one round trip."""
+        self._flush_run()
         n = len(self._pending)
         try:
             opaque = conn.send_transaction(self.key, self.session_id, "COMMIT_ONE_PHASE",

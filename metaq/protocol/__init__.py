@@ -47,6 +47,7 @@ from metaq.protocol._commands import (
     encode_result,
     encode_stats,
     encode_sync,
+    encode_tx_puts,
     encode_value_header,
     encode_version,
     parse_put_result,
@@ -172,6 +173,7 @@ __all__ = [
     # commands
     "PutRequest", "TxPut", "SyncRequest", "GetRequest", "OffsetRequest", "StatsRequest",
     "VersionRequest", "QuitRequest", "BadRequest", "Result", "Value", "encode_put",
+    "encode_tx_puts",
     "encode_sync", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
