@@ -240,7 +240,11 @@ class _OnOneBroker:
 
     def _collect(self) -> list[BaseException]:
         """Read every pending put's answer; the failures."""
-        self._flush_run()
+        try:
+            self._flush_run()
+        except BrokerUnavailableError as e:  # none of the answers can be read
+            self._pending = []
+            return [e]
         errors: list[BaseException] = []
         pending, self._pending = self._pending, []
         if not pending:
@@ -317,7 +321,6 @@ class LocalTransaction(_OnOneBroker):
 
     def _collect(self) -> list[BaseException]:
         """Read BEGIN's answer (pipelined) and every pending put's; the failures."""
-        self._flush_run()
         errors: list[BaseException] = []
         if self._begun is not None:
             opaque, self._begun = self._begun, None
@@ -333,7 +336,12 @@ class LocalTransaction(_OnOneBroker):
     def _commit_pipelined(self, conn: BrokerConnection) -> list[SendResult]:
         """COMMIT written right after the puts (``puts=<n>``: the broker commits only
         what holds every one of them), then every answer read: one round trip."""
-        self._flush_run()
+        try:
+            self._flush_run()
+        except BrokerUnavailableError as e:  # the COMMIT was not sent: the broker rolls
+            self._state = "failed"            # back a transaction whose connection closes
+            raise TransactionError(f"{self.key} was not committed: the connection failed "
+                                   f"before its COMMIT was sent ({e})") from e
         n = len(self._pending)
         try:
             opaque = conn.send_transaction(self.key, self.session_id, "COMMIT_ONE_PHASE",

@@ -317,3 +317,25 @@ def test_group_commit_syncs_the_journal_for_xa_puts_not_for_local_ones(
                         + [c.put(x, b"x%d" % i) for i in range(10)])
         assert [a.code for a in answers] == [200] * 11 and len(syncs) > before
         assert bodies(b.port, 0) == [b"l%d" % i for i in range(10)]
+
+
+def test_the_producer_s_transaction_with_its_broker_killed_before_the_commit(
+        zk_connect, brokers):
+    """The broker killed (SIGKILL) while a producer's pipelined transaction is being
+    made: its commit raises TransactionError, and after the restart nothing of it is
+    visible; the producer's next transaction commits."""
+    b = brokers(0, {TOPIC: 1})
+    with Producer(zk_connect, send_timeout=10.0) as p:
+        with p.transaction() as tx:
+            tx.send(TOPIC, b"before", partition="0-0")
+        tx = p.transaction()
+        for i in range(50):
+            tx.send(TOPIC, b"lost-%d" % i, partition="0-0")
+        b.kill()
+        with pytest.raises(TransactionError):
+            tx.commit()
+        b.restart()
+        assert bodies(b.port, 0) == [b"before"]
+        with p.transaction() as tx:
+            tx.send(TOPIC, b"after", partition="0-0")
+        assert bodies(b.port, 0) == [b"before", b"after"]
