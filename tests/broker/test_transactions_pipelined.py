@@ -24,6 +24,7 @@ from metaq.protocol import (
     xa_key,
 )
 from metaq.protocol._transaction import transaction_request
+from metaq.testing import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -336,6 +337,16 @@ def test_the_producer_s_transaction_with_its_broker_killed_before_the_commit(
             tx.commit()
         b.restart()
         assert bodies(b.port, 0) == [b"before"]
-        with p.transaction() as tx:
-            tx.send(TOPIC, b"after", partition="0-0")
+
+        def after() -> bool:  # once the producer sees the broker registered again
+            try:
+                with p.transaction() as tx:
+                    tx.send(TOPIC, b"after", partition="0-0")
+            except TransactionError as e:
+                if "no writable partition" in str(e):
+                    return False
+                raise
+            return True
+
+        wait_until(after, 30, what="a transaction committed after the restart")
         assert bodies(b.port, 0) == [b"before", b"after"]
