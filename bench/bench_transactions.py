@@ -9,8 +9,8 @@ Per run, in this order, each over ``--messages`` messages of ``--size`` bytes:
 - **batch** (the baseline): ``Producer.send_batch`` of 100 messages at a time, every
   result read;
 - **tx of N** for N in 1, 10, 100: ``with producer.transaction() as tx:`` N
-  ``tx.send`` then the commit (BEGIN, N pipelined puts, the answers, COMMIT_ONE_PHASE:
-  three round trips per transaction however big).
+  ``tx.send`` then the commit (BEGIN, N puts and COMMIT_ONE_PHASE written together to
+  a ``+txpipe`` broker, then their answers: one round trip per transaction however big).
 
 Reported: messages/s (medians of ``--runs``) and the ratio to the batch figure.
 Every run checks the partition grew by exactly what was committed.

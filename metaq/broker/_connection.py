@@ -78,6 +78,7 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self._outq: collections.deque = collections.deque()
         self._busy = False            # a sendfile is running
+        self._corked = False          # serving a read of several requests: replies queued
         self._closing = False
         self._quit = False            # no more requests are read (quit, fatal error, EOF)
         self._write_paused = False
@@ -125,12 +126,20 @@ class Connection(asyncio.Protocol):
             if not self.requested and any(type(r) is not BadRequest for r in reqs):
                 self.requested = True
                 self.server.first_request(self)
+            # the replies to a read of several requests (a pipelined transaction's BEGIN,
+            # puts and COMMIT) go out in one write, not one each
+            self._corked = len(reqs) > 1
             try:
                 self.server.handle(self, reqs)
             except Exception:
                 log.exception("internal error serving %s; closing its connection", self.peer)
                 self.send(result(500, "internal broker error", 0))
                 self.close_after_replies()
+            finally:
+                if self._corked:
+                    self._corked = False
+                    if self._outq:
+                        self._drain()
         # a request begun and not complete: when it began (the slow-client deadline); a
         # request completed in this read means the one coming in began in it too
         if self.parser.in_request:
@@ -250,7 +259,7 @@ class Connection(asyncio.Protocol):
         """Queue a reply (written at once when nothing is ahead of it)."""
         if self.gone:
             self._dropped += 1
-        elif self._outq or self._busy or self._write_paused:
+        elif self._outq or self._busy or self._write_paused or self._corked:
             self._outq.append(data)
         else:
             self.transport.write(data)

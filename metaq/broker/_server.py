@@ -49,6 +49,7 @@ from metaq.protocol import (
     RECORDS_CAPABILITY,
     TIME_INDEX_CAPABILITY,
     TXLOG_CAPABILITY,
+    TXPIPE_CAPABILITY,
     WATERMARK_CAPABILITY,
     BadRequest,
     GetRequest,
@@ -80,7 +81,8 @@ log = logging.getLogger(__name__)
 
 #: Answer to ``version``: the Metaq release we speak, then ours; then the extensions a
 #: broker offers are listed (``+hold``: held gets, see ``_hold``, unless max_hold is 0;
-#: ``+timeindex``: ``offset ... time=<ms>``, see ``_timeindex``, unless time_index is off).
+#: ``+timeindex``: ``offset ... time=<ms>``, see ``_timeindex``, unless time_index is off;
+#: ``+txpipe``: pipelined local transactions, see ``_transactions``).
 VERSION = f"1.4.6 metaq-py/{__version__}"
 
 
@@ -133,6 +135,7 @@ class BrokerServer:
                                           (IDEMPOTENT_CAPABILITY, config.idempotent),
                                           (RECORDS_CAPABILITY, config.idempotent),
                                           (TXLOG_CAPABILITY, True),
+                                          (TXPIPE_CAPABILITY, True),
                                           (WATERMARK_CAPABILITY, True))
             if offered)
         self._continue_ids()

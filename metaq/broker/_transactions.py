@@ -27,12 +27,19 @@ needs PREPARED (else XAER_PROTO); COMMIT_ONE_PHASE commits START or IN_USE (and,
 as Java does, PREPARED); a timeout given at BEGIN (capped by
 ``max_transaction_timeout``) rolls back a transaction not prepared by then.
 
+A **pipelined** local commit (``puts=<n>``, offered as ``+txpipe``: the producer wrote
+BEGIN, the puts and COMMIT together without waiting for any answer) commits only a
+transaction holding exactly ``n`` messages none of whose puts was refused (each
+refusal is remembered on the transaction); otherwise it rolls it back and answers
+``COMMIT FAILED: ...``.  A commit without ``puts=`` (Java's) keeps Java's rule.
+
 Each put is assigned its msgId when it arrives (the producer is told it, with
 offset -1, as Java answers), so a committed transaction's messages carry times
 up to its duration before the messages appended around its commit.
 
 Durability follows the broker's flush rules: with group commit every answer waits
-for the journal's (and, for a commit, the partitions') fsync; otherwise only
+for the journal's (and, for a commit, the partitions') fsync, but for a local
+transaction's puts (journaled only with its commit, whose answer waits); otherwise only
 PREPARE and the commit of a prepared branch wait for the journal's fsync, the
 rest is written at once (kill -9 loses nothing: the page cache keeps it).
 
@@ -125,6 +132,9 @@ class Tx:
     bounds: list[tuple[str, int, int, int]] | None = None
     #: committing: the ``D``'s places
     decided: list[tuple[str, int, int, int]] | None = None
+    #: why a put of it was refused (the first), if one was: a pipelined commit
+    #: (``puts=<n>``, ``+txpipe``) then rolls it back instead
+    refused: str | None = None
 
 
 class Transactions:
@@ -380,15 +390,17 @@ class Transactions:
 
     def puts(self, conn: Connection, run: list) -> None:
         """A run of puts carrying transaction keys (:class:`~metaq.protocol.PutRequest`, or
-        the put loop's :class:`~metaq.protocol.TxPut`): kept (and journaled) until their
-        commit; answered with one send (after the journal's fsync with group commit).
-        Their msgIds are taken together; each payload's CRC32 is computed once."""
+        the put loop's :class:`~metaq.protocol.TxPut`): kept (an XA branch's journaled)
+        until their commit; answered with one send (with group commit, after the
+        journal's fsync when an XA branch's are among them: a local transaction's
+        reach the journal only at its commit).  Their msgIds are taken together; each
+        payload's CRC32 is computed once."""
         ids = self.ids.next_ids(len(run))
         data = self._same_tx(conn, run, ids) if len(run) >= _COLUMNAR_MIN else None
         if data is None:
             put = self._put
             data = b"".join([put(conn, p, msg_id) for p, msg_id in zip(run, ids, strict=True)])
-        if self.group_commit:
+        if self.group_commit and any(map(_is_xa_key, run)):
             opaques = [p.opaque if type(p) is PutRequest else int(p[4]) for p in run]
             self._reply(conn, opaques[0], data, sync=True, ok_is_body=True, opaques=opaques)
         else:
@@ -431,15 +443,21 @@ class Transactions:
         topic, partition = plog.topic, plog.partition
         messages = list(map(bytes.__add__, map(_pack_header, lengths, crcs, ids, flags),
                             payloads))
-        self.journal.puts(key.text, topic, partition, messages)
+        if key.is_xa:  # a local transaction's are journaled at its commit (_append)
+            self.journal.puts(key.text, topic, partition, messages)
         tx.puts += zip(repeat(plog), repeat(topic), repeat(partition), messages)
         tx.size += size
         tx.state = IN_USE
         self.stats["cmd_put"] += m
         self.stats["tx_puts"] += m
-        bodies = [b"%d %d -1" % (i, partition) for i in ids]
-        return b"".join([b"result 200 %d %d\r\n%b" % (len(b), o, b)
-                         for b, o in zip(bodies, map(int, opaques), strict=True)])
+        tail = b" %d -1" % partition
+        width = len(b"%d" % ids[0])
+        if ids[0] >= 0 and len(b"%d" % ids[-1]) == width:  # the usual: one format a put
+            fmt = b"result 200 %d %%b\r\n%%d%b" % (width + len(tail), tail)
+            return b"".join(map(fmt.__mod__, zip(opaques, ids, strict=True)))
+        bodies = [b"%d%b" % (i, tail) for i in ids]
+        return b"".join([b"result 200 %d %b\r\n%b" % (len(b), o, b)
+                         for b, o in zip(bodies, opaques, strict=True)])
 
     def _put(self, conn: Connection, p: PutRequest | TxPut, msg_id: int) -> bytes:
         self.stats["cmd_put"] += 1
@@ -455,6 +473,7 @@ class Transactions:
         else:
             topic, partition, _length, flag, check, tx_key, opaque, payload = p
             plog = None
+        tx: Tx | None = None
         try:
             key = self._keys.get(tx_key)
             if key is None:
@@ -475,19 +494,20 @@ class Transactions:
             if plog is None:
                 plog = self.storage.get(topic, partition)
                 if plog is None:
-                    return result(404, f"topic {topic} partition {partition} not found",
-                                  opaque)
+                    return _refused(tx, 404, f"topic {topic} partition {partition} not "
+                                             f"found", opaque)
             actual = crc32(payload) & CHECKSUM_MASK  # once
             if check != -1 and check != actual:  # -1: not given (Java's)
-                return result(400, "checksum mismatch", opaque)
+                return _refused(tx, 400, "checksum mismatch", opaque)
             if len(payload) > self.max_message_size:
-                return result(400, f"message of {len(payload)} bytes is over "
-                                   f"max_message_size {self.max_message_size}", opaque)
+                return _refused(tx, 400, f"message of {len(payload)} bytes is over "
+                                         f"max_message_size {self.max_message_size}", opaque)
             if tx.size + len(payload) > self.max_size:
                 raise TxError(f"transaction {key.text} would hold more than "
                               f"max_transaction_size={self.max_size} bytes", XAER_RMERR)
             message = _pack_header(len(payload), actual, msg_id, flag) + payload
-            self.journal.put(key.text, topic, partition, message)
+            if key.is_xa:  # a local transaction's are journaled at its commit (_append)
+                self.journal.put(key.text, topic, partition, message)
             tx.puts.append((plog, topic, partition, message))
             tx.size += len(message)
             tx.state = IN_USE
@@ -495,10 +515,12 @@ class Transactions:
             return answer(b"%d %d -1" % (msg_id, partition), opaque)
         except TxError as e:
             self.stats["put_failed"] += 1
-            return result(500, e.text, opaque)
+            return _refused(tx, 500, e.text, opaque) if tx is not None \
+                else result(500, e.text, opaque)
         except StorageError as e:
             self.stats["put_failed"] += 1
-            return result(500, f"write failed: {e}", opaque)
+            return _refused(tx, 500, f"write failed: {e}", opaque) if tx is not None \
+                else result(500, f"write failed: {e}", opaque)
 
     def connection_closed(self, conn: Connection) -> None:
         """Roll back the local transactions ``conn`` left open (Java's
@@ -578,7 +600,16 @@ class Transactions:
                           XAER_PROTO)
         if tx.state not in (START, IN_USE, PREPARED):
             raise TxError("Cannot call commit now.", XAER_PROTO)
-        closed = [f"{t}-{p}" for plog, t, p, _m in tx.puts if plog.closed]
+        if r.puts is not None and (tx.refused is not None or len(tx.puts) != r.puts):
+            # a pipelined commit (``+txpipe``): sent without waiting for the puts'
+            # answers, so it must not commit a transaction one of them is missing from
+            why = (f"a put in it was refused ({tx.refused})" if tx.refused is not None
+                   else f"it holds {len(tx.puts)} of the {r.puts} messages sent")
+            self._finish(tx, committed=False)
+            self.stats["tx_rolled_back"] += 1
+            raise TxError(f"COMMIT FAILED: {why}; transaction {key.text} rolled back")
+        closed = [f"{plog.topic}-{plog.partition}"
+                  for plog in dict.fromkeys(map(_target_of, tx.puts)) if plog.closed]
         if closed:
             self._finish(tx, committed=False)
             raise TxError(f"COMMIT FAILED: partition {closed[0]} is closed; transaction "
@@ -653,12 +684,38 @@ class Transactions:
         messages go), then one append per partition, in put order; the logs written
         and the record."""
         groups = _by_partition(tx)
+        if not tx.xa:
+            self._journal_local(tx, groups)
         rec = self.journal.commit(tx.key, [(topic, partition, plog.end, len(data))
                                            for plog, (topic, partition, data, _n)
                                            in groups.items()])
         for plog, (_topic, _partition, data, n) in groups.items():
             plog.append(data, n)
         return list(groups), rec
+
+    def _journal_local(self, tx: Tx, groups: dict[PartitionLog, tuple[str, int, bytes, int]]
+                       ) -> None:
+        """A local transaction's messages, journaled only at its commit (one that never
+        commits needs none: recovery rolls back whatever has no ``C``), written with
+        the ``C`` in one write: per partition, ``P`` records each holding a run of
+        whole messages (at most :data:`_P_RUN` bytes of them, a message over it alone),
+        which the redo after a crash joins again as it joins single puts."""
+        for plog, (topic, partition, data, _n) in groups.items():
+            if len(data) <= _P_RUN:
+                self.journal.put(tx.key, topic, partition, data)
+                continue
+            run: list[bytes] = []
+            size = 0
+            for target, _t, _p, message in tx.puts:
+                if target is not plog:
+                    continue
+                if run and size + len(message) > _P_RUN:
+                    self.journal.put(tx.key, topic, partition, b"".join(run))
+                    run, size = [], 0
+                run.append(message)
+                size += len(message)
+            if run:
+                self.journal.put(tx.key, topic, partition, b"".join(run))
 
     def _finish(self, tx: Tx, *, committed: bool, journal: bool = True,
                 drop: bool = True) -> bytes | None:
@@ -717,11 +774,28 @@ class Transactions:
         conn.send_gated(Gate(fut, data, opaques or [opaque]))
 
 
+def _is_xa_key(p: PutRequest | TxPut) -> bool:
+    """Whether put ``p`` names an XA branch (``XID:...``)."""
+    key = p[6] if type(p) is TxPut else p.tx_key
+    return (key if type(key) is bytes else str(key).encode()).startswith(b"XID:")
+
+
+def _refused(tx: Tx, code: int, text: str, opaque: int) -> bytes:
+    """A put of ``tx`` refused: the answer; ``tx`` remembers the first refusal."""
+    if tx.refused is None:
+        tx.refused = text
+    return result(code, text, opaque)
+
+
 def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
     """``tx``'s messages per partition, in put order: ``log -> (topic, partition, their
     bytes, how many)``."""
+    puts = tx.puts
+    if puts and len(dict.fromkeys(map(_target_of, puts))) == 1:  # the usual: one partition
+        plog, topic, partition, _m = puts[0]
+        return {plog: (topic, partition, b"".join(map(_message_of, puts)), len(puts))}
     groups: dict[PartitionLog, tuple[str, int, list[bytes]]] = {}
-    for plog, topic, partition, message in tx.puts:
+    for plog, topic, partition, message in puts:
         g = groups.get(plog)
         if g is None:
             g = groups[plog] = (topic, partition, [])
@@ -731,7 +805,10 @@ def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
 
 _pack_header = HEADER.pack
 _target_of = operator.itemgetter(0)
+_message_of = operator.itemgetter(3)
 _tx_key_of = operator.itemgetter(6)
+#: Most message bytes in one ``P`` record of a local transaction (``_journal_local``).
+_P_RUN = 8 << 20
 #: Smallest run worth :meth:`Transactions._same_tx`'s whole-list steps.
 _COLUMNAR_MIN = 8
 _SEARCH_CHUNK = 4 << 20

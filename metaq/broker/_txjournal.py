@@ -7,7 +7,11 @@ appended; each is ``length (u32) | crc32 of the body (u32) | body`` with the bod
 
 ========  =========================================================================
 ``P``     a put: ``topic length (u16) | topic | partition (i32) | message bytes``
-          (the whole stored message, msgId assigned at the put)
+          (the whole stored message, msgId assigned at the put).  An XA branch's
+          are written as they come; a local transaction's only at its commit, right
+          before its ``C`` (in the same write), each ``P`` then holding a run of
+          whole messages of one partition (read back like single puts: a partition's
+          are joined in order)
 ``R``     prepared (XA): the branch must survive a crash until committed or rolled back;
           its data (empty in journals written before slaves copied them) is like
           ``C``'s, each start the partition's end when the branch was prepared: a
@@ -43,13 +47,14 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from pathlib import Path
 
 from metaq._durable import write_durably
 from metaq._errors import StorageError
+from metaq.protocol import crc32  # zlib's CRC-32, ISA-L's when installed (much faster)
 
 __all__ = ["TxJournal", "Replayed", "COMPACT_AT", "put_record", "prepare_record",
            "decide_record", "read_records", "records_of"]
@@ -108,7 +113,7 @@ def _put_name(s: str) -> bytes:
 def _record(kind: bytes, key: str, data: bytes = b"") -> bytes:
     """A journal record: length and CRC32 of the body, then the body."""
     body = kind + _put_name(key) + data
-    return _HEAD.pack(len(body), zlib.crc32(body)) + body
+    return _HEAD.pack(len(body), crc32(body)) + body
 
 
 def _places(places: list[tuple[str, int, int, int]]) -> bytes:
@@ -121,13 +126,14 @@ def put_record(key: str, topic: str, partition: int, message: bytes) -> bytes:
     return _record(b"P", key, _put_name(topic) + _I32.pack(partition) + message)
 
 
-def put_records(key: str, topic: str, partition: int, messages: list[bytes]) -> list[bytes]:
-    """The ``P`` records of puts of transaction ``key`` to one partition (each what
-    :func:`put_record` makes of it)."""
+def put_records(key: str, topic: str, partition: int, messages: list[bytes]) -> bytes:
+    """The ``P`` records of puts of transaction ``key`` to one partition, together (each
+    what :func:`put_record` makes of it; each message copied once, its CRC continued
+    from the shared prefix's)."""
     prefix = b"P" + _put_name(key) + _put_name(topic) + _I32.pack(partition)
-    bodies = list(map(prefix.__add__, messages))
-    return list(map(bytes.__add__, map(_HEAD.pack, map(len, bodies), map(zlib.crc32, bodies)),
-                    bodies))
+    heads = map(_HEAD.pack, map(len(prefix).__add__, map(len, messages)),
+                map(crc32, messages, repeat(crc32(prefix))))
+    return b"".join(chain.from_iterable(zip(heads, repeat(prefix), messages)))
 
 
 def prepare_record(key: str, bounds: list[tuple[str, int, int, int]] | None) -> bytes:
@@ -155,7 +161,7 @@ def read_records(data: bytes) -> list[Replayed]:
             raise ValueError(f"a record of {length} bytes at offset {pos} runs past the "
                              f"end ({len(data)} bytes)")
         body = data[pos + _HEAD.size:end]
-        if zlib.crc32(body) != crc:
+        if crc32(body) != crc:
             raise ValueError(f"a record whose CRC does not match at offset {pos}")
         try:
             TxJournal._apply(body, txs)
@@ -228,8 +234,8 @@ class TxJournal:
     def puts(self, key: str, topic: str, partition: int, messages: list[bytes]) -> None:
         """:meth:`put` of several messages to one partition."""
         recs = put_records(key, topic, partition, messages)
-        self._buffer += recs
-        self._buffered += sum(map(len, recs))
+        self._buffer.append(recs)
+        self._buffered += len(recs)
         if self._buffered >= _BUFFER_MAX:
             self.write()
 
@@ -297,7 +303,7 @@ class TxJournal:
                 self._damaged(data, pos, f"an impossible record length {length}")
                 break
             body = data[pos + _HEAD.size:end]
-            if zlib.crc32(body) != crc:
+            if crc32(body) != crc:
                 if end == len(data):
                     self._cut(pos, len(data), "a torn last record (bad CRC)")
                 else:

@@ -24,6 +24,7 @@ for "the broker answered no".
 from __future__ import annotations
 
 import itertools
+import re
 import socket
 
 from metaq._errors import (
@@ -39,6 +40,7 @@ from metaq.protocol import (
     encode_put,
     encode_stats,
     encode_transaction,
+    encode_tx_puts,
     encode_version,
     is_unwritten_partition,
 )
@@ -48,6 +50,8 @@ __all__ = ["BrokerConnection", "parse_meta_uri", "unavailable"]
 _MAX_HEADER = 1024
 _HELD_MAX = 256 * 1024
 _HEADROOM = 64 * 1024
+#: a ``result 200 <length> <opaque>`` line, read in place by :meth:`read_results`
+_OK_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) (-?[0-9]{1,10})\r\n").match
 
 
 def unavailable(address: BrokerAddress, doing: str, e: OSError) -> BrokerUnavailableError:
@@ -209,22 +213,75 @@ class BrokerConnection:
             self._send(data)
         return opaque
 
+    def send_tx_puts(self, topic: str, partition: int, payloads: list[bytes], flag: int,
+                     checksums: list[int], tx_key: str, *, hold: bool = False) -> list[int]:
+        """:meth:`send_put` of several payloads to one partition joining transaction
+        ``tx_key``, encoded together; their opaques, in order."""
+        opaques = list(itertools.islice(self._opaque, len(payloads)))
+        data = encode_tx_puts(topic, partition, flag, payloads, checksums, tx_key, opaques)
+        if hold:
+            self._held.append(data)
+            self._held_size += len(data)
+            if self._held_size >= _HELD_MAX:
+                self._send(b"")
+        else:
+            self._send(data)
+        return opaques
+
     def read_result(self, opaque: int) -> bytes:
         """The body of the ``result 200`` answering ``opaque``; BrokerError otherwise."""
         if self._held:
             self._send(b"")
         return bytes(self._reply(opaque, want_value=False))
 
+    def read_results(self, opaques: list[int]) -> list[bytes | BrokerError]:
+        """The bodies of the answers to ``opaques`` (requests sent in that order, such
+        as a transaction's puts), a BrokerError in place of each refused one."""
+        if self._held:
+            self._send(b"")
+        out: list[bytes | BrokerError] = []
+        append = out.append
+        for opaque in opaques:
+            m = _OK_HEAD(self._buf, self._start, self._end)
+            if m is not None and int(m.group(2)) == opaque:  # whole in the buffer: at once
+                begin = m.end()
+                stop = begin + int(m.group(1))
+                if stop <= self._end:
+                    append(bytes(self._buf[begin:stop]))
+                    self._start = stop
+                    continue
+            code, length = self._head(opaque)
+            try:
+                append(bytes(self._body(code, length)))
+            except BrokerError as e:
+                append(e)
+        return out
+
     def transaction(self, key: str, session_id: str, type: str, *, timeout: int = 0,
                     unique_qualifier: str | None = None) -> bytes | None:
         """A ``transaction`` request; the body of its ``result 200`` (BrokerError for
         another code), or None for END, which the broker does not answer."""
-        opaque = next(self._opaque)
-        self._send(encode_transaction(key, session_id, type, opaque, timeout=timeout,
-                                      unique_qualifier=unique_qualifier))
+        opaque = self.send_transaction(key, session_id, type, timeout=timeout,
+                                       unique_qualifier=unique_qualifier)
         if type == "END":
             return None
         return bytes(self._reply(opaque, want_value=False))
+
+    def send_transaction(self, key: str, session_id: str, type: str, *, timeout: int = 0,
+                         unique_qualifier: str | None = None, puts: int | None = None,
+                         hold: bool = False) -> int:
+        """Send a ``transaction`` request without waiting (queued with the held puts
+        when ``hold``, as :meth:`send_put`); its opaque, for :meth:`read_result`.
+        ``puts``: a pipelined local commit's count (``metaq.protocol._transaction``)."""
+        opaque = next(self._opaque)
+        data = encode_transaction(key, session_id, type, opaque, timeout=timeout,
+                                  unique_qualifier=unique_qualifier, puts=puts)
+        if hold:
+            self._held.append(data)
+            self._held_size += len(data)
+        else:
+            self._send(data)
+        return opaque
 
     def stats(self, item: str | None = None) -> str:
         opaque = next(self._opaque)

@@ -15,7 +15,11 @@ partitioner) and so the broker; later ones are kept on that broker (the
 partitioner's choice when it is there, else the topic's partitions on that
 broker, round-robin).  Puts are pipelined: :meth:`~LocalTransaction.send` does not
 wait; :meth:`~LocalTransaction.commit` reads every put's answer, and if any was
-refused rolls the transaction back and raises TransactionError.
+refused rolls the transaction back and raises TransactionError.  Against a broker
+that offers ``+txpipe`` (metaq-py's) BEGIN is not waited for either, and COMMIT is
+written right after the puts, saying how many there were: the whole transaction is
+one round trip, and the broker refuses (rolling back) a commit one of whose puts
+it refused.  Against Java Metaq, BEGIN and COMMIT each wait for their answer.
 
 An **XA resource** (:meth:`Producer.xa_resource`) is what a transaction manager
 drives for a two-phase commit: ``start(xid)``, :meth:`XAResource.send`,
@@ -29,11 +33,13 @@ other way round, given the same unique qualifier.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
 import socket
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -50,6 +56,9 @@ from metaq.producer._send import SendResult
 from metaq.protocol import (
     CHECKSUM_MASK,
     FLAG_HAS_ATTRIBUTE,
+    TXPIPE_CAPABILITY,
+    ack_result,
+    check_topic,
     crc32,
     local_key,
     parse_transaction_key,
@@ -68,10 +77,15 @@ _XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
 _sessions = itertools.count(1)
 
 
+@functools.lru_cache(maxsize=4)
+def _session_prefix(pid: int) -> str:
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "host"
+    return f"{host}-{pid}-"
+
+
 def new_session_id() -> str:
     """A session id unique to this process's transactions (no ':' nor spaces)."""
-    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:40] or "host"
-    return f"{host}-{os.getpid()}-{next(_sessions)}"
+    return f"{_session_prefix(os.getpid())}{next(_sessions)}"
 
 
 class Xid(NamedTuple):
@@ -92,6 +106,8 @@ def _failure(e: BrokerError, what: str) -> TransactionError:
 
 #: idle connections kept per broker address for a producer's next transactions
 _IDLE_MAX = 4
+#: payload bytes of a run of puts kept before they are encoded and queued
+_RUN_MAX = 256 * 1024
 
 
 @dataclass
@@ -107,6 +123,19 @@ class TxSender:
     idle: dict[BrokerAddress, list[BrokerConnection]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     closed: bool = False
+    #: per connection: whether its broker offers ``+txpipe`` (asked once per connection)
+    pipelines: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+
+    def pipelined(self, conn: BrokerConnection) -> bool:
+        """Whether ``conn``'s broker takes pipelined local transactions (``+txpipe``)."""
+        known = self.pipelines.get(conn)
+        if known is None:
+            try:
+                known = TXPIPE_CAPABILITY in conn.version().split()
+            except BrokerError:  # a broker that does not answer ``version`` offers nothing
+                known = False
+            self.pipelines[conn] = known
+        return known
 
     def close(self) -> None:
         """The producer closes: no connection is kept any more."""
@@ -126,7 +155,11 @@ class _OnOneBroker:
         self._sender = sender
         self._broker: int | None = None
         self._conn: BrokerConnection | None = None
-        self._pending: list[tuple[int, str]] = []   # (opaque, partition name)
+        self._pending: list[tuple[int, Partition]] = []   # (opaque, partition)
+        #: the puts not encoded yet, of one partition, flag and key: ``[topic, partition,
+        #: flag, key, payloads]`` (encoded together by :meth:`_flush_run`)
+        self._run: list[Any] | None = None
+        self._run_size = 0
         self._results: list[SendResult] = []
         self._rr = itertools.count()
         self._lock = threading.Lock()
@@ -179,22 +212,65 @@ class _OnOneBroker:
         with self._lock:
             part, address = self._partition(topic, data, key, partition)
             conn = self._connect(part.broker_id, address)
-            opaque = conn.send_put(topic, part.index, payload, flag,
-                                   crc32(payload) & CHECKSUM_MASK, tx_key_of(conn), hold=True)
-            self._pending.append((opaque, str(part)))
+            tx_key = tx_key_of(conn)
+            run = self._run
+            if (run is not None and run[1] is part and run[2] == flag and run[3] == tx_key
+                    and run[0] == topic):
+                run[4].append(payload)
+            else:  # a new run: its topic checked now, as encoding it would
+                check_topic(topic)
+                self._flush_run()
+                self._run = [topic, part, flag, tx_key, [payload]]
+            self._run_size += len(payload)
+            if self._run_size >= _RUN_MAX:
+                self._flush_run()
+
+    def _flush_run(self) -> None:
+        """The puts not encoded yet, encoded together and queued on the connection (sent
+        with the next request that is not held)."""
+        run, self._run = self._run, None
+        self._run_size = 0
+        if run is not None:
+            topic, part, flag, tx_key, payloads = run
+            assert self._conn is not None
+            opaques = self._conn.send_tx_puts(
+                topic, part.index, payloads, flag,
+                list(map(CHECKSUM_MASK.__and__, map(crc32, payloads))), tx_key, hold=True)
+            self._pending += zip(opaques, itertools.repeat(part))
 
     def _collect(self) -> list[BaseException]:
         """Read every pending put's answer; the failures."""
+        try:
+            self._flush_run()
+        except BrokerUnavailableError as e:  # none of the answers can be read
+            self._pending = []
+            return [e]
         errors: list[BaseException] = []
-        conn = self._conn
-        for opaque, part in self._pending:
+        pending, self._pending = self._pending, []
+        if not pending:
+            return errors
+        try:
+            bodies = self._conn.read_results([opaque for opaque, _part in pending])
+        except BrokerUnavailableError as e:  # the answers cannot be read: none is known
+            return [e] * len(pending)
+        append = self._results.append
+        last: Partition | None = None
+        names: dict[int, str] = {}
+        for (_opaque, part), body in zip(pending, bodies, strict=True):
             try:
-                body = conn.read_result(opaque).split()
-                self._results.append(SendResult(int(body[0]), part, int(body[2]),
-                                                *map(int, part.split("-"))))
-            except (BrokerError, BrokerUnavailableError, ValueError, IndexError) as e:
+                if type(body) is not bytes:
+                    raise body
+                msg_id, index, offset = body.split()
+                if part is not last:  # the name once per run of puts to one partition
+                    last, names = part, {part.index: str(part)}
+                try:  # the answer's partition is the put's: the SendResult made in C
+                    append(ack_result(SendResult, msg_id, index, offset, part.broker_id,
+                                      names))
+                except KeyError:
+                    append(SendResult(int(msg_id), str(part), int(offset), part.broker_id,
+                                      part.index))
+            except (BrokerError, ValueError) as e:
                 errors.append(e)
-        self._pending = []
         return errors
 
     def _close(self, reuse: bool = False) -> None:
@@ -206,7 +282,8 @@ class _OnOneBroker:
         s = self._sender
         with s.lock:
             idle = s.idle.setdefault(conn.address, [])
-            if reuse and not self._pending and len(idle) < _IDLE_MAX and not s.closed:
+            if (reuse and not self._pending and self._run is None and len(idle) < _IDLE_MAX
+                    and not s.closed):
                 idle.append(conn)
                 return
         conn.close()
@@ -223,15 +300,78 @@ class LocalTransaction(_OnOneBroker):
         self.session_id = new_session_id()
         self.key = local_key(self.session_id, 1)
         self._state = "new"
+        #: pipelined (``+txpipe``): BEGIN's opaque, its answer not read yet; else None
+        self._begun: int | None = None
+        self._pipelined = False
 
     def _begin(self, conn: BrokerConnection) -> str:
         if self._state == "new":
+            if self._sender.pipelined(conn):  # BEGIN goes with the puts, not waited for
+                self._begun = conn.send_transaction(self.key, self.session_id, "BEGIN",
+                                                    timeout=self.timeout, hold=True)
+                self._pipelined = True
+                self._state = "open"
+                return self.key
             try:
                 conn.transaction(self.key, self.session_id, "BEGIN", timeout=self.timeout)
             except BrokerError as e:
                 raise _failure(e, f"begin of {self.key}") from None
             self._state = "open"
         return self.key
+
+    def _collect(self) -> list[BaseException]:
+        """Read BEGIN's answer (pipelined) and every pending put's; the failures."""
+        errors: list[BaseException] = []
+        if self._begun is not None:
+            opaque, self._begun = self._begun, None
+            assert self._conn is not None
+            try:
+                self._conn.read_result(opaque)
+            except BrokerError as e:
+                errors.append(_failure(e, f"begin of {self.key}"))
+            except BrokerUnavailableError as e:
+                errors.append(e)
+        return errors + super()._collect()
+
+    def _commit_pipelined(self, conn: BrokerConnection) -> list[SendResult]:
+        """COMMIT written right after the puts (``puts=<n>``: the broker commits only
+        what holds every one of them), then every answer read: one round trip."""
+        try:
+            self._flush_run()
+        except BrokerUnavailableError as e:  # the COMMIT was not sent: the broker rolls
+            self._state = "failed"            # back a transaction whose connection closes
+            raise TransactionError(f"{self.key} was not committed: the connection failed "
+                                   f"before its COMMIT was sent ({e})") from e
+        n = len(self._pending)
+        try:
+            opaque = conn.send_transaction(self.key, self.session_id, "COMMIT_ONE_PHASE",
+                                           puts=n)
+        except BrokerUnavailableError as e:
+            # not sent whole, maybe not at all: the broker rolls back a transaction whose
+            # connection closes, and a commit cut short is not one (its line is unfinished)
+            self._state = "unknown"
+            raise TransactionError(f"commit of {self.key}: the connection failed ({e}); "
+                                   f"the outcome is unknown") from e
+        errors = self._collect()
+        try:
+            conn.read_result(opaque)
+        except BrokerError as e:
+            self._state = "failed"
+            if errors:
+                raise TransactionError(f"{self.key} was rolled back: {len(errors)} of its "
+                                       f"requests were refused, first: {errors[0]}"
+                                       ) from None
+            raise _failure(e, f"commit of {self.key}") from None
+        except BrokerUnavailableError as e:
+            self._state = "unknown"
+            raise TransactionError(f"commit of {self.key}: the connection failed ({e}); "
+                                   f"the outcome is unknown") from e
+        if errors:  # refused puts, yet committed: never by a +txpipe broker
+            self._state = "unknown"
+            raise TransactionError(f"commit of {self.key}: the broker committed although "
+                                   f"{len(errors)} message(s) were refused ({errors[0]})")
+        self._state = "committed"
+        return list(self._results)
 
     def send(self, topic: str, body: Any, attribute: str | None = None, key: Any = None, *,
              partition: str | None = None) -> None:
@@ -251,6 +391,8 @@ class LocalTransaction(_OnOneBroker):
         conn = self._conn
         assert conn is not None
         try:
+            if self._pipelined:
+                return self._commit_pipelined(conn)
             errors = self._collect()
             if errors:
                 self.rollback()

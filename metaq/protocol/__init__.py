@@ -47,6 +47,7 @@ from metaq.protocol._commands import (
     encode_result,
     encode_stats,
     encode_sync,
+    encode_tx_puts,
     encode_value_header,
     encode_version,
     parse_put_result,
@@ -128,6 +129,7 @@ from metaq.protocol._message import (
 from metaq.protocol._parsers import ReplyParser, RequestParser
 from metaq.protocol._transaction import (
     TX_TYPES,
+    TXPIPE_CAPABILITY,
     XA_OK,
     XA_RBOTHER,
     XA_RDONLY,
@@ -173,6 +175,7 @@ __all__ = [
     # commands
     "PutRequest", "TxPut", "SyncRequest", "GetRequest", "OffsetRequest", "StatsRequest",
     "VersionRequest", "QuitRequest", "BadRequest", "Result", "Value", "encode_put",
+    "encode_tx_puts",
     "encode_sync", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
@@ -185,7 +188,8 @@ __all__ = [
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
     "ack_result", "put_ack", "put_round_trip",
-    "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
+    "TX_TYPES", "TXPIPE_CAPABILITY",
+    "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",
     # the transaction feed to slaves

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import zk_layout
 from metaq._errors import ProtocolError
 from metaq.protocol._constants import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+from metaq.protocol._fast import encode_tx_puts as _encode_tx_puts
 
 __all__ = [
     "PutRequest",
@@ -28,6 +29,7 @@ __all__ = [
     "Result",
     "Value",
     "encode_put",
+    "encode_tx_puts",
     "encode_sync",
     "encode_get",
     "encode_offset",
@@ -211,6 +213,10 @@ def check_group(group: str) -> str:
     return group
 
 
+#: transaction keys already checked, as bytes (:func:`encode_put`)
+_tx_key_cache: dict[str, bytes] = {}
+
+
 def _topic_bytes(topic: str) -> bytes:
     b = _topic_bytes_cache.get(topic)
     if b is None:
@@ -276,13 +282,31 @@ def encode_put(topic: str, partition: int, payload: bytes, flag: int, checksum: 
     if tx_key is None:
         return b"put %b %d %d %d %d %d\r\n%b" % (
             _topic_bytes(topic), partition, len(payload), flag, checksum, opaque, payload)
-    if not isinstance(tx_key, str) or not tx_key or len(tx_key) > 512 \
-            or not tx_key.isprintable() or " " in tx_key:
-        raise ProtocolError(f"bad tx_key {str(tx_key)[:_REPR_MAX]!r}: a transaction key "
-                            f"is 1..512 printable characters without spaces")
     return b"put %b %d %d %d %d %b %d\r\n%b" % (
-        _topic_bytes(topic), partition, len(payload), flag, checksum,
-        tx_key.encode("utf-8"), opaque, payload)
+        _topic_bytes(topic), partition, len(payload), flag, checksum, _tx_key_bytes(tx_key),
+        opaque, payload)
+
+
+def encode_tx_puts(topic: str, partition: int, flag: int, payloads: list[bytes],
+                   checksums: list[int], tx_key: str, opaques: list[int]) -> bytes:
+    """The ``put`` requests of several payloads to one partition joining transaction
+    ``tx_key``, as one bytes: what :func:`encode_put` makes of each, in order."""
+    return _encode_tx_puts(b"put %b %d " % (_topic_bytes(topic), partition), flag, payloads,
+                           checksums, _tx_key_bytes(tx_key), opaques)
+
+
+def _tx_key_bytes(tx_key: str) -> bytes:
+    key = _tx_key_cache.get(tx_key) if type(tx_key) is str else None
+    if key is None:  # a transaction's puts carry the same key: checked once
+        if not isinstance(tx_key, str) or not tx_key or len(tx_key) > 512 \
+                or not tx_key.isprintable() or " " in tx_key:
+            raise ProtocolError(f"bad tx_key {str(tx_key)[:_REPR_MAX]!r}: a transaction key "
+                                f"is 1..512 printable characters without spaces")
+        key = tx_key.encode("utf-8")
+        if len(_tx_key_cache) > 256:
+            _tx_key_cache.clear()
+        _tx_key_cache[tx_key] = key
+    return key
 
 
 def encode_sync(topic: str, partition: int, payload: bytes, flag: int, msg_id: int,

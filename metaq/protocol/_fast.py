@@ -49,6 +49,7 @@ __all__ = [
     "py_crc32", "py_scan", "py_take", "py_deliver", "py_prepare", "c_prepare",
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
+    "encode_tx_puts", "py_encode_tx_puts", "c_encode_tx_puts",
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
     "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "put_ack",
     "py_put_ack", "put_round_trip", "py_put_round_trip",
@@ -394,6 +395,42 @@ if speedups is not None:
     encode_puts = c_encode_puts
 else:
     encode_puts = py_encode_puts
+
+
+# ----------------------------------------------------------------------------------
+# Producer side, transactions (issue 29): encode_tx_puts.
+# ----------------------------------------------------------------------------------
+
+def py_encode_tx_puts(head: bytes, flag: int, payloads: list[Any], checksums: list[int],
+                      key: bytes, opaques: list[int]) -> bytes:
+    """encode_tx_puts(head, flag, payloads, checksums, key, opaques) -> data.
+
+    The put requests of one partition joining transaction ``key`` (its bytes) as one
+    bytes: one ``<head><len> <flag> <checksum> <key> <opaque>\\r\\n<payload>`` per
+    payload, ``head`` being ``b"put <topic> <partition> "``.
+    """
+    if not len(payloads) == len(checksums) == len(opaques):
+        raise ValueError("encode_tx_puts: lists of different lengths")
+    fmt = (head.replace(b"%", b"%%") + b"%d " + (b"%d" % flag) + b" %d "
+           + key.replace(b"%", b"%%") + b" %d\r\n%b")
+    return b"".join(map(fmt.__mod__, zip(map(len, payloads), checksums, opaques, payloads,
+                                         strict=True)))
+
+
+def c_encode_tx_puts(head: bytes, flag: int, payloads: list[Any], checksums: list[int],
+                     key: bytes, opaques: list[int]) -> bytes:
+    """encode_tx_puts with C, which takes lists of bytes and ints only: anything else
+    goes to the Python formatting."""
+    try:
+        return _c_encode_tx_puts(head, flag, payloads, checksums, key, opaques)
+    except TypeError:
+        return py_encode_tx_puts(head, flag, payloads, checksums, key, opaques)
+
+
+# Looked up by name, not by VERSION: an older build without it still serves the rest.
+_c_encode_tx_puts = getattr(speedups, "encode_tx_puts", None)
+encode_tx_puts: Callable[[bytes, int, list[Any], list[int], bytes, list[int]], bytes] = (
+    py_encode_tx_puts if _c_encode_tx_puts is None else c_encode_tx_puts)
 
 
 # ----------------------------------------------------------------------------------

@@ -19,6 +19,8 @@
  *   fast_puts(buf, pos, fast, max_payload, out, tx_cls=None) -> pos   (the broker's put
  *                                         parser)
  *   encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes)   (producer)
+ *   encode_tx_puts(head, flag, payloads, checksums, key, opaques) -> data  (producer,
+ *                                         transactions)
  * Status: END (no further whole message: the data is used up or the next
  * message is cut short), LIMIT (``limit`` messages taken), BAD (an impossible
  * length or a checksum mismatch at ``pos``), LATER (the listener returned
@@ -1367,6 +1369,81 @@ py_put_round_trip(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return PyBytes_FromStringAndSize(buf, (Py_ssize_t)n);
 }
 /* ==== end of issue 29 (sync send) ====================================================== */
+/* ==== issue 29, transactions: the producer's transactional puts encoded together ======= */
+
+/* encode_tx_puts(head, flag, payloads, checksums, key, opaques) -> data: one
+ * ``<head><len> <flag> <checksum> <key> <opaque>\r\n<payload>`` per payload, where
+ * ``head`` is ``b"put <topic> <partition> "`` and ``key`` the transaction key's bytes
+ * (metaq/protocol/_commands.py encode_tx_puts, its twin and the checks). */
+static PyObject *
+py_encode_tx_puts(PyObject *self, PyObject *args)
+{
+    Py_buffer head, key;
+    long long flag;
+    PyObject *payloads, *checksums, *opaques;
+    if (!PyArg_ParseTuple(args, "y*LO!O!y*O!:encode_tx_puts", &head, &flag, &PyList_Type,
+                          &payloads, &PyList_Type, &checksums, &key, &PyList_Type, &opaques))
+        return NULL;
+    /* As encode_puts: no Python code runs between the two passes (only ints and bytes
+     * are read, the one allocation is a bytes object, not a GC one). */
+    PyObject *data = NULL;
+    Py_ssize_t m = PyList_GET_SIZE(payloads);
+    if (PyList_GET_SIZE(checksums) != m || PyList_GET_SIZE(opaques) != m) {
+        PyErr_SetString(PyExc_ValueError, "encode_tx_puts: lists of different lengths");
+        goto done;
+    }
+    char scratch[96];
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *pl = PyList_GET_ITEM(payloads, i);
+        PyObject *co = PyList_GET_ITEM(checksums, i), *oo = PyList_GET_ITEM(opaques, i);
+        if (!PyBytes_Check(pl)) {
+            PyErr_Format(PyExc_TypeError, "encode_tx_puts: payload %zd is not bytes", i);
+            goto done;
+        }
+        if (!PyLong_Check(co) || !PyLong_Check(oo)) {
+            PyErr_Format(PyExc_TypeError,
+                         "encode_tx_puts: checksum or opaque %zd is not an int", i);
+            goto done;
+        }
+        long long c = PyLong_AsLongLong(co);
+        long long o = PyLong_AsLongLong(oo);
+        if ((c == -1 || o == -1) && PyErr_Occurred())
+            goto done;
+        Py_ssize_t len = PyBytes_GET_SIZE(pl);
+        total += head.len + put_digits(scratch, len) + 1 + put_digits(scratch, flag) + 1
+                 + put_digits(scratch, c) + 1 + key.len + 1 + put_digits(scratch, o) + 2 + len;
+    }
+    data = PyBytes_FromStringAndSize(NULL, total);
+    if (data == NULL)
+        goto done;
+    char *w = PyBytes_AS_STRING(data);
+    for (Py_ssize_t i = 0; i < m; i++) {
+        PyObject *pl = PyList_GET_ITEM(payloads, i);
+        Py_ssize_t len = PyBytes_GET_SIZE(pl);
+        memcpy(w, head.buf, (size_t)head.len);
+        w += head.len;
+        w += put_digits(w, len);
+        *w++ = ' ';
+        w += put_digits(w, flag);
+        *w++ = ' ';
+        w += put_digits(w, PyLong_AsLongLong(PyList_GET_ITEM(checksums, i)));
+        *w++ = ' ';
+        memcpy(w, key.buf, (size_t)key.len);
+        w += key.len;
+        *w++ = ' ';
+        w += put_digits(w, PyLong_AsLongLong(PyList_GET_ITEM(opaques, i)));
+        *w++ = '\r';
+        *w++ = '\n';
+        memcpy(w, PyBytes_AS_STRING(pl), (size_t)len);
+        w += len;
+    }
+done:
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&key);
+    return data;
+}
+/* ==== end of issue 29, transactions ==================================================== */
 
 /* ---- module --------------------------------------------------------------------------- */
 
@@ -1391,6 +1468,9 @@ static PyMethodDef methods[] = {
      "fast_puts(buf, pos, fast, max_payload, out, tx_cls=None) -> pos: the broker's put\n"
      "fast path (see RequestParser): append a tuple per whole put to a key of fast (a\n"
      "tx_cls one per transactional put, given tx_cls); stop at anything else."},
+    {"encode_tx_puts", py_encode_tx_puts, METH_VARARGS,
+     "encode_tx_puts(head, flag, payloads, checksums, key, opaques) -> data: the\n"
+     "transactional put requests of several payloads to one partition, together."},
     {"encode_puts", py_encode_puts, METH_VARARGS,
      "encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes): the put\n"
      "requests of one partition, head being b'put <topic> <partition> '."},

@@ -10,6 +10,17 @@ names no transaction).  ``type`` is one of :data:`TX_TYPES`.  With 6 fields the
 as Java's decoder reads it.  A put joins a transaction by carrying its key
 (``put <topic> <part> <len> <flag> <checksum> <key> <opaque>``).
 
+**Pipelined local transactions** (metaq-py, offered by a broker whose ``version``
+answer lists :data:`TXPIPE_CAPABILITY`, ``+txpipe``): a producer may write BEGIN, the
+puts and COMMIT_ONE_PHASE together without waiting for any answer; its COMMIT then
+says how many puts it sent, as a ``puts=<n>`` token where a unique qualifier would
+stand (``transaction TX:<session>:<n> <sessionId> COMMIT_ONE_PHASE puts=<n> <opaque>``;
+local transactions have no unique qualifier).  Such a broker commits only when the
+transaction holds exactly that many messages and none of its puts was refused;
+otherwise it rolls the transaction back and refuses the COMMIT, so a pipelined
+transaction with a missing message is never committed.  Java's broker has no such
+rule: a producer sends ``puts=`` only to a ``+txpipe`` broker.
+
 Answers (Java's ``TransactionProcessor``): ``result 200`` with no body for BEGIN,
 COMMIT_*, ROLLBACK, FORGET; PREPARE answers ``result 200`` with ``0`` (XA_OK) or
 ``3`` (XA_RDONLY: nothing to commit); RECOVER answers ``result 200`` with the
@@ -30,7 +41,8 @@ from metaq.protocol._constants import INT32_MAX, INT32_MIN
 
 __all__ = ["TransactionRequest", "TransactionKey", "TX_TYPES", "encode_transaction",
            "parse_transaction_key", "transaction_request", "local_key", "xa_key",
-           "MAX_TRANSACTION_KEY", "XA_OK", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO",
+           "MAX_TRANSACTION_KEY", "TXPIPE_CAPABILITY",
+           "XA_OK", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO",
            "XAER_RMERR", "XAER_INVAL",
            "XA_RBOTHER", "XA_RBTIMEOUT"]
 
@@ -47,6 +59,11 @@ XAER_RMERR = -3
 XAER_NOTA = -4
 XAER_INVAL = -5
 XAER_PROTO = -6
+
+#: The ``version`` extension of a broker that takes pipelined local transactions
+#: (the module docstring).
+TXPIPE_CAPABILITY = "+txpipe"
+_PUTS = re.compile(r"puts=(0|[1-9][0-9]{0,9})")
 
 _LOCAL = re.compile(r"TX:([^:\s]+):(-?\d{1,19})")
 _XA = re.compile(r"XID:(-?\d{1,10}):([0-9a-fA-F]*):([0-9a-fA-F]*):([^:\s]+)")
@@ -112,12 +129,23 @@ class TransactionRequest(NamedTuple):
     timeout: int
     unique_qualifier: str | None
     opaque: int
+    #: a pipelined local COMMIT_ONE_PHASE: how many puts the producer sent (``puts=<n>``)
+    puts: int | None = None
 
 
 def encode_transaction(key: str, session_id: str, type: str, opaque: int, *,
-                       timeout: int = 0, unique_qualifier: str | None = None) -> bytes:
-    """A ``transaction`` line as Java's ``TransactionCommand.encode`` writes it."""
-    parse_transaction_key(key)
+                       timeout: int = 0, unique_qualifier: str | None = None,
+                       puts: int | None = None) -> bytes:
+    """A ``transaction`` line as Java's ``TransactionCommand.encode`` writes it; with
+    ``puts`` (a local COMMIT_ONE_PHASE only), a pipelined commit's ``puts=<n>``."""
+    parsed = parse_transaction_key(key)
+    if puts is not None:
+        if (type != "COMMIT_ONE_PHASE" or parsed.kind != "local" or unique_qualifier
+                or isinstance(puts, bool) or not isinstance(puts, int)
+                or not 0 <= puts <= INT32_MAX):
+            raise ProtocolError(f"puts={puts!r} is for a local transaction's "
+                                f"COMMIT_ONE_PHASE only, a count from 0 to {INT32_MAX}")
+        unique_qualifier = f"puts={puts}"
     if type not in TX_TYPES:
         raise ProtocolError(f"transaction type must be one of {', '.join(TX_TYPES)}, "
                             f"not {type!r}")
@@ -159,5 +187,10 @@ def transaction_request(parts: list) -> TransactionRequest:
             uq = token_text(parts[4], "unique qualifier")
     if uq is not None and (not uq or name_problem(uq)):
         raise ProtocolError(f"bad unique qualifier {show(uq.encode())}")
+    puts = None
+    if uq is not None and ttype == "COMMIT_ONE_PHASE" and key.kind == "local":
+        m = _PUTS.fullmatch(uq)
+        if m is not None and int(m.group(1)) <= INT32_MAX:
+            puts, uq = int(m.group(1)), None
     return TransactionRequest(key, session, ttype, timeout, uq,
-                              parse_int(parts[-1], "opaque", INT32_MIN, INT32_MAX))
+                              parse_int(parts[-1], "opaque", INT32_MIN, INT32_MAX), puts)

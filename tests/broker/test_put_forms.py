@@ -157,5 +157,5 @@ def test_put_records_are_put_record_each():
     from metaq.broker._txjournal import put_record, put_records
 
     msgs = [b"", b"a" * 30, b"\x00\xff"]
-    assert put_records("TX:s:1", "t", 3, msgs) == [put_record("TX:s:1", "t", 3, m)
-                                                    for m in msgs]
+    assert put_records("TX:s:1", "t", 3, msgs) == b"".join(
+        [put_record("TX:s:1", "t", 3, m) for m in msgs])

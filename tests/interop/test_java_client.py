@@ -441,6 +441,24 @@ def _body_index(body: str) -> int:
     return int(body.rsplit("-", 1)[1])
 
 
+def test_python_transaction_against_a_java_broker_is_step_by_step(zk_connect) -> None:
+    """Our producer's local transaction against a broker without ``+txpipe`` (Java's,
+    here its stand-in) sends exactly Java's lines, BEGIN and COMMIT without the
+    pipelined commit's ``puts=<n>`` (which Java's broker would read as a unique
+    qualifier)."""
+    with StubBroker(zk_connect, {TOPIC: PARTS}) as stub, Producer(zk_connect) as p:
+        with p.transaction() as tx:
+            tx.send(TOPIC, b"one", partition="0-0")
+            tx.send(TOPIC, b"two", partition="0-0")
+        lines = [line for line in stub.commands() if not line.startswith("version ")]
+    assert [re.sub(r"TX:\S+:1 \S+", "TX:<sid>:1 <sid>", re.sub(r" -?\d+$", " <opaque>", line))
+            for line in lines if not line.startswith("put ")] == [
+        "transaction TX:<sid>:1 <sid> BEGIN <opaque>",
+        "transaction TX:<sid>:1 <sid> COMMIT_ONE_PHASE <opaque>"]
+    assert [line.split(" ")[0] for line in lines] == ["transaction", "put", "put",
+                                                      "transaction"]
+
+
 def test_new_java_member_after_kill9_always_receives(zk_connect, zk_client, brokers, java,
                                                        tmp_path) -> None:
     """Issue 25's mixed group: one Java member, one Python member (``metaq consume`` in a

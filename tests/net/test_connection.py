@@ -53,3 +53,35 @@ def test_pipelined_gets_and_an_error_reply_keep_the_connection_usable(broker):
             conn.read_get_into(missing, b"", buf)
         whole = conn.read_get(conn.send_get(TOPIC, "g", 0, 0, 4000))
         assert first + bytes(buf[:n2]) == whole
+
+
+def test_read_results_gives_what_read_result_gives_one_by_one(broker):
+    """A run of answers read together: bodies in order, a BrokerError in place of each
+    refused put, and answers that arrive over several reads (5,000 of them)."""
+    from metaq.protocol import checksum
+
+    def puts(conn: BrokerConnection) -> list[int]:
+        out = []
+        for i in range(5000):
+            body = b"p%d" % i
+            topic = "no-such-topic" if i % 997 == 3 else TOPIC
+            out.append(conn.send_put(topic, 0, body, 0, checksum(body), hold=True))
+        return out
+
+    with BrokerConnection("127.0.0.1", broker.port) as conn:
+        together = conn.read_results(puts(conn))
+        one_by_one = []
+        for opaque in puts(conn):
+            try:
+                one_by_one.append(conn.read_result(opaque))
+            except BrokerError as e:
+                one_by_one.append(e)
+        assert conn.version()  # the connection is still in step
+    refused = [i for i, r in enumerate(together) if isinstance(r, BrokerError)]
+    assert refused == [i for i in range(5000) if i % 997 == 3]
+    assert [type(r) for r in together] == [type(r) for r in one_by_one]
+    assert [str(r) for r in together if isinstance(r, BrokerError)] == \
+        [str(r) for r in one_by_one if isinstance(r, BrokerError)]
+    ok = [r for r in together if type(r) is bytes]
+    assert len(ok) == 5000 - len(refused)
+    assert all(len(r.split()) == 3 for r in ok)
