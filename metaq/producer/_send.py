@@ -12,8 +12,9 @@ from concurrent.futures._base import FINISHED, RUNNING
 from typing import NamedTuple, Protocol
 
 from metaq._errors import BrokerError, ProtocolError
-from metaq.net import LAZY_OK, LightFuture
+from metaq.net import LAZY_OK, LightFuture, PipelinedConnection
 from metaq.protocol import ack_result as _ack_result
+from metaq.protocol import bind_send_result as _bind_send_result
 from metaq.protocol import complete_acks as _complete_acks
 from metaq.protocol import untrack as _untrack
 from zk_layout import Partition
@@ -76,11 +77,12 @@ class Send(LightFuture):
     pid: int
     seq: int | None
     gaps: int
-    #: The broker's answer as decimal bytes, when completed in bulk (see ``on_acks``);
-    #: set before the state becomes FINISHED, read only after it.
-    _ack_id: bytes
-    _ack_index: bytes
-    _ack_offset: bytes
+    #: The broker's answer as decimal bytes (``on_acks``) or ints (``take_acks``, the C
+    #: reader's), when completed in bulk; set before the state becomes FINISHED, read
+    #: only after it.
+    _ack_id: bytes | int
+    _ack_index: bytes | int
+    _ack_offset: bytes | int
 
     def __init__(self, path: Retrier, topic: str, payload: bytes, flag: int, checksum: int,
                  deadline: float) -> None:
@@ -166,6 +168,11 @@ class Send(LightFuture):
         self.path.attempt_failed(self, exc)
 
 
+# Successful replies to plain Sends are completed in C by the connections' readers
+# (``take_acks``: what on_acks does, the answer kept as ints), before any Python parsing.
+PipelinedConnection.ack_type = Send
+
+
 class _Names(dict):
     """Partition index (an int or its decimal bytes) -> ``"<brokerId>-<index>"`` for
     one broker, built on first use."""
@@ -182,6 +189,11 @@ class _Names(dict):
 
 
 _NAMES: dict[int, _Names] = {}
+if _bind_send_result is not None:
+    # result() of a finished Send in C (one call, no Python frame); the Python method
+    # above does everything else (waiting, raising) and is what the C one stands for.
+    Send.result = _bind_send_result(  # type: ignore[method-assign]
+        Send, SendResult, _NAMES, Send.result)
 #: ``make_result((msg_id, partition, offset, broker_id, index))``: a :class:`SendResult`
 #: from a tuple without a call to ``__new__`` (``map`` over columns builds many at once).
 make_result = functools.partial(_new_tuple, SendResult)

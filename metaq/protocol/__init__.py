@@ -16,7 +16,8 @@ One concept per module:
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``,
                           ``put_request``, ``untrack`` / ``track``, ``complete_acks``,
-                          ``ack_result``
+                          ``ack_result``, ``submit_put``, ``take_acks``,
+                          ``bind_send_result``
                           (the producer)
 ========================  =====================================================
 
@@ -87,6 +88,7 @@ from metaq.protocol._fast import (
     ST_LIMIT,
     PartitionReader,
     ack_result,
+    bind_send_result,
     complete_acks,
     crc32,
     deliver,
@@ -94,7 +96,9 @@ from metaq.protocol._fast import (
     prepare,
     put_request,
     scan,
+    submit_put,
     take,
+    take_acks,
     track,
     untrack,
 )
@@ -182,7 +186,7 @@ __all__ = [
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
-    "ack_result",
+    "ack_result", "submit_put", "take_acks", "bind_send_result",
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",

@@ -50,7 +50,8 @@ __all__ = [
     # producer side
     "encode_puts", "py_encode_puts", "c_encode_puts",
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
-    "complete_acks", "py_complete_acks", "ack_result", "py_ack_result",
+    "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "submit_put",
+    "take_acks", "bind_send_result",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -459,6 +460,23 @@ ack_result: Callable[[type, bytes, bytes, bytes, int, Mapping[int, str]], Any] =
     speedups, "ack_result", py_ack_result)
 complete_acks: Callable[[list[Any], list[bytes], list[bytes], list[bytes], object],
                         list[Any]] = getattr(speedups, "complete_acks", py_complete_acks)
+#: ``submit_put(state, topic, route, payload, flag)``: ``Producer.send_async``'s future, pick
+#: and put in one C call (see the C file).  None without the C module: its twin is the
+#: Python path it replaces in metaq/producer/_producer.py (``Send(...)`` then
+#: ``SendPath.submit``), which tests/producer/test_send_fast_path.py compares it with.
+submit_put: Callable[[tuple, str, Any, bytes, int], Any] | None = getattr(
+    speedups, "submit_put", None)
+#: ``take_acks(buf, pending, send_type, finished) -> (used, freed, waited)``: a put
+#: connection reader's completion of a run of successful replies in one C call (see the C
+#: file); None without the C module: its twin is the Python path it goes before in
+#: metaq/net/_reader.py (``scan_acks`` / ``scan_results``, then ``on_acks`` / ``on_reply``).
+take_acks: Callable[[bytes, dict, type, str], tuple[int, int, list[Any]]] | None = getattr(
+    speedups, "take_acks", None)
+#: ``bind_send_result(send_type, result_cls, names, slow)``: a C ``result`` method for the
+#: producer's Send, ``slow`` (the Python method, its twin) for all but a finished send
+#: without an exception; None without the C module (the Python method stays).
+bind_send_result: Callable[[type, type, dict, Callable[..., Any]], Any] | None = getattr(
+    speedups, "bind_send_result", None)
 
 
 # ----------------------------------------------------------------------------------
