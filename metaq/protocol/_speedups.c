@@ -1149,7 +1149,7 @@ static const char *const ss_names[SS_N] = {
     "checksum", "deadline", "attempts", "part", "tried", "flush", "_pipe_sent", "_pipe_size"};
 static PyTypeObject *ss_type;     /* the send type whose slot offsets are cached */
 static Py_ssize_t ss_off[SS_N];
-static PyObject *ss_empty_tuple, *ss_zero;
+static PyObject *ss_empty_tuple, *ss_zero, *one_long;
 enum { SN_PARTITIONS, SN_COUNTER, SN_BROKER_ID, SN_INDEX, SN_ADDRESSES, SN_USABLE, SN_ADDRESS,
        SN_OPAQUES, SN_PREFIXES, SN_PENDING, SN_MAX_IN_FLIGHT, SN_INFLIGHT_BYTES,
        SN_MAX_INFLIGHT_BYTES, SN_LOCK, SN_ERROR, SN_CLOSING, SN_OUT, SN_WAKE, SN_PARKED,
@@ -1170,6 +1170,8 @@ ss_init_names(void)
     if (ss_empty_tuple == NULL && (ss_empty_tuple = PyTuple_New(0)) == NULL)
         return -1;
     if (ss_zero == NULL && (ss_zero = PyLong_FromLong(0)) == NULL)
+        return -1;
+    if (one_long == NULL && (one_long = PyLong_FromLong(1)) == NULL)
         return -1;
     return 0;
 }
@@ -1331,6 +1333,10 @@ ss_put(PyObject *send, PyObject *cd, PyObject *topic, PyObject *part, PyObject *
             } else {
                 ss_set(send, SS_SENT, sent);
                 ss_set(send, SS_SIZE, sz);
+                /* attempts = 1 before the reader (or a failing connection) can see it, as
+                 * SendPath.submit sets it before put() */
+                Py_INCREF(one_long);
+                ss_set(send, SS_ATTEMPTS, one_long);
                 if (PyDict_SetItem(pending, opaque, send) < 0)
                     refuse = -1;
                 else if (PyDict_SetItem(cd, sn[SN_INFLIGHT_BYTES], total) < 0) {
@@ -1541,13 +1547,7 @@ py_submit_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int rc = ss_put(send, cd, topic, part, payload, flag, checksum, now);
     if (rc < 0)
         goto fail;
-    if (rc > 0) {
-        PyObject *one = PyLong_FromLong(1);
-        if (one == NULL)
-            goto fail;
-        ss_set(send, SS_ATTEMPTS, one);
-    }
-    goto python;
+    goto python;  /* put (attempts 1) or declined (attempts 0): the caller goes on */
 python_or_fail:
     if (PyErr_Occurred())
         goto fail;
