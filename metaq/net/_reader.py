@@ -4,7 +4,9 @@ A named thread reads the socket, parses replies in bulk
 (:func:`metaq.net._acks.scan_acks`, falling back to
 :func:`metaq.net._acks.scan_results`) and completes the requests: a run of
 successful replies to one ``put_many`` (:class:`Run`) or to requests of one
-class with ``on_acks`` in one call, anything else one reply at a time.  It
+class with ``on_acks`` in one call, anything else one reply at a time; with the
+C module, the leading successful replies to requests of :attr:`ReplyReader.ack_type`
+(the producer's ``Send``) are completed first in one C call (``take_acks``).  It
 also times out what the broker does not answer (:meth:`ReplyReader._sweep`).
 """
 

@@ -16,6 +16,13 @@ retried on another partition, preferring another broker, up to ``retries``
 times within ``send_timeout``; retries triggered by a reply are handed to the
 ``metaq-producer-retry`` thread so that a broker connection's reader never
 blocks.
+
+Per message, ``send_async`` checks and encodes in Python and, with the C module,
+on the common path (round-robin, not idempotent, plain :class:`Send` futures, not a
+blocking ``send``) makes the future, picks the partition and puts the request on
+its connection in one C call (``submit_put``); whatever that call declines (no
+partition, a broker avoided, no usable connection, a full window, a busy lock)
+goes on in :class:`SendPath` exactly as without it.
 """
 
 from __future__ import annotations

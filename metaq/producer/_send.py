@@ -3,6 +3,12 @@
 A :class:`Send` is both the future the user holds and the request a broker
 connection completes; an attempt that fails goes back to its :class:`Retrier`
 (the send path, :mod:`metaq.producer._path`), which sends it again.
+
+With the C module, a plain :class:`Send` is made and put by one C call on
+``send_async``'s common path (``submit_put``, see :mod:`metaq.producer._producer`),
+completed in C by its connection's reader (``take_acks``, which stores what
+:meth:`Send.on_acks` stores) and read by a C ``result()`` once finished; the
+Python code here is what they stand in for, and what runs without the C module.
 """
 
 from __future__ import annotations
