@@ -1832,8 +1832,26 @@ py_send_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject
     Py_INCREF(id);
     Py_INCREF(index);
     Py_INCREF(off);
-    PyObject *a[6] = {sr_cls, id, index, off, bid, names};
-    PyObject *res = py_ack_result(NULL, a, 6);
+    PyObject *res = NULL;
+    if (PyLong_CheckExact(id) && PyLong_CheckExact(index) && PyLong_CheckExact(off)) {
+        /* ints (take_acks): cls(id, names[index], offset, bid, index) built in place, as
+         * tuple.__new__(cls, items) builds a tuple subclass */
+        PyObject *name = PyObject_GetItem(names, index);
+        if (name != NULL) {
+            res = ((PyTypeObject *)sr_cls)->tp_alloc((PyTypeObject *)sr_cls, 5);
+            if (res != NULL) {
+                PyObject *items[5] = {id, name, off, bid, index};
+                for (int k = 0; k < 5; k++) {
+                    Py_INCREF(items[k]);
+                    PyTuple_SET_ITEM(res, k, items[k]);
+                }
+            }
+            Py_DECREF(name);
+        }
+    } else {
+        PyObject *a[6] = {sr_cls, id, index, off, bid, names};
+        res = py_ack_result(NULL, a, 6);
+    }
     Py_DECREF(id);
     Py_DECREF(index);
     Py_DECREF(off);
@@ -1853,9 +1871,13 @@ static PyObject *
 py_bind_send_result(PyObject *self, PyObject *args)
 {
     PyObject *t, *cls, *names, *slow;
-    if (!PyArg_ParseTuple(args, "O!OO!O:bind_send_result", &PyType_Type, &t, &cls,
-                          &PyDict_Type, &names, &slow))
+    if (!PyArg_ParseTuple(args, "O!O!O!O:bind_send_result", &PyType_Type, &t, &PyType_Type,
+                          &cls, &PyDict_Type, &names, &slow))
         return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bind_send_result: result_cls must be a tuple class");
+        return NULL;
+    }
     if (ss_init_names() < 0 || sa_offsets((PyTypeObject *)t) < 0)
         return NULL;
     if (sr_finished == NULL && (sr_finished = PyUnicode_InternFromString("FINISHED")) == NULL)
