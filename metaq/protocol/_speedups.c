@@ -1593,7 +1593,7 @@ static Py_ssize_t sa_off[SA_N];
 static int
 sa_offsets(PyTypeObject *t)
 {
-    if (t == sa_type)
+    if (t == sa_type && t == ss_type)
         return 0;
     if (ss_offsets(t) < 0)
         return -1;
