@@ -4,7 +4,9 @@ A named thread reads the socket, parses replies in bulk
 (:func:`metaq.net._acks.scan_acks`, falling back to
 :func:`metaq.net._acks.scan_results`) and completes the requests: a run of
 successful replies to one ``put_many`` (:class:`Run`) or to requests of one
-class with ``on_acks`` in one call, anything else one reply at a time.  It
+class with ``on_acks`` in one call, anything else one reply at a time; with the
+C module, the leading successful replies to requests of :attr:`ReplyReader.ack_type`
+(the producer's ``Send``) are completed first in one C call (``take_acks``).  It
 also times out what the broker does not answer (:meth:`ReplyReader._sweep`).
 """
 
@@ -21,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from metaq._errors import ConnectionClosedError, ProtocolError, SendTimeoutError
 from metaq.net._acks import MultiPending, scan_acks, scan_results
+from metaq.protocol import take_acks as _take_acks
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,6 +39,7 @@ _BULK_MIN = 1024
 _repeat = itertools.repeat
 _islice = itertools.islice
 _size_of = attrgetter("_pipe_size")
+_FINISHED = "FINISHED"  # concurrent.futures._base.FINISHED (a LightFuture's done state)
 
 
 class Run:
@@ -61,6 +65,12 @@ class Run:
 
 class ReplyReader:
     """Mixin of :class:`~metaq.net._pipeline.PipelinedConnection`: its reader thread."""
+
+    #: The request class whose successful replies are completed in C, in one call per
+    #: read (``take_acks``: popped, their answer stored, their state set, as its
+    #: ``on_acks`` would), before the parsers below see the rest; None: none.  A class
+    #: with the slots ``on_acks`` stores (the producer's ``Send`` sets itself here).
+    ack_type: type | None = None
 
     # Provided by the connection.
     name: str
@@ -249,6 +259,23 @@ class ReplyReader:
 
     def _handle(self, buf: bytes) -> bytes:
         """Complete every whole reply in ``buf``; return the unparsed rest."""
+        kind = self.ack_type
+        if kind is not None and _take_acks is not None:
+            used, freed, waited = _take_acks(buf, self._pending, kind, _FINISHED)
+            if used:
+                self._last_reply = time.monotonic()
+                try:
+                    for request in waited:
+                        try:
+                            request._notify()
+                        except Exception:
+                            log.exception("request callback failed on %s", self.name)
+                finally:
+                    if freed:
+                        self._freed(freed)
+                if used == len(buf):
+                    return b""
+                buf = buf[used:]
         if len(buf) < _BULK_MIN:  # a few replies (a caller waiting for each): one by one
             return self._handle_results(buf)
         acks = scan_acks(buf)

@@ -21,6 +21,13 @@ retried on another partition, preferring another broker, up to ``retries``
 times within ``send_timeout``; retries triggered by a reply are handed to the
 ``metaq-producer-retry`` thread so that a broker connection's reader never
 blocks.
+
+Per message, ``send_async`` checks and encodes in Python and, with the C module,
+on the common path (round-robin, not idempotent, plain :class:`Send` futures, not a
+blocking ``send``) makes the future, picks the partition and puts the request on
+its connection in one C call (``submit_put``); whatever that call declines (no
+partition, a broker avoided, no usable connection, a full window, a busy lock)
+goes on in :class:`SendPath` exactly as without it.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from concurrent.futures._base import RUNNING
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -42,7 +50,7 @@ from metaq._errors import (
     SendTimeoutError,
 )
 from metaq._zkclient import make_client
-from metaq.net import READER_PREFIX
+from metaq.net import READER_PREFIX, PipelinedConnection
 from metaq.producer._batch import BatchFuture, BatchSender
 from metaq.producer._config import ProducerConfig
 from metaq.producer._connections import BrokerConnections
@@ -53,6 +61,7 @@ from metaq.producer._send import Send, SendResult
 from metaq.producer._transaction import LocalTransaction, TxSender, XAResource
 from metaq.protocol import CHECKSUM_MASK, FLAG_HAS_ATTRIBUTE
 from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
+from metaq.protocol import submit_put as _submit_put
 from zk_layout import Layout
 
 __all__ = ["Producer"]
@@ -118,10 +127,29 @@ class Producer:
         #: what transactions borrow: routes, partitioner, payload rules, idle connections
         self._tx = TxSender(self._router, self._path, encoder, config.send_timeout)
         self._timeout = config.send_timeout
-        #: The class of the futures :meth:`send_async` returns: :class:`Send` or a subclass
-        #: taking the same arguments (:mod:`metaq.aio` completes its own into an event loop).
-        #: Set before the first send.
-        self.future_type: type[Send] = Send
+        self._future_type: type[Send] = Send
+        #: What the C module's ``submit_put`` needs to make a :class:`Send` and put it on its
+        #: connection in one call (send_async's common path: round-robin, not idempotent,
+        #: plain Send futures); None: the Python path only (no C module, or another case).
+        self._fast: tuple | None = None
+        if (_submit_put is not None and config.partitioner == "roundrobin"
+                and not config.idempotent):
+            self._fast = (Send, self._path, self._connections.by_broker,
+                          self._connections.faults, PipelinedConnection,
+                          float(config.send_timeout), RUNNING)
+
+    @property
+    def future_type(self) -> type[Send]:
+        """The class of the futures :meth:`send_async` returns: :class:`Send` or a
+        subclass taking the same arguments (:mod:`metaq.aio` completes its own into an
+        event loop).  Set before the first send."""
+        return self._future_type
+
+    @future_type.setter
+    def future_type(self, cls: type[Send]) -> None:
+        self._future_type = cls
+        if cls is not Send:  # the C path makes plain Sends only
+            self._fast = None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -233,10 +261,23 @@ class Producer:
             payload, flag = data, 0
         else:
             payload, flag = self._with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
-        deadline = _monotonic() + self._timeout
         path = self._path
-        send = self.future_type(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
-                                deadline)
+        fast = self._fast
+        if fast is not None and not _flush:
+            # The future, the round-robin pick and the put in one C call; what it could not
+            # do (no partition or a broker avoided: part None; no usable connection, a full
+            # window, a busy lock: attempts 0) goes on as below, from the same point.
+            send = _submit_put(fast, topic, route, payload, flag)
+            if send is not None:
+                if not send.attempts:
+                    if send.part is None:
+                        path.submit(send, topic, route, data, key)
+                    else:
+                        path.dispatch(send, route, send.part)
+                return send
+        deadline = _monotonic() + self._timeout
+        send = self._future_type(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
+                                 deadline)
         send.flush = _flush
         path.submit(send, topic, route, data, key)  # pick, dispatch (waits for a broker)
         return send

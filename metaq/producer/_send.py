@@ -3,6 +3,12 @@
 A :class:`Send` is both the future the user holds and the request a broker
 connection completes; an attempt that fails goes back to its :class:`Retrier`
 (the send path, :mod:`metaq.producer._path`), which sends it again.
+
+With the C module, a plain :class:`Send` is made and put by one C call on
+``send_async``'s common path (``submit_put``, see :mod:`metaq.producer._producer`),
+completed in C by its connection's reader (``take_acks``, which stores what
+:meth:`Send.on_acks` stores) and read by a C ``result()`` once finished; the
+Python code here is what they stand in for, and what runs without the C module.
 """
 
 from __future__ import annotations
@@ -12,8 +18,9 @@ from concurrent.futures._base import FINISHED, RUNNING
 from typing import NamedTuple, Protocol
 
 from metaq._errors import BrokerError, ProtocolError
-from metaq.net import LAZY_OK, LightFuture
+from metaq.net import LAZY_OK, LightFuture, PipelinedConnection
 from metaq.protocol import ack_result as _ack_result
+from metaq.protocol import bind_send_result as _bind_send_result
 from metaq.protocol import complete_acks as _complete_acks
 from metaq.protocol import untrack as _untrack
 from zk_layout import Partition
@@ -76,11 +83,12 @@ class Send(LightFuture):
     pid: int
     seq: int | None
     gaps: int
-    #: The broker's answer as decimal bytes, when completed in bulk (see ``on_acks``);
-    #: set before the state becomes FINISHED, read only after it.
-    _ack_id: bytes
-    _ack_index: bytes
-    _ack_offset: bytes
+    #: The broker's answer as decimal bytes (``on_acks``) or ints (``take_acks``, the C
+    #: reader's), when completed in bulk; set before the state becomes FINISHED, read
+    #: only after it.
+    _ack_id: bytes | int
+    _ack_index: bytes | int
+    _ack_offset: bytes | int
 
     def __init__(self, path: Retrier, topic: str, payload: bytes, flag: int, checksum: int,
                  deadline: float) -> None:
@@ -166,6 +174,11 @@ class Send(LightFuture):
         self.path.attempt_failed(self, exc)
 
 
+# Successful replies to plain Sends are completed in C by the connections' readers
+# (``take_acks``: what on_acks does, the answer kept as ints), before any Python parsing.
+PipelinedConnection.ack_type = Send
+
+
 class _Names(dict):
     """Partition index (an int or its decimal bytes) -> ``"<brokerId>-<index>"`` for
     one broker, built on first use."""
@@ -182,6 +195,11 @@ class _Names(dict):
 
 
 _NAMES: dict[int, _Names] = {}
+if _bind_send_result is not None:
+    # result() of a finished Send in C (one call, no Python frame); the Python method
+    # above does everything else (waiting, raising) and is what the C one stands for.
+    Send.result = _bind_send_result(  # type: ignore[method-assign]
+        Send, SendResult, _NAMES, Send.result)
 #: ``make_result((msg_id, partition, offset, broker_id, index))``: a :class:`SendResult`
 #: from a tuple without a call to ``__new__`` (``map`` over columns builds many at once).
 make_result = functools.partial(_new_tuple, SendResult)

@@ -16,7 +16,8 @@ One concept per module:
                           chosen once: ``crc32``, ``scan``, ``take``, ``deliver``
                           (read by a ``PartitionReader``), ``encode_puts``,
                           ``put_request``, ``untrack`` / ``track``, ``complete_acks``,
-                          ``ack_result``, ``put_ack``, ``put_round_trip``
+                          ``ack_result``, ``put_ack``, ``put_round_trip``,
+                          ``submit_put``, ``take_acks``, ``bind_send_result``
                           (the producer)
 ========================  =====================================================
 
@@ -88,6 +89,7 @@ from metaq.protocol._fast import (
     ST_LIMIT,
     PartitionReader,
     ack_result,
+    bind_send_result,
     complete_acks,
     crc32,
     deliver,
@@ -97,7 +99,9 @@ from metaq.protocol._fast import (
     put_request,
     put_round_trip,
     scan,
+    submit_put,
     take,
+    take_acks,
     track,
     untrack,
 )
@@ -187,7 +191,7 @@ __all__ = [
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
-    "ack_result", "put_ack", "put_round_trip",
+    "ack_result", "put_ack", "put_round_trip", "submit_put", "take_acks", "bind_send_result",
     "TX_TYPES", "TXPIPE_CAPABILITY",
     "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",

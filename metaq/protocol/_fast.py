@@ -52,7 +52,8 @@ __all__ = [
     "encode_tx_puts", "py_encode_tx_puts", "c_encode_tx_puts",
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
     "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "put_ack",
-    "py_put_ack", "put_round_trip", "py_put_round_trip",
+    "py_put_ack", "put_round_trip", "py_put_round_trip", "submit_put",
+    "take_acks", "bind_send_result",
     # broker side
     "fast_puts", "py_fast_puts",
 ]
@@ -561,6 +562,23 @@ put_ack: Callable[[bytes, int, type, int, Mapping[int, str]], Any] = getattr(
     speedups, "put_ack", py_put_ack)
 put_round_trip: Callable[[Any, Any, bytes, int, type, int, Mapping[int, str]], Any] = getattr(
     speedups, "put_round_trip", py_put_round_trip)
+#: ``submit_put(state, topic, route, payload, flag)``: ``Producer.send_async``'s future, pick
+#: and put in one C call (see the C file).  None without the C module: its twin is the
+#: Python path it replaces in metaq/producer/_producer.py (``Send(...)`` then
+#: ``SendPath.submit``), which tests/producer/test_send_fast_path.py compares it with.
+submit_put: Callable[[tuple, str, Any, bytes, int], Any] | None = getattr(
+    speedups, "submit_put", None)
+#: ``take_acks(buf, pending, send_type, finished) -> (used, freed, waited)``: a put
+#: connection reader's completion of a run of successful replies in one C call (see the C
+#: file); None without the C module: its twin is the Python path it goes before in
+#: metaq/net/_reader.py (``scan_acks`` / ``scan_results``, then ``on_acks`` / ``on_reply``).
+take_acks: Callable[[bytes, dict, type, str], tuple[int, int, list[Any]]] | None = getattr(
+    speedups, "take_acks", None)
+#: ``bind_send_result(send_type, result_cls, names, slow)``: a C ``result`` method for the
+#: producer's Send, ``slow`` (the Python method, its twin) for all but a finished send
+#: without an exception; None without the C module (the Python method stays).
+bind_send_result: Callable[[type, type, dict, Callable[..., Any]], Any] | None = getattr(
+    speedups, "bind_send_result", None)
 
 
 # ----------------------------------------------------------------------------------

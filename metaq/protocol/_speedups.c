@@ -1445,6 +1445,790 @@ done:
 }
 /* ==== end of issue 29, transactions ==================================================== */
 
+/* ==== send_async in one call (issue 29, producer part: branch i29-async) ================
+ * submit_put(state, topic, route, payload, flag) -> Send or None
+ *   What Producer.send_async does after checking and encoding a message, on the common
+ *   path, in one call (metaq/producer/_producer.py; its Python twin is the code it
+ *   replaces there: ``Send(...)`` then ``SendPath.submit``):
+ *     state = (send_type, path, conns, faults, conn_type, timeout, running)
+ *   - the future: send_type's tp_new (no __init__), out of the cyclic collector's lists,
+ *     its slots stored as Send.__init__ stores them (checksum = crc32 & 0x7fffffff,
+ *     deadline = time.monotonic() + timeout);
+ *   - when faults is empty and route.partitions is not: the round-robin pick
+ *     (partitions[next(route.counter) % len]) into send.part;
+ *   - when conns[part.broker_id] is a usable conn_type at route's address, with a cached
+ *     prefix for topic and room in its window, and its lock free: PipelinedConnection.put's
+ *     body (opaque, request bytes, _pipe_sent/_pipe_size, pending map, window bytes,
+ *     out queue, wake the writer / a parked reader), and send.attempts = 1.
+ *   Whatever it could not do is left to the Python path (send.attempts == 0: part None
+ *   -> SendPath.submit, else SendPath.dispatch), which does it the same way (and waits,
+ *   connects, raises or fails the future where the C side declines).  None (nothing
+ *   done) for a payload that is not exact bytes or a flag that is not an int.
+ */
+#include <time.h>
+#include <structmember.h>
+
+enum { SS_STATE, SS_RESULT, SS_EXC, SS_WAITED, SS_PATH, SS_TOPIC, SS_PAYLOAD, SS_FLAG,
+       SS_CHECKSUM, SS_DEADLINE, SS_ATTEMPTS, SS_PART, SS_TRIED, SS_FLUSH, SS_SENT, SS_SIZE,
+       SS_N };
+static const char *const ss_names[SS_N] = {
+    "_state", "_result", "_exception", "_waited", "path", "topic", "payload", "flag",
+    "checksum", "deadline", "attempts", "part", "tried", "flush", "_pipe_sent", "_pipe_size"};
+static PyTypeObject *ss_type;     /* the send type whose slot offsets are cached */
+static Py_ssize_t ss_off[SS_N];
+static PyObject *ss_empty_tuple, *ss_zero, *one_long;
+enum { SN_PARTITIONS, SN_COUNTER, SN_BROKER_ID, SN_INDEX, SN_ADDRESSES, SN_USABLE, SN_ADDRESS,
+       SN_OPAQUES, SN_PREFIXES, SN_PENDING, SN_MAX_IN_FLIGHT, SN_INFLIGHT_BYTES,
+       SN_MAX_INFLIGHT_BYTES, SN_LOCK, SN_ERROR, SN_CLOSING, SN_OUT, SN_WAKE, SN_PARKED,
+       SN_UNPARK, SN_FLAG, SN_ACQUIRE, SN_RELEASE, SN_SET, SN_APPEND, SN_N };
+static const char *const sn_text[SN_N] = {
+    "partitions", "counter", "broker_id", "index", "addresses", "usable", "address",
+    "_opaques", "_prefixes", "_pending", "max_in_flight", "_inflight_bytes",
+    "max_in_flight_bytes", "_lock", "_error", "_closing", "_out", "_wake", "_parked",
+    "_unpark", "_flag", "acquire", "release", "set", "append"};
+static PyObject *sn[SN_N];
+
+static int
+ss_init_names(void)
+{
+    for (int i = 0; i < SN_N; i++)
+        if (sn[i] == NULL && (sn[i] = PyUnicode_InternFromString(sn_text[i])) == NULL)
+            return -1;
+    if (ss_empty_tuple == NULL && (ss_empty_tuple = PyTuple_New(0)) == NULL)
+        return -1;
+    if (ss_zero == NULL && (ss_zero = PyLong_FromLong(0)) == NULL)
+        return -1;
+    if (one_long == NULL && (one_long = PyLong_FromLong(1)) == NULL)
+        return -1;
+    return 0;
+}
+
+/* The offsets of send_type's slots (member descriptors, as __slots__ makes them). */
+static int
+ss_offsets(PyTypeObject *t)
+{
+    if (t == ss_type)
+        return 0;
+    Py_ssize_t off[SS_N];
+    for (int i = 0; i < SS_N; i++) {
+        PyObject *d = PyObject_GetAttrString((PyObject *)t, ss_names[i]);
+        if (d == NULL)
+            return -1;
+        if (Py_TYPE(d) != &PyMemberDescr_Type
+            || (((PyMemberDescrObject *)d)->d_member->flags & READONLY)) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "submit_put: %s.%s is not a slot", t->tp_name,
+                         ss_names[i]);
+            return -1;
+        }
+        off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+    }
+    Py_INCREF(t);
+    Py_XSETREF(ss_type, t);
+    memcpy(ss_off, off, sizeof off);
+    return 0;
+}
+
+/* Store a new reference in a slot (steals v). */
+static inline void
+ss_set(PyObject *o, int i, PyObject *v)
+{
+    PyObject **p = (PyObject **)((char *)o + ss_off[i]);
+    PyObject *old = *p;
+    *p = v;
+    Py_XDECREF(old);
+}
+
+static inline void
+ss_set_borrowed(PyObject *o, int i, PyObject *v)
+{
+    Py_INCREF(v);
+    ss_set(o, i, v);
+}
+
+static int
+ss_call0(PyObject *obj, PyObject *name)
+{
+    PyObject *r = PyObject_CallMethodNoArgs(obj, name);
+    Py_XDECREF(r);
+    return r == NULL ? -1 : 0;
+}
+
+/* PipelinedConnection.put's body on conn (its instance dict cd), or 0 (declined: nothing
+ * changed but the opaque counter) or -1 (an error). */
+static int
+ss_put(PyObject *send, PyObject *cd, PyObject *topic, PyObject *part, PyObject *payload,
+       PyObject *flag, PyObject *checksum, double now)
+{
+    PyObject *opaques = PyDict_GetItemWithError(cd, sn[SN_OPAQUES]);
+    PyObject *prefixes = PyDict_GetItemWithError(cd, sn[SN_PREFIXES]);
+    PyObject *pending = PyDict_GetItemWithError(cd, sn[SN_PENDING]);
+    PyObject *maxn = PyDict_GetItemWithError(cd, sn[SN_MAX_IN_FLIGHT]);
+    PyObject *maxb = PyDict_GetItemWithError(cd, sn[SN_MAX_INFLIGHT_BYTES]);
+    PyObject *lock = PyDict_GetItemWithError(cd, sn[SN_LOCK]);
+    PyObject *out = PyDict_GetItemWithError(cd, sn[SN_OUT]);
+    if (opaques == NULL || prefixes == NULL || pending == NULL || maxn == NULL || maxb == NULL
+        || lock == NULL || out == NULL || !PyDict_CheckExact(prefixes)
+        || !PyDict_CheckExact(pending) || !PyLong_CheckExact(maxn) || !PyLong_CheckExact(maxb))
+        return PyErr_Occurred() ? -1 : 0;
+    PyObject *prefix = PyDict_GetItemWithError(prefixes, topic);
+    if (prefix == NULL)
+        return PyErr_Occurred() ? -1 : 0;  /* the first put of this topic: put() makes it */
+    PyObject *index = PyObject_GetAttr(part, sn[SN_INDEX]);
+    if (index == NULL)
+        return -1;
+    PyObject *op = PyIter_Next(opaques), *opaque = NULL, *data = NULL;
+    int rc = -1;
+    if (op == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_RuntimeError, "submit_put: the opaque counter ended");
+        goto done;
+    }
+    {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(op, &overflow);
+        if (v == -1 && PyErr_Occurred())
+            goto done;
+        if (overflow) {
+            PyObject *mask = PyLong_FromLong(0x7fffffffL);
+            if (mask == NULL)
+                goto done;
+            opaque = PyNumber_And(op, mask);
+            Py_DECREF(mask);
+        } else {
+            opaque = PyLong_FromLongLong(v & 0x7fffffffLL);
+        }
+        if (opaque == NULL)
+            goto done;
+    }
+    {
+        PyObject *args[6] = {prefix, index, payload, flag, checksum, opaque};
+        data = py_put_request(NULL, args, 6);
+        if (data == NULL)
+            goto done;
+    }
+    Py_ssize_t size = PyBytes_GET_SIZE(data);
+    Py_ssize_t n_max = PyLong_AsSsize_t(maxn);
+    long long b_max = PyLong_AsLongLong(maxb);
+    if (PyErr_Occurred())
+        goto done;
+    PyObject *infl = PyDict_GetItemWithError(cd, sn[SN_INFLIGHT_BYTES]);
+    if (infl == NULL || !PyLong_CheckExact(infl)) {
+        rc = PyErr_Occurred() ? -1 : 0;
+        goto done;
+    }
+    long long inflight = PyLong_AsLongLong(infl);
+    if (inflight == -1 && PyErr_Occurred())
+        goto done;
+    if (PyDict_GET_SIZE(pending) >= n_max || inflight + size > b_max) {
+        rc = 0;  /* the window is full: put() waits for room */
+        goto done;
+    }
+    /* with self._lock: (not waited for: put() waits when another thread holds it) */
+    PyObject *got = PyObject_CallMethodOneArg(lock, sn[SN_ACQUIRE], Py_False);
+    if (got == NULL)
+        goto done;
+    int locked = got == Py_True;
+    Py_DECREF(got);
+    if (!locked) {
+        rc = 0;
+        goto done;
+    }
+    {
+        PyObject *err = PyDict_GetItemWithError(cd, sn[SN_ERROR]);
+        PyObject *closing = PyDict_GetItemWithError(cd, sn[SN_CLOSING]);
+        int refuse = err == NULL || err != Py_None || closing == NULL
+                     || PyObject_IsTrue(closing) != 0;
+        /* (re-read: no Python code ran since, but the lock is what makes it final) */
+        infl = refuse ? NULL : PyDict_GetItemWithError(cd, sn[SN_INFLIGHT_BYTES]);
+        if (!refuse && (infl == NULL || !PyLong_CheckExact(infl)))
+            refuse = 1;
+        if (!refuse) {
+            inflight = PyLong_AsLongLong(infl);
+            refuse = inflight == -1 && PyErr_Occurred();
+        }
+        PyObject *sent = NULL, *sz = NULL, *total = NULL;
+        if (!refuse) {
+            /* put() raises ConnectionClosedError for these: it is called next */
+            if ((sent = PyFloat_FromDouble(now)) == NULL
+                || (sz = PyLong_FromSsize_t(size)) == NULL
+                || (total = PyLong_FromLongLong(inflight + size)) == NULL) {
+                Py_XDECREF(sent);
+                Py_XDECREF(sz);
+                refuse = -1;
+            } else {
+                ss_set(send, SS_SENT, sent);
+                ss_set(send, SS_SIZE, sz);
+                /* attempts = 1 before the reader (or a failing connection) can see it, as
+                 * SendPath.submit sets it before put() */
+                Py_INCREF(one_long);
+                ss_set(send, SS_ATTEMPTS, one_long);
+                if (PyDict_SetItem(pending, opaque, send) < 0)
+                    refuse = -1;
+                else if (PyDict_SetItem(cd, sn[SN_INFLIGHT_BYTES], total) < 0) {
+                    refuse = -1;
+                } else {
+                    PyObject *r = PyObject_CallMethodOneArg(out, sn[SN_APPEND], data);
+                    if (r == NULL)
+                        refuse = -1;
+                    Py_XDECREF(r);
+                }
+                Py_DECREF(total);
+            }
+        }
+        PyObject *exc = NULL, *tb = NULL, *val = NULL;
+        if (PyErr_Occurred())
+            PyErr_Fetch(&exc, &val, &tb);
+        if (ss_call0(lock, sn[SN_RELEASE]) < 0) {
+            Py_XDECREF(exc);
+            Py_XDECREF(val);
+            Py_XDECREF(tb);
+            goto done;
+        }
+        if (exc != NULL) {
+            PyErr_Restore(exc, val, tb);
+            goto done;
+        }
+        if (refuse) {
+            rc = refuse < 0 ? -1 : 0;
+            goto done;
+        }
+    }
+    /* wake the writer (unless awake), and a parked reader thread */
+    {
+        PyObject *wake = PyDict_GetItemWithError(cd, sn[SN_WAKE]);
+        if (wake == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_AttributeError, "_wake");
+            goto done;
+        }
+        Py_INCREF(wake);
+        PyObject *f = PyObject_GetAttr(wake, sn[SN_FLAG]);
+        int set = f == NULL ? -1 : PyObject_IsTrue(f);
+        Py_XDECREF(f);
+        if (set == 0)
+            set = ss_call0(wake, sn[SN_SET]);
+        Py_DECREF(wake);
+        if (set < 0)
+            goto done;
+        PyObject *parked = PyDict_GetItemWithError(cd, sn[SN_PARKED]);
+        int p = parked == NULL ? (PyErr_Occurred() ? -1 : 0) : PyObject_IsTrue(parked);
+        if (p > 0) {
+            PyObject *unpark = PyDict_GetItemWithError(cd, sn[SN_UNPARK]);
+            if (unpark == NULL) {
+                if (!PyErr_Occurred())
+                    PyErr_SetString(PyExc_AttributeError, "_unpark");
+                goto done;
+            }
+            Py_INCREF(unpark);
+            p = ss_call0(unpark, sn[SN_SET]);
+            Py_DECREF(unpark);
+        }
+        if (p < 0)
+            goto done;
+    }
+    rc = 1;
+done:
+    Py_DECREF(index);
+    Py_XDECREF(op);
+    Py_XDECREF(opaque);
+    Py_XDECREF(data);
+    return rc;
+}
+
+static PyObject *
+py_submit_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "submit_put takes 5 arguments");
+        return NULL;
+    }
+    PyObject *state = args[0], *topic = args[1], *route = args[2], *payload = args[3];
+    PyObject *flag = args[4];
+    if (!PyTuple_CheckExact(state) || PyTuple_GET_SIZE(state) != 7
+        || !PyType_Check(PyTuple_GET_ITEM(state, 0))
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(state, 2))
+        || !PyDict_CheckExact(PyTuple_GET_ITEM(state, 3))
+        || !PyFloat_CheckExact(PyTuple_GET_ITEM(state, 5))) {
+        PyErr_SetString(PyExc_TypeError, "submit_put: state must be (send_type, path, conns, "
+                        "faults, conn_type, timeout, running)");
+        return NULL;
+    }
+    if (!PyBytes_CheckExact(payload) || !PyLong_CheckExact(flag))
+        Py_RETURN_NONE;
+    PyTypeObject *stype = (PyTypeObject *)PyTuple_GET_ITEM(state, 0);
+    PyObject *path = PyTuple_GET_ITEM(state, 1), *conns = PyTuple_GET_ITEM(state, 2);
+    PyObject *faults = PyTuple_GET_ITEM(state, 3), *conn_type = PyTuple_GET_ITEM(state, 4);
+    double timeout = PyFloat_AS_DOUBLE(PyTuple_GET_ITEM(state, 5));
+    PyObject *running = PyTuple_GET_ITEM(state, 6);
+    if (ss_init_names() < 0 || ss_offsets(stype) < 0)
+        return NULL;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);  /* time.monotonic()'s clock */
+    double now = (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+    uint32_t crc = crc32_update(0, (const unsigned char *)PyBytes_AS_STRING(payload),
+                                (size_t)PyBytes_GET_SIZE(payload)) & 0x7fffffffu;
+    PyObject *checksum = PyLong_FromUnsignedLong(crc);
+    PyObject *deadline = PyFloat_FromDouble(now + timeout);
+    PyObject *send = NULL, *parts = NULL, *part = NULL, *bid = NULL, *cd = NULL;
+    PyObject *addresses = NULL;
+    if (checksum == NULL || deadline == NULL)
+        goto fail;
+    send = stype->tp_new(stype, ss_empty_tuple, NULL);
+    if (send == NULL)
+        goto fail;
+    if (Py_TYPE(send) != stype) {
+        PyErr_SetString(PyExc_TypeError, "submit_put: send_type made another type");
+        goto fail;
+    }
+    if (PyObject_IS_GC(send) && PyObject_GC_IsTracked(send))
+        PyObject_GC_UnTrack(send);  /* as Send.__init__ (see metaq/producer/_send.py) */
+    ss_set_borrowed(send, SS_STATE, running);
+    ss_set_borrowed(send, SS_RESULT, Py_None);
+    ss_set_borrowed(send, SS_EXC, Py_None);
+    ss_set_borrowed(send, SS_WAITED, Py_False);
+    ss_set_borrowed(send, SS_PATH, path);
+    ss_set_borrowed(send, SS_TOPIC, topic);
+    ss_set_borrowed(send, SS_PAYLOAD, payload);
+    ss_set_borrowed(send, SS_FLAG, flag);
+    Py_INCREF(checksum);
+    ss_set(send, SS_CHECKSUM, checksum);
+    Py_INCREF(deadline);
+    ss_set(send, SS_DEADLINE, deadline);
+    ss_set_borrowed(send, SS_ATTEMPTS, ss_zero);
+    ss_set_borrowed(send, SS_PART, Py_None);
+    ss_set_borrowed(send, SS_TRIED, Py_None);
+    ss_set_borrowed(send, SS_FLUSH, Py_False);
+    if (PyDict_GET_SIZE(faults))
+        goto python;  /* a broker failed lately: pick() steers away from it */
+    parts = PyObject_GetAttr(route, sn[SN_PARTITIONS]);
+    if (parts == NULL)
+        goto fail;
+    if (!PyTuple_CheckExact(parts) || PyTuple_GET_SIZE(parts) == 0)
+        goto python;
+    {
+        PyObject *counter = PyObject_GetAttr(route, sn[SN_COUNTER]);
+        if (counter == NULL)
+            goto fail;
+        PyObject *c = PyIter_Next(counter);
+        Py_DECREF(counter);
+        if (c == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_RuntimeError, "submit_put: the route's counter ended");
+            goto fail;
+        }
+        PyObject *n = PyLong_FromSsize_t(PyTuple_GET_SIZE(parts));
+        PyObject *i = n == NULL ? NULL : PyNumber_Remainder(c, n);
+        Py_DECREF(c);
+        Py_XDECREF(n);
+        if (i == NULL)
+            goto fail;
+        Py_ssize_t k = PyLong_AsSsize_t(i);
+        Py_DECREF(i);
+        if (k == -1 && PyErr_Occurred())
+            goto fail;
+        part = PyTuple_GET_ITEM(parts, k);
+        Py_INCREF(part);
+    }
+    ss_set_borrowed(send, SS_PART, part);
+    if ((bid = PyObject_GetAttr(part, sn[SN_BROKER_ID])) == NULL)
+        goto fail;
+    PyObject *conn = PyDict_GetItemWithError(conns, bid);
+    if (conn == NULL) {
+        if (PyErr_Occurred())
+            goto fail;
+        goto python;
+    }
+    if ((PyObject *)Py_TYPE(conn) != conn_type)
+        goto python;
+    Py_INCREF(conn);
+    cd = PyObject_GenericGetDict(conn, NULL);
+    Py_DECREF(conn);
+    if (cd == NULL)
+        goto fail;
+    {
+        PyObject *usable = PyDict_GetItemWithError(cd, sn[SN_USABLE]);
+        if (usable != Py_True)
+            goto python_or_fail;
+        PyObject *address = PyDict_GetItemWithError(cd, sn[SN_ADDRESS]);
+        if (address == NULL)
+            goto python_or_fail;
+        if ((addresses = PyObject_GetAttr(route, sn[SN_ADDRESSES])) == NULL)
+            goto fail;
+        if (!PyDict_CheckExact(addresses))
+            goto python;
+        PyObject *want = PyDict_GetItemWithError(addresses, bid);
+        if (want == NULL)
+            goto python_or_fail;
+        Py_INCREF(address);
+        Py_INCREF(want);
+        int same = PyObject_RichCompareBool(address, want, Py_EQ);
+        Py_DECREF(address);
+        Py_DECREF(want);
+        if (same < 0)
+            goto fail;
+        if (!same)
+            goto python;
+    }
+    int rc = ss_put(send, cd, topic, part, payload, flag, checksum, now);
+    if (rc < 0)
+        goto fail;
+    goto python;  /* put (attempts 1) or declined (attempts 0): the caller goes on */
+python_or_fail:
+    if (PyErr_Occurred())
+        goto fail;
+python:
+    Py_XDECREF(addresses);
+    Py_XDECREF(cd);
+    Py_XDECREF(bid);
+    Py_XDECREF(part);
+    Py_XDECREF(parts);
+    Py_DECREF(checksum);
+    Py_DECREF(deadline);
+    return send;
+fail:
+    Py_XDECREF(addresses);
+    Py_XDECREF(cd);
+    Py_XDECREF(bid);
+    Py_XDECREF(part);
+    Py_XDECREF(parts);
+    Py_XDECREF(checksum);
+    Py_XDECREF(deadline);
+    Py_XDECREF(send);
+    return NULL;
+}
+/* take_acks(buf, pending, send_type, finished) -> (used, freed, waited)
+ *   The reader's bulk completion of successful put replies (metaq/net/_reader.py
+ *   _handle), in one call: from the start of buf, each whole reply
+ *   ``result 200 <len> <opaque>\r\n<msgId> <partition> <offset>`` (digits only, the
+ *   body exactly <len> bytes, 0 <= opaque <= 0x7fffffff) whose request in pending is
+ *   exactly a send_type is popped from pending and completed as Send.on_acks completes it
+ *   (payload = b"", _ack_id / _ack_index / _ack_offset = the three numbers as ints, or
+ *   their bytes past 18 digits, then _state = finished).  Stops at the first reply it
+ *   does not take (another code or shape, a request of another type or none, a reply
+ *   cut short): buf[used:] goes to the Python parser, which does the rest as before.
+ *   freed: the sum of the taken requests' _pipe_size; waited: those whose _waited is
+ *   true (the caller notifies them).  Its twin is the Python path it skips
+ *   (scan_acks / scan_results, then on_acks / on_reply).
+ */
+enum { SA_ID, SA_INDEX, SA_OFFSET, SA_N };
+static const char *const sa_names[SA_N] = {"_ack_id", "_ack_index", "_ack_offset"};
+static PyTypeObject *sa_type;
+static Py_ssize_t sa_off[SA_N];
+
+static int
+sa_offsets(PyTypeObject *t)
+{
+    if (t == sa_type && t == ss_type)
+        return 0;
+    if (ss_offsets(t) < 0)
+        return -1;
+    for (int i = 0; i < SA_N; i++) {
+        PyObject *d = PyObject_GetAttrString((PyObject *)t, sa_names[i]);
+        if (d == NULL)
+            return -1;
+        if (Py_TYPE(d) != &PyMemberDescr_Type
+            || (((PyMemberDescrObject *)d)->d_member->flags & READONLY)) {
+            Py_DECREF(d);
+            PyErr_Format(PyExc_TypeError, "take_acks: %s.%s is not a slot", t->tp_name,
+                         sa_names[i]);
+            return -1;
+        }
+        sa_off[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+    }
+    sa_type = t;  /* (ss_offsets holds the reference) */
+    return 0;
+}
+
+/* digits at p[0..n): 1 when all are digits (n >= 1), value in *v when n <= 18 */
+static inline int
+sa_digits(const char *p, Py_ssize_t n, long long *v)
+{
+    if (n < 1)
+        return 0;
+    long long x = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9')
+            return 0;
+        if (i < 18)
+            x = x * 10 + (p[i] - '0');
+    }
+    *v = x;
+    return 1;
+}
+
+static PyObject *
+sa_number(const char *p, Py_ssize_t n, long long v)
+{
+    return n <= 18 ? PyLong_FromLongLong(v) : PyBytes_FromStringAndSize(p, n);
+}
+
+static PyObject *
+py_take_acks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "take_acks takes 4 arguments");
+        return NULL;
+    }
+    PyObject *bufo = args[0], *pending = args[1], *finished = args[3];
+    if (!PyBytes_CheckExact(bufo) || !PyDict_CheckExact(pending) || !PyType_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "take_acks(bytes, dict, type, state)");
+        return NULL;
+    }
+    PyTypeObject *stype = (PyTypeObject *)args[2];
+    if (ss_init_names() < 0 || sa_offsets(stype) < 0)
+        return NULL;
+    if (empty_bytes == NULL && (empty_bytes = PyBytes_FromStringAndSize("", 0)) == NULL)
+        return NULL;
+    const char *buf = PyBytes_AS_STRING(bufo);
+    Py_ssize_t end = PyBytes_GET_SIZE(bufo), pos = 0;
+    long long freed = 0;
+    PyObject *waited = PyList_New(0);
+    if (waited == NULL)
+        return NULL;
+    while (pos < end) {
+        /* result 200 <len> <opaque>\r\n */
+        const char *p = buf + pos;
+        Py_ssize_t left = end - pos;
+        if (left < 11 || memcmp(p, "result 200 ", 11) != 0)
+            break;
+        Py_ssize_t i = 11, j = i;
+        while (j < left && j - i <= 9 && p[j] >= '0' && p[j] <= '9')
+            j++;
+        if (j >= left || p[j] != ' ' || j - i < 1 || j - i > 9)
+            break;
+        long long blen = 0;
+        sa_digits(p + i, j - i, &blen);
+        i = ++j;
+        while (j < left && j - i <= 10 && p[j] >= '0' && p[j] <= '9')
+            j++;
+        if (j + 1 >= left || p[j] != '\r' || p[j + 1] != '\n' || j - i < 1 || j - i > 10)
+            break;
+        long long op = 0;
+        sa_digits(p + i, j - i, &op);
+        if (op > 0x7fffffffLL)
+            break;
+        Py_ssize_t body = j + 2;
+        if (blen > left - body)
+            break;  /* cut short */
+        /* <msgId> <partition> <offset>, exactly blen bytes */
+        const char *b = p + body;
+        Py_ssize_t s1 = -1, s2 = -1;
+        for (Py_ssize_t k = 0; k < blen; k++) {
+            if (b[k] == ' ') {
+                if (s1 < 0)
+                    s1 = k;
+                else if (s2 < 0)
+                    s2 = k;
+                else {
+                    s2 = -2;
+                    break;
+                }
+            }
+        }
+        long long vid, vindex, voff;
+        if (s1 < 0 || s2 < 0 || !sa_digits(b, s1, &vid)
+            || !sa_digits(b + s1 + 1, s2 - s1 - 1, &vindex)
+            || !sa_digits(b + s2 + 1, blen - s2 - 1, &voff))
+            break;
+        PyObject *key = PyLong_FromLongLong(op);
+        if (key == NULL)
+            goto fail;
+        PyObject *req = PyDict_GetItemWithError(pending, key);
+        if (req == NULL || Py_TYPE(req) != stype) {
+            Py_DECREF(key);
+            if (PyErr_Occurred())
+                goto fail;
+            break;
+        }
+        PyObject *size = *(PyObject **)((char *)req + ss_off[SS_SIZE]);
+        long long sz = 0;
+        if (size != NULL && PyLong_CheckExact(size)) {
+            sz = PyLong_AsLongLong(size);
+            if (sz == -1 && PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto fail;
+            }
+        } else {
+            Py_DECREF(key);
+            break;
+        }
+        PyObject *nid = sa_number(b, s1, vid);
+        PyObject *nindex = nid == NULL ? NULL : sa_number(b + s1 + 1, s2 - s1 - 1, vindex);
+        PyObject *noff = nindex == NULL ? NULL : sa_number(b + s2 + 1, blen - s2 - 1, voff);
+        if (noff == NULL) {
+            Py_XDECREF(nid);
+            Py_XDECREF(nindex);
+            Py_DECREF(key);
+            goto fail;
+        }
+        Py_INCREF(req);
+        if (PyDict_DelItem(pending, key) < 0) {
+            Py_DECREF(req);
+            Py_DECREF(nid);
+            Py_DECREF(nindex);
+            Py_DECREF(noff);
+            Py_DECREF(key);
+            goto fail;
+        }
+        Py_DECREF(key);
+        freed += sz;
+        ss_set_borrowed(req, SS_PAYLOAD, empty_bytes);
+        PyObject **slot;
+        slot = (PyObject **)((char *)req + sa_off[SA_ID]);
+        Py_XSETREF(*slot, nid);
+        slot = (PyObject **)((char *)req + sa_off[SA_INDEX]);
+        Py_XSETREF(*slot, nindex);
+        slot = (PyObject **)((char *)req + sa_off[SA_OFFSET]);
+        Py_XSETREF(*slot, noff);
+        ss_set_borrowed(req, SS_STATE, finished);  /* last: a waiter reads it first */
+        PyObject *w = *(PyObject **)((char *)req + ss_off[SS_WAITED]);
+        int t = w == NULL ? 0 : PyObject_IsTrue(w);
+        if (t < 0 || (t && PyList_Append(waited, req) < 0)) {
+            Py_DECREF(req);
+            goto fail;
+        }
+        Py_DECREF(req);
+        pos += body + blen;
+    }
+    return Py_BuildValue("(nLN)", pos, freed, waited);
+fail:
+    Py_DECREF(waited);
+    return NULL;
+}
+/* bind_send_result(send_type, result_cls, names, slow) -> a method for send_type.result
+ *   send.result(timeout=None) for a finished send with no exception, in C: its _result,
+ *   or, after a bulk acknowledgement (_result None), ack_result(result_cls, _ack_id,
+ *   _ack_index, _ack_offset, part.broker_id, names[part.broker_id]); anything else
+ *   (not finished, an exception, no name cache for the broker yet) is
+ *   slow(send, timeout), the Python method it stands in for (metaq/producer/_send.py).
+ *   One Send class per process (the statics below).
+ */
+static PyObject *sr_cls, *sr_names, *sr_slow, *sr_finished;
+static PyTypeObject *sr_type;
+static Py_ssize_t sr_off[SS_N], sr_ack[SA_N];
+
+#define sr_slow_call(args, nargs) PyObject_Vectorcall(sr_slow, (args), (nargs), kwnames)
+
+static PyObject *
+py_send_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (sr_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "send_result: not bound");
+        return NULL;
+    }
+    if (nargs < 1 || nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0) > 2
+        || !PyObject_TypeCheck(args[0], sr_type))
+        return sr_slow_call(args, nargs);
+    PyObject *s = args[0];
+#define SR(i) (*(PyObject **)((char *)s + sr_off[i]))
+#define SA(i) (*(PyObject **)((char *)s + sr_ack[i]))
+    PyObject *state = SR(SS_STATE);
+    if (state == NULL || (state != sr_finished
+                          && (!PyUnicode_Check(state)
+                              || PyUnicode_Compare(state, sr_finished) != 0))) {
+        if (PyErr_Occurred())
+            return NULL;
+        return sr_slow_call(args, nargs);
+    }
+    PyObject *exc = SR(SS_EXC), *r = SR(SS_RESULT);
+    if (exc == NULL || exc != Py_None || r == NULL)
+        return sr_slow_call(args, nargs);
+    if (r != Py_None) {
+        Py_INCREF(r);
+        return r;
+    }
+    PyObject *part = SR(SS_PART), *id = SA(SA_ID), *index = SA(SA_INDEX), *off = SA(SA_OFFSET);
+    if (part == NULL || part == Py_None || id == NULL || index == NULL || off == NULL)
+        return sr_slow_call(args, nargs);
+    Py_INCREF(part);
+    PyObject *bid = PyObject_GetAttr(part, sn[SN_BROKER_ID]);
+    Py_DECREF(part);
+    if (bid == NULL)
+        return NULL;
+    PyObject *names = PyDict_GetItemWithError(sr_names, bid);
+    if (names == NULL) {
+        Py_DECREF(bid);
+        if (PyErr_Occurred())
+            return NULL;
+        return sr_slow_call(args, nargs);
+    }
+    Py_INCREF(names);
+    Py_INCREF(id);
+    Py_INCREF(index);
+    Py_INCREF(off);
+    PyObject *res = NULL;
+    if (PyLong_CheckExact(id) && PyLong_CheckExact(index) && PyLong_CheckExact(off)) {
+        /* ints (take_acks): cls(id, names[index], offset, bid, index) built in place, as
+         * tuple.__new__(cls, items) builds a tuple subclass */
+        PyObject *name = PyObject_GetItem(names, index);
+        if (name != NULL) {
+            res = ((PyTypeObject *)sr_cls)->tp_alloc((PyTypeObject *)sr_cls, 5);
+            if (res != NULL) {
+                PyObject *items[5] = {id, name, off, bid, index};
+                for (int k = 0; k < 5; k++) {
+                    Py_INCREF(items[k]);
+                    PyTuple_SET_ITEM(res, k, items[k]);
+                }
+            }
+            Py_DECREF(name);
+        }
+    } else {
+        PyObject *a[6] = {sr_cls, id, index, off, bid, names};
+        res = py_ack_result(NULL, a, 6);
+    }
+    Py_DECREF(id);
+    Py_DECREF(index);
+    Py_DECREF(off);
+    Py_DECREF(names);
+    Py_DECREF(bid);
+    return res;
+#undef SR
+#undef SA
+}
+#undef sr_slow_call
+
+static PyMethodDef sr_def = {
+    "result", (PyCFunction)(void (*)(void))py_send_result, METH_FASTCALL | METH_KEYWORDS,
+    "result(timeout=None): the SendResult (see metaq/producer/_send.py)."};
+
+static PyObject *
+py_bind_send_result(PyObject *self, PyObject *args)
+{
+    PyObject *t, *cls, *names, *slow;
+    if (!PyArg_ParseTuple(args, "O!O!O!O:bind_send_result", &PyType_Type, &t, &PyType_Type,
+                          &cls, &PyDict_Type, &names, &slow))
+        return NULL;
+    if (!PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "bind_send_result: result_cls must be a tuple class");
+        return NULL;
+    }
+    if (ss_init_names() < 0 || sa_offsets((PyTypeObject *)t) < 0)
+        return NULL;
+    if (sr_finished == NULL && (sr_finished = PyUnicode_InternFromString("FINISHED")) == NULL)
+        return NULL;
+    memcpy(sr_off, ss_off, sizeof sr_off);
+    memcpy(sr_ack, sa_off, sizeof sr_ack);
+    Py_INCREF(t);
+    Py_XSETREF(sr_type, (PyTypeObject *)t);
+    Py_INCREF(cls);
+    Py_XSETREF(sr_cls, cls);
+    Py_INCREF(names);
+    Py_XSETREF(sr_names, names);
+    Py_INCREF(slow);
+    Py_XSETREF(sr_slow, slow);
+    PyObject *f = PyCFunction_New(&sr_def, NULL);
+    if (f == NULL)
+        return NULL;
+    PyObject *m = PyInstanceMethod_New(f);
+    Py_DECREF(f);
+    return m;
+}
+/* ==== end of send_async in one call ================================================== */
+
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -1488,6 +2272,16 @@ static PyMethodDef methods[] = {
      "complete_acks(requests, msg_ids, partitions, offsets, state) -> list: store each\n"
      "answer on its request, then its state; the requests with _waited set."},
     /* end of the producer per-message path */
+    /* send_async in one call (issue 29, producer part: branch i29-async) */
+    {"submit_put", (PyCFunction)(void (*)(void))py_submit_put, METH_FASTCALL,
+     "submit_put(state, topic, route, payload, flag) -> Send or None: send_async's\n"
+     "submit on the common path in one call (see metaq/producer/_producer.py)."},
+    {"take_acks", (PyCFunction)(void (*)(void))py_take_acks, METH_FASTCALL,
+     "take_acks(buf, pending, send_type, finished) -> (used, freed, waited): the reader's\n"
+     "bulk completion of successful put replies to send_type requests."},
+    {"bind_send_result", py_bind_send_result, METH_VARARGS,
+     "bind_send_result(send_type, result_cls, names, slow) -> a method: send_type.result\n"
+     "in C for a finished send, slow(send, timeout) otherwise."},
     /* issue 29 (sync send) */
     {"put_ack", (PyCFunction)(void (*)(void))py_put_ack, METH_FASTCALL,
      "put_ack(buf, opaque, cls, broker_id, names) -> cls | None | False: buf as exactly one\n"
