@@ -1,8 +1,10 @@
 """The message a listener receives.
 
 A :class:`Message` is a tuple underneath (built in one step on the consumer's
-hot path, read through C-level properties); use its attributes, not its
-indices.  Its layout, private to this package::
+hot path; its fields are made by :func:`metaq.protocol.slot_fields`: with the C
+speedups member descriptors that read the tuple's items in place, else
+``property(itemgetter(i))``); use its attributes, not its indices.  Its layout,
+private to this package::
 
     (topic, partition, offset, next_offset, msg_id, flag, payload, codec)
 

@@ -19,6 +19,7 @@
  *   fast_puts(buf, pos, fast, max_payload, out, tx_cls=None) -> pos   (the broker's put
  *                                         parser)
  *   encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes)   (producer)
+ *   slot_fields(cls, size, fields)        -> None: read-only fields of a message class
  * Status: END (no further whole message: the data is used up or the next
  * message is cut short), LIMIT (``limit`` messages taken), BAD (an impossible
  * length or a checksum mismatch at ``pos``), LATER (the listener returned
