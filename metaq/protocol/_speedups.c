@@ -472,6 +472,24 @@ check_args(MsgKind *k, PyObject *plain, PyObject *attr, Py_ssize_t pos, Py_buffe
     return 0;
 }
 
+#define TAKE_HELD 512
+
+/* A list of the ``count`` messages in ``held``, whose references it takes (on
+ * failure they are released). */
+static PyObject *
+take_list(PyObject **held, Py_ssize_t count)
+{
+    PyObject *list = PyList_New(count);
+    if (list == NULL) {
+        for (Py_ssize_t i = 0; i < count; i++)
+            Py_DECREF(held[i]);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        PyList_SET_ITEM(list, i, held[i]);
+    return list;
+}
+
 static PyObject *
 py_take(PyObject *self, PyObject *args)
 {
@@ -493,10 +511,12 @@ py_take(PyObject *self, PyObject *args)
     long long a, b;
     PyObject *carry = NULL;
     Py_ssize_t carry_pos = -1;
-    PyObject *list = PyList_New(0);
-    if (list == NULL)
-        goto fail;
-    while (PyList_GET_SIZE(list) < limit && pos - start < max_bytes) {
+    /* the first TAKE_HELD messages are held here and the list is made at their
+     * count (one allocation, not a list grown append by append); more go on it */
+    PyObject *held[TAKE_HELD];
+    Py_ssize_t count = 0;
+    PyObject *list = NULL;
+    while (count < limit && pos - start < max_bytes) {
         int r = step(d, n, pos, verify, max_payload, &end, &kind, &a, &b);
         if (r <= 0) {
             status = r == 0 ? ST_END : ST_BAD;
@@ -505,12 +525,25 @@ py_take(PyObject *self, PyObject *args)
         PyObject *m = build(&k, d, pos, end, base, &carry, &carry_pos);
         if (m == NULL)
             goto fail;
-        if (PyList_Append(list, m) < 0) {
+        if (count < TAKE_HELD) {
+            held[count] = m;
+        } else {
+            if (list == NULL && (list = take_list(held, TAKE_HELD)) == NULL) {
+                Py_DECREF(m);
+                count = 0;  /* take_list released them */
+                goto fail;
+            }
+            int bad = PyList_Append(list, m);
             Py_DECREF(m);
-            goto fail;
+            if (bad < 0)
+                goto fail;
         }
-        Py_DECREF(m);
+        count++;
         pos = end;
+    }
+    if (list == NULL && (list = take_list(held, count)) == NULL) {
+        count = 0;  /* take_list released them */
+        goto fail;
     }
     if (status == ST_LIMIT) {
         /* say END now rather than on the next call when nothing whole follows */
@@ -522,6 +555,10 @@ py_take(PyObject *self, PyObject *args)
     PyBuffer_Release(&buf);
     return Py_BuildValue("(Nni)", list, pos, status);
 fail:
+    if (list == NULL) {  /* the held messages are still this function's */
+        for (Py_ssize_t i = 0; i < count && i < TAKE_HELD; i++)
+            Py_DECREF(held[i]);
+    }
     Py_XDECREF(carry);
     Py_XDECREF(list);
     PyBuffer_Release(&buf);

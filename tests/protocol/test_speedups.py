@@ -598,6 +598,28 @@ def test_a_partition_reader_calls_the_bound_functions_with_its_arguments(impl, m
     assert seen == batch
 
 
+@needs_c
+def test_take_of_more_messages_than_it_holds_before_making_its_list_equals_its_twin():
+    """take holds its first 512 messages and makes the list at their count; past that it
+    appends: the same messages either side of the boundary, and nothing leaked there."""
+    log = _log([(bytes([i % 251]) * (i % 7), "a" if i % 97 == 0 else None)
+                for i in range(1500)])
+    kind = ("t", "0-1", _CODEC, _PLAIN, _ATTR)
+    for limit in (0, 1, 511, 512, 513, 1024, 1499, 1500, 1501):
+        for max_bytes in (1 << 40, 5000, 20000):
+            args = (0, 10, limit, max_bytes, True, _MAX, *kind)
+            got, want = s.take(log, *args), _fast.py_take(log, *args)
+            assert [_fields(m) for m in got[0]] == [_fields(m) for m in want[0]]
+            assert got[1:] == want[1:]
+    s.take(log, 0, 10, 1500, 1 << 40, True, _MAX, *kind)
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(20):
+        s.take(log, 0, 10, 1500, 1 << 40, True, _MAX, *kind)
+    gc.collect()
+    assert sys.getallocatedblocks() - before < 20
+
+
 # -- a message's fields (slot_fields) --------------------------------------------------------
 
 def _fields_class():
