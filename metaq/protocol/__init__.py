@@ -182,8 +182,9 @@ __all__ = [
     # C or Python, chosen once
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
+    "slot_fields",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
-    "ack_result", "slot_fields",
+    "ack_result",
     "TX_TYPES", "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",
     "parse_transaction_key", "xa_key",

@@ -19,7 +19,6 @@
  *   fast_puts(buf, pos, fast, max_payload, out, tx_cls=None) -> pos   (the broker's put
  *                                         parser)
  *   encode_puts(head, flag, payloads, checksums, opaques) -> (data, sizes)   (producer)
- *   slot_fields(cls, size, fields)        -> None: read-only fields of a message class
  * Status: END (no further whole message: the data is used up or the next
  * message is cut short), LIMIT (``limit`` messages taken), BAD (an impossible
  * length or a checksum mismatch at ``pos``), LATER (the listener returned
@@ -30,7 +29,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <structmember.h>
 
 #if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #include <immintrin.h>
@@ -1182,6 +1180,8 @@ done:
 /* ==== end of the producer per-message path ============================================= */
 
 /* ---- consumer messages' fields as slots (issue 29, consumer rate) ----------------------- */
+
+#include <structmember.h> /* T_OBJECT_EX, READONLY (Python.h has them only from 3.12) */
 
 /* slot_fields(cls, size, fields): for each (name, index, doc) of ``fields`` a read-only
  * member descriptor on ``cls`` (a tuple subclass without instance fields) that reads
