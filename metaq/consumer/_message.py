@@ -1,8 +1,10 @@
 """The message a listener receives.
 
 A :class:`Message` is a tuple underneath (built in one step on the consumer's
-hot path, read through C-level properties); use its attributes, not its
-indices.  Its layout, private to this package::
+hot path; its fields are made by :func:`metaq.protocol.slot_fields`: with the C
+speedups member descriptors that read the tuple's items in place, else
+``property(itemgetter(i))``); use its attributes, not its indices.  Its layout,
+private to this package::
 
     (topic, partition, offset, next_offset, msg_id, flag, payload, codec)
 
@@ -24,10 +26,17 @@ picks the right one.
 
 from __future__ import annotations
 
-from operator import itemgetter
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
-from metaq.protocol import CODECS, FLAG_HAS_ATTRIBUTE, Codec, split_payload
+from metaq.protocol import (
+    CODECS,
+    FLAG_HAS_ATTRIBUTE,
+    SPEEDUPS_IN_USE,
+    Codec,
+    slot_fields,
+    split_payload,
+)
 
 __all__ = ["Message", "message_classes"]
 
@@ -48,17 +57,38 @@ class Message(tuple):
 
     __slots__ = ()
 
-    topic = property(itemgetter(0), doc="Topic name.")
-    partition = property(itemgetter(1), doc='Partition name, ``"<brokerId>-<index>"``.')
-    offset = property(itemgetter(2), doc="Byte position of the message in its partition.")
-    next_offset = property(itemgetter(3),
-                           doc="Byte position right after the message (what a commit stores).")
-    msg_id = property(itemgetter(4), doc="Broker-assigned message id.")
-    flag = property(itemgetter(5), doc="Metaq flag; bit 0 = has attribute.")
-    raw_body = property(itemgetter(6), doc="The body bytes.")
-    body = property(itemgetter(6), doc="The body decoded by the consumer's codec.")
-    payload = property(itemgetter(6), doc="The bytes after the header, attribute section "
-                       "included (what a producer sent; see metaq.protocol.split_payload).")
+    # topic, partition, offset, next_offset, msg_id, flag, raw_body, body, payload:
+    # read-only fields made by slot_fields below (with the C speedups, member
+    # descriptors reading the tuple's items in place; else property(itemgetter(i)))
+    if SPEEDUPS_IN_USE:
+        # the C fields read an item without checking the length: every instance
+        # has all of them (the consumer's C builds messages whole, without this)
+        def __new__(cls, fields: Iterable[Any] = ()) -> Message:
+            self = tuple.__new__(cls, fields)
+            if len(self) != _SIZE:
+                raise TypeError(f"a Message has {_SIZE} fields, not {len(self)}")
+            return self
+
+    if TYPE_CHECKING:  # what slot_fields makes, as type checkers should see it
+        @property
+        def topic(self) -> str: ...
+        @property
+        def partition(self) -> str: ...
+        @property
+        def offset(self) -> int: ...
+        @property
+        def next_offset(self) -> int: ...
+        @property
+        def msg_id(self) -> int: ...
+        @property
+        def flag(self) -> int: ...
+        @property
+        def raw_body(self) -> bytes: ...
+        @property
+        def body(self) -> Any: ...
+        @property
+        def payload(self) -> bytes: ...
+
     #: The Metaq attribute string, or None (a property on messages that have one).
     attribute: str | None = None
 
@@ -76,6 +106,24 @@ class Message(tuple):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (tuple(self),))
+
+
+#: (name, index, doc) of each field, the layout above; ``attribute`` is not one (a
+#: class attribute, a property of ``_AttributeMessage``)
+_FIELDS = (
+    ("topic", 0, "Topic name."),
+    ("partition", 1, 'Partition name, ``"<brokerId>-<index>"``.'),
+    ("offset", 2, "Byte position of the message in its partition."),
+    ("next_offset", 3, "Byte position right after the message (what a commit stores)."),
+    ("msg_id", 4, "Broker-assigned message id."),
+    ("flag", 5, "Metaq flag; bit 0 = has attribute."),
+    ("raw_body", 6, "The body bytes."),
+    ("body", 6, "The body decoded by the consumer's codec."),
+    ("payload", 6, "The bytes after the header, attribute section included (what a "
+     "producer sent; see metaq.protocol.split_payload)."),
+)
+_SIZE = 8
+slot_fields(Message, _SIZE, _FIELDS)
 
 
 class _DecodedMessage(Message):

@@ -222,6 +222,9 @@ def _deliver_batch(pf: PartitionState, reader: PartitionReader, view: _Data, ver
         pos = nxt
         if status != ST_LIMIT:
             break
+        # let the slice go before the next is built: its bodies' memory (if the
+        # listener kept none of them) is what the next slice's bodies get, still in cache
+        del batch
     if not consumed:
         return BatchResult(0, None if pf.retry_delay is not None else _stop_at_start(pf, data))
     return _progress(pf, consumed)

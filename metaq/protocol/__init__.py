@@ -99,6 +99,7 @@ from metaq.protocol._fast import (
     put_request,
     put_round_trip,
     scan,
+    slot_fields,
     submit_put,
     take,
     take_acks,
@@ -190,6 +191,7 @@ __all__ = [
     # C or Python, chosen once
     "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "crc32", "CRC32_IMPL", "scan", "take", "deliver",
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
+    "slot_fields",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
     "ack_result", "put_ack", "put_round_trip", "submit_put", "take_acks", "bind_send_result",
     "TX_TYPES", "TXPIPE_CAPABILITY",

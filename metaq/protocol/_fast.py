@@ -30,6 +30,7 @@ import struct
 from array import array
 from collections.abc import Callable, Mapping
 from itertools import count, repeat
+from operator import itemgetter
 from types import ModuleType
 from typing import Any
 
@@ -45,6 +46,7 @@ __all__ = [
     "speedups", "SPEEDUPS_STATUS", "SPEEDUPS_IN_USE", "EXPECTED_VERSION",
     # reading side
     "crc32", "CRC32_IMPL", "scan", "take", "deliver", "prepare", "PartitionReader",
+    "slot_fields", "py_slot_fields",
     "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "py_crc32", "py_scan", "py_take", "py_deliver", "py_prepare", "c_prepare",
     # producer side
@@ -60,7 +62,7 @@ __all__ = [
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
 #: ``.so`` left next to newer sources) is ignored rather than misused.
-EXPECTED_VERSION = 6
+EXPECTED_VERSION = 7
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -358,6 +360,45 @@ class PartitionReader:
         """``(status, pos, count, last, failed, exc)``: see :func:`py_deliver`."""
         return deliver(data, pos, base, verify, self.max_payload, self.topic,
                        self.partition, self.codec, self.plain, self.attr, listener, later)
+
+
+def py_slot_fields(cls: type, size: int, fields: tuple[tuple[str, int, str], ...]) -> None:
+    """slot_fields(cls, size, fields): make each ``(name, index, doc)`` of ``fields`` a
+    read-only attribute of ``cls`` (a tuple subclass whose instances all have ``size``
+    items) giving item ``index``.  Here a ``property(itemgetter(index))``; the C one
+    a member descriptor reading the item in place (one load for the interpreter)."""
+    _check_fields(cls, size, fields)
+    for name, index, doc in fields:
+        setattr(cls, name, property(itemgetter(index), doc=doc))
+
+
+def _check_fields(cls: type, size: int, fields: Any) -> None:
+    """What both slot_fields check (the C one with the same messages)."""
+    if not (isinstance(cls, type) and issubclass(cls, tuple)
+            and cls.__basicsize__ == tuple.__basicsize__
+            and cls.__itemsize__ == tuple.__itemsize__):
+        raise TypeError("cls must be a tuple subclass without instance fields")
+    if not isinstance(fields, tuple) or not all(
+            isinstance(f, tuple) and len(f) == 3 and isinstance(f[0], str)
+            and type(f[1]) is int and isinstance(f[2], str) for f in fields):
+        raise TypeError("slot_fields: fields must be (name: str, index: int, doc: str) tuples")
+    for name, index, _doc in fields:
+        if not 0 <= index < size:
+            raise ValueError(f"slot_fields: index {index} of {name!r} outside 0..{size - 1}")
+
+
+def c_slot_fields(cls: type, size: int, fields: tuple[tuple[str, int, str], ...]) -> None:
+    """slot_fields with C, after the same checks as its twin (errors alike)."""
+    _check_fields(cls, size, fields)
+    _c_slot_fields(cls, size, fields)
+
+
+slot_fields: Callable[[type, int, tuple[tuple[str, int, str], ...]], None]
+if speedups is not None:
+    _c_slot_fields = speedups.slot_fields
+    slot_fields = c_slot_fields
+else:
+    slot_fields = py_slot_fields
 
 
 # ----------------------------------------------------------------------------------

@@ -39,7 +39,7 @@
 #define METAQ_X86_SIMD 1
 #endif
 
-#define VERSION 6
+#define VERSION 7
 #define HEADER 20
 
 enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
@@ -394,17 +394,31 @@ check_message_type(PyObject *t, const char *name)
 }
 
 /* Message layout (metaq/consumer/_message.py):
- * (topic, partition, offset, next_offset, msg_id, flag, payload, codec) */
+ * (topic, partition, offset, next_offset, msg_id, flag, payload, codec)
+ *
+ * ``carry`` is the int the walk made for the last message's next_offset (a new
+ * reference, or NULL) at ``*carry_pos``: the next message starts there, so its
+ * offset is that same int (one int fewer a message); replaced by this message's
+ * next_offset.  The caller releases it when the walk ends. */
 static PyObject *
 build(const MsgKind *k, const unsigned char *d, Py_ssize_t pos, Py_ssize_t end,
-      long long base)
+      long long base, PyObject **carry, Py_ssize_t *carry_pos)
 {
     int32_t flag = (int32_t)be32(d + pos + 16);
     PyTypeObject *tp = (flag & 1) ? k->attr : k->plain;
-    PyObject *m = tp->tp_alloc(tp, 8);
+    /* Not tp_alloc (PyType_GenericAlloc): that zeroes the items and tracks the
+     * tuple, which is untracked again below; every item is set right away. */
+    PyObject *m = (PyObject *)PyObject_GC_NewVar(PyTupleObject, tp, 8);
     if (m == NULL)
         return NULL;
-    PyObject *off = PyLong_FromLongLong(base + pos);
+    PyObject *off;
+    if (*carry != NULL && *carry_pos == pos) {
+        off = *carry;  /* the carried reference becomes the message's */
+        *carry = NULL;
+    } else {
+        Py_CLEAR(*carry);
+        off = PyLong_FromLongLong(base + pos);
+    }
     PyObject *next = PyLong_FromLongLong(base + end);
     PyObject *id = PyLong_FromLongLong(be64(d + pos + 8));
     PyObject *fl = PyLong_FromLong(flag);
@@ -425,11 +439,14 @@ build(const MsgKind *k, const unsigned char *d, Py_ssize_t pos, Py_ssize_t end,
         Py_DECREF(m);
         return NULL;
     }
+    Py_INCREF(next);
+    *carry = next;
+    *carry_pos = end;
     /* Its items are strings, ints, bytes and the shared codec: a message is never
      * part of a reference cycle, so the cyclic GC need not track it (CPython
      * untracks such tuples itself, but only after a collection has looked at
-     * them; a batch of 500 live messages would trigger collections). */
-    PyObject_GC_UnTrack(m);
+     * them; a batch of 500 live messages would trigger collections).
+     * PyObject_GC_NewVar leaves it untracked. */
     return m;
 }
 
@@ -457,6 +474,24 @@ check_args(MsgKind *k, PyObject *plain, PyObject *attr, Py_ssize_t pos, Py_buffe
     return 0;
 }
 
+#define TAKE_HELD 512
+
+/* A list of the ``count`` messages in ``held``, whose references it takes (on
+ * failure they are released). */
+static PyObject *
+take_list(PyObject **held, Py_ssize_t count)
+{
+    PyObject *list = PyList_New(count);
+    if (list == NULL) {
+        for (Py_ssize_t i = 0; i < count; i++)
+            Py_DECREF(held[i]);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++)
+        PyList_SET_ITEM(list, i, held[i]);
+    return list;
+}
+
 static PyObject *
 py_take(PyObject *self, PyObject *args)
 {
@@ -476,24 +511,41 @@ py_take(PyObject *self, PyObject *args)
     Py_ssize_t n = buf.len, end = 0, start = pos;
     int kind, status = ST_LIMIT;
     long long a, b;
-    PyObject *list = PyList_New(0);
-    if (list == NULL)
-        goto fail;
-    while (PyList_GET_SIZE(list) < limit && pos - start < max_bytes) {
+    PyObject *carry = NULL;
+    Py_ssize_t carry_pos = -1;
+    /* the first TAKE_HELD messages are held here and the list is made at their
+     * count (one allocation, not a list grown append by append); more go on it */
+    PyObject *held[TAKE_HELD];
+    Py_ssize_t count = 0;
+    PyObject *list = NULL;
+    while (count < limit && pos - start < max_bytes) {
         int r = step(d, n, pos, verify, max_payload, &end, &kind, &a, &b);
         if (r <= 0) {
             status = r == 0 ? ST_END : ST_BAD;
             break;
         }
-        PyObject *m = build(&k, d, pos, end, base);
+        PyObject *m = build(&k, d, pos, end, base, &carry, &carry_pos);
         if (m == NULL)
             goto fail;
-        if (PyList_Append(list, m) < 0) {
+        if (count < TAKE_HELD) {
+            held[count] = m;
+        } else {
+            if (list == NULL && (list = take_list(held, TAKE_HELD)) == NULL) {
+                Py_DECREF(m);
+                count = 0;  /* take_list released them */
+                goto fail;
+            }
+            int bad = PyList_Append(list, m);
             Py_DECREF(m);
-            goto fail;
+            if (bad < 0)
+                goto fail;
         }
-        Py_DECREF(m);
+        count++;
         pos = end;
+    }
+    if (list == NULL && (list = take_list(held, count)) == NULL) {
+        count = 0;  /* take_list released them */
+        goto fail;
     }
     if (status == ST_LIMIT) {
         /* say END now rather than on the next call when nothing whole follows */
@@ -501,9 +553,15 @@ py_take(PyObject *self, PyObject *args)
         if (r == 0)
             status = ST_END;
     }
+    Py_XDECREF(carry);
     PyBuffer_Release(&buf);
     return Py_BuildValue("(Nni)", list, pos, status);
 fail:
+    if (list == NULL) {  /* the held messages are still this function's */
+        for (Py_ssize_t i = 0; i < count && i < TAKE_HELD; i++)
+            Py_DECREF(held[i]);
+    }
+    Py_XDECREF(carry);
     Py_XDECREF(list);
     PyBuffer_Release(&buf);
     return NULL;
@@ -528,14 +586,15 @@ py_deliver(PyObject *self, PyObject *args)
     Py_ssize_t n = buf.len, end = 0;
     int kind, status;
     long long a, b;
-    PyObject *last = NULL, *failed = NULL, *exc = NULL;
+    PyObject *last = NULL, *failed = NULL, *exc = NULL, *carry = NULL;
+    Py_ssize_t carry_pos = -1;
     for (;;) {
         int r = step(d, n, pos, verify, max_payload, &end, &kind, &a, &b);
         if (r <= 0) {
             status = r == 0 ? ST_END : ST_BAD;
             break;
         }
-        PyObject *m = build(&k, d, pos, end, base);
+        PyObject *m = build(&k, d, pos, end, base, &carry, &carry_pos);
         if (m == NULL)
             goto fail;
         PyObject *res = PyObject_CallOneArg(listener, m);
@@ -572,11 +631,13 @@ py_deliver(PyObject *self, PyObject *args)
         count++;
         pos = end;
     }
+    Py_XDECREF(carry);
     PyBuffer_Release(&buf);
     return Py_BuildValue("(innNNN)", status, pos, count, last ? last : Py_NewRef(Py_None),
                          failed ? failed : Py_NewRef(Py_None),
                          exc ? exc : Py_NewRef(Py_None));
 fail:
+    Py_XDECREF(carry);
     Py_XDECREF(last);
     PyBuffer_Release(&buf);
     return NULL;
@@ -2228,6 +2289,81 @@ py_bind_send_result(PyObject *self, PyObject *args)
 }
 /* ==== end of send_async in one call ================================================== */
 
+/* ---- consumer messages' fields as slots (issue 29, consumer rate) ----------------------- */
+
+#include <structmember.h> /* T_OBJECT_EX, READONLY (Python.h has them only from 3.12) */
+
+/* slot_fields(cls, size, fields): for each (name, index, doc) of ``fields`` a read-only
+ * member descriptor on ``cls`` (a tuple subclass without instance fields) that reads
+ * item ``index`` of the tuple in place.  ``m.body`` is then one load for the
+ * interpreter (CPython specializes member reads), not a property calling an
+ * itemgetter.  The caller makes every instance of ``cls`` (and its subclasses) have
+ * ``size`` items (``index`` < ``size``): the descriptor does not check the length.
+ * The definitions live as long as the process (classes are made once). */
+static PyObject *
+py_slot_fields(PyObject *self, PyObject *args)
+{
+    PyObject *cls, *fields;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "OnO!:slot_fields", &cls, &size, &PyTuple_Type, &fields))
+        return NULL;
+    if (check_message_type(cls, "cls") < 0)
+        return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(fields);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i);
+        Py_ssize_t index;
+        PyObject *name, *doc;
+        if (!PyTuple_Check(f) || !PyArg_ParseTuple(f, "UnU:slot_fields field", &name, &index,
+                                                   &doc))
+            goto bad;
+        if (index < 0 || index >= size) {
+            PyErr_Format(PyExc_ValueError, "slot_fields: index %zd of %R outside 0..%zd",
+                         index, name, size - 1);
+            return NULL;
+        }
+    }
+    /* one block, never freed: the names and docs are copied into it */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *f = PyTuple_GET_ITEM(fields, i);
+        PyObject *name = PyTuple_GET_ITEM(f, 0), *doc = PyTuple_GET_ITEM(f, 2);
+        Py_ssize_t index = PyLong_AsSsize_t(PyTuple_GET_ITEM(f, 1));
+        Py_ssize_t name_len, doc_len;
+        const char *name_s = PyUnicode_AsUTF8AndSize(name, &name_len);
+        const char *doc_s = name_s ? PyUnicode_AsUTF8AndSize(doc, &doc_len) : NULL;
+        if (doc_s == NULL)
+            return NULL;
+        PyMemberDef *def = PyMem_Calloc(1, sizeof(PyMemberDef) + (size_t)name_len + 1
+                                        + (size_t)doc_len + 1);
+        if (def == NULL)
+            return PyErr_NoMemory();
+        char *text = (char *)(def + 1);
+        memcpy(text, name_s, (size_t)name_len + 1);
+        memcpy(text + name_len + 1, doc_s, (size_t)doc_len + 1);
+        def->name = text;
+        def->type = T_OBJECT_EX;
+        def->offset = offsetof(PyTupleObject, ob_item) + index * (Py_ssize_t)sizeof(PyObject *);
+        def->flags = READONLY;
+        def->doc = text + name_len + 1;
+        PyObject *descr = PyDescr_NewMember((PyTypeObject *)cls, def);
+        if (descr == NULL)
+            return NULL;  /* ``def`` stays allocated: harmless, and never on this path */
+        int r = PyObject_SetAttr(cls, name, descr);
+        Py_DECREF(descr);
+        if (r < 0)
+            return NULL;
+    }
+    Py_RETURN_NONE;
+bad:
+    if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError,
+                        "slot_fields: fields must be (name: str, index: int, doc: str) tuples");
+    }
+    return NULL;
+}
+
+/* ---- end of the consumer messages' fields ------------------------------------------------ */
 
 /* ---- module --------------------------------------------------------------------------- */
 
@@ -2292,6 +2428,11 @@ static PyMethodDef methods[] = {
      "None: send data, release send_lock, one blocking recv: put_ack's tuple when it is the\n"
      "lone success; else the bytes read (b'': closed), None when nothing came in time."},
     /* end of issue 29 (sync send) */
+    /* consumer messages' fields (issue 29, consumer rate) */
+    {"slot_fields", py_slot_fields, METH_VARARGS,
+     "slot_fields(cls, size, fields): a read-only member descriptor on cls (a tuple\n"
+     "subclass whose instances all have size items) for each (name, index, doc) of\n"
+     "fields, reading that item in place."},
     {NULL, NULL, 0, NULL},
 };
 

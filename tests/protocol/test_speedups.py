@@ -255,14 +255,20 @@ def test_scan_refuses_what_is_not_bytes(impl):
 
 # -- take and deliver -------------------------------------------------------------------------
 
+#: a message's fields that never raise (raw_body and body may, with an attribute)
+_SAFE_FIELDS = ("topic", "partition", "offset", "next_offset", "msg_id", "flag", "payload")
+
+
 def _fields(m):
     if m is None:
         return None
     try:
-        split = (m.attribute, m.raw_body)
+        split = (m.attribute, m.raw_body, m.body)
     except MessageError as e:  # a corrupt attribute section (only unverified)
         split = str(e)
-    return (type(m), tuple(m), split)
+    named = tuple(getattr(m, name) for name in _SAFE_FIELDS)
+    assert named == (*m[:6], m[6])  # each name reads its item of the layout
+    return (type(m), tuple(m), split, named)
 
 
 def _reference(buf, base, verify=True):
@@ -590,6 +596,127 @@ def test_a_partition_reader_calls_the_bound_functions_with_its_arguments(impl, m
     assert reader.deliver(buf, 0, 100, True, seen.append, object())[:3] == (
         _fast.ST_END, len(buf), 2)
     assert seen == batch
+
+
+@needs_c
+def test_take_of_more_messages_than_it_holds_before_making_its_list_equals_its_twin():
+    """take holds its first 512 messages and makes the list at their count; past that it
+    appends: the same messages either side of the boundary, and nothing leaked there."""
+    log = _log([(bytes([i % 251]) * (i % 7), "a" if i % 97 == 0 else None)
+                for i in range(1500)])
+    kind = ("t", "0-1", _CODEC, _PLAIN, _ATTR)
+    for limit in (0, 1, 511, 512, 513, 1024, 1499, 1500, 1501):
+        for max_bytes in (1 << 40, 5000, 20000):
+            args = (0, 10, limit, max_bytes, True, _MAX, *kind)
+            got, want = s.take(log, *args), _fast.py_take(log, *args)
+            assert [_fields(m) for m in got[0]] == [_fields(m) for m in want[0]]
+            assert got[1:] == want[1:]
+    s.take(log, 0, 10, 1500, 1 << 40, True, _MAX, *kind)
+    gc.collect()
+    before = sys.getallocatedblocks()
+    for _ in range(20):
+        s.take(log, 0, 10, 1500, 1 << 40, True, _MAX, *kind)
+    gc.collect()
+    assert sys.getallocatedblocks() - before < 20
+
+
+# -- a message's fields (slot_fields) --------------------------------------------------------
+
+def _fields_class():
+    class Fields(tuple):
+        __slots__ = ()
+
+    return Fields
+
+
+_DEFS = tuple((name, i, f"item {i} of the layout") for i, name in enumerate("abcdefgh")) + (
+    ("again", 6, "item 6 under another name"),)
+#: one class made by each slot_fields (the C one's definitions live as long as the process)
+_C_FIELDS, _PY_FIELDS = _fields_class(), _fields_class()
+if s is not None:
+    _fast.c_slot_fields(_C_FIELDS, 8, _DEFS)
+_fast.py_slot_fields(_PY_FIELDS, 8, _DEFS)
+_item = st.one_of(st.integers(), st.binary(max_size=20), st.text(max_size=5), st.none())
+
+
+@needs_c
+@given(st.lists(_item, min_size=8, max_size=8))
+def test_slot_fields_read_what_their_twin_reads(items):
+    c, py = _C_FIELDS(items), _PY_FIELDS(items)
+    for name, index, doc in _DEFS:
+        assert getattr(c, name) is getattr(py, name) is items[index]
+        assert getattr(_C_FIELDS, name).__doc__ == getattr(_PY_FIELDS, name).__doc__ == doc
+
+
+@both
+def test_slot_fields_are_read_only_and_refuse_bad_definitions(impl):
+    slot_fields = _fast.c_slot_fields if impl == "c" else _fast.py_slot_fields
+    cls = _C_FIELDS if impl == "c" else _PY_FIELDS
+    with pytest.raises(AttributeError):
+        cls(range(8)).a = 1
+    fresh = _fields_class()
+    with pytest.raises(ValueError, match=r"index 8 of 'x' outside 0..7"):
+        slot_fields(fresh, 8, (("x", 8, ""),))
+    with pytest.raises(ValueError, match=r"index -1 of 'x' outside 0..7"):
+        slot_fields(fresh, 8, (("x", -1, ""),))
+    for bad in ([("x", 0, "")], (("x", 0),), ((b"x", 0, ""),), (("x", "0", ""),)):
+        with pytest.raises(TypeError, match="fields must be"):
+            slot_fields(fresh, 8, bad)
+
+    class WithDict(tuple):
+        pass
+
+    for bad_cls in (WithDict, dict, 5):
+        with pytest.raises(TypeError, match="cls must be a tuple subclass"):
+            slot_fields(bad_cls, 8, _DEFS)
+    assert not hasattr(fresh, "x")  # nothing made when refused
+
+
+@needs_c
+def test_the_c_slot_fields_check_as_the_twin_does():
+    """Called directly (not through c_slot_fields), the C function refuses the same."""
+    with pytest.raises(ValueError, match="outside 0..7"):
+        s.slot_fields(_fields_class(), 8, (("x", 8, ""),))
+    with pytest.raises(TypeError, match="fields must be"):
+        s.slot_fields(_fields_class(), 8, (("x", "0", ""),))
+    with pytest.raises(TypeError, match="cls must be a tuple subclass"):
+        s.slot_fields(dict, 8, _DEFS)
+
+
+def test_messages_read_their_fields_by_name_and_always_have_all_of_them():
+    from metaq.consumer._message import Message
+
+    m = Message.create("t", "0-1", 5, 30, 77, 0, b"body", _CODEC)
+    assert (m.topic, m.partition, m.offset, m.next_offset, m.msg_id, m.flag) == (
+        "t", "0-1", 5, 30, 77, 0)
+    assert m.body is m.raw_body is m.payload == b"body"
+    assert type(Message.body).__name__ == ("member_descriptor" if s is not None
+                                           else "property")
+    import pickle
+
+    assert pickle.loads(pickle.dumps(m)) == m
+    if s is not None:  # the C fields read items unchecked: no message lacks one
+        for short in ((), ("t", "0-1"), tuple(range(9))):
+            with pytest.raises(TypeError, match="a Message has 8 fields"):
+                Message(short)
+
+
+@needs_c
+def test_no_int_is_leaked_per_message():
+    """take and deliver give each message's next_offset to the next message as its
+    offset; every path leaves no int (or anything else) allocated behind."""
+    kind = _private_kind()
+    ret, later = object(), object()
+    good = _log([(b"x" * 10, None), (b"y", "attr")] * 50)
+    bad = good[:-1] + bytes([good[-1] ^ 1])
+    for log in (good, bad, good[:-5]):
+        _every_path(log, kind, ret, later)
+        gc.collect()
+        before = sys.getallocatedblocks()
+        for _ in range(100):
+            _every_path(log, kind, ret, later)
+        gc.collect()
+        assert sys.getallocatedblocks() - before < 50  # one a call would be 100s
 
 
 # -- the producer's put lines and the broker's put parser ----------------------------------
