@@ -528,7 +528,7 @@ class BrokerServer:
             self._get(conn, r._replace(hold_ms=0))
             return
         self.stats["cmd_get"] += 1
-        self.role.fetched(replica, plog, offset)  # as the get path: when it was asked
+        self.role.answered(replica, plog, offset)  # (``fetched`` counted it when held)
         self.stats["get_bytes"] += s.length
         conn.send_file(FileReply(encode_value_header(s.length, r.opaque), s, plog))
 

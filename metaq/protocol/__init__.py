@@ -42,6 +42,7 @@ from metaq.protocol._commands import (
     check_group,
     check_topic,
     encode_get,
+    encode_get_head,
     encode_offset,
     encode_put,
     encode_result,
@@ -173,7 +174,7 @@ __all__ = [
     # commands
     "PutRequest", "TxPut", "SyncRequest", "GetRequest", "OffsetRequest", "StatsRequest",
     "VersionRequest", "QuitRequest", "BadRequest", "Result", "Value", "encode_put",
-    "encode_sync", "encode_get",
+    "encode_sync", "encode_get", "encode_get_head",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
     # parsers

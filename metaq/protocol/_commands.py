@@ -320,6 +320,15 @@ def encode_get(topic: str, group: str, partition: int, offset: int, max_size: in
         _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size, opaque)
 
 
+def encode_get_head(topic: str, group: str, partition: int) -> bytes:
+    """The start of every ``get`` of one partition for one group, names checked:
+    ``head + b"%d %d %d hold=%d records=%d\\r\\n" % (offset, max_size, opaque, hold_ms,
+    records)`` (or the shorter tails) is what :func:`encode_get` writes.  For a reader
+    that sends the same get again and again (a slave's copy of a partition), which
+    then checks and encodes the names once, not per get."""
+    return b"get %b %b %d " % (_topic_bytes(topic), _name_bytes(group, "group"), partition)
+
+
 def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int,
                   time_ms: int = -1) -> bytes:
     """An ``offset``; ``time_ms`` >= 0 adds metaq-py's ``time=<ms>`` field (send it
