@@ -242,6 +242,8 @@ class Follower:
         self.storage = storage
         self.replica = replica
         self.group = replica_group(replica)
+        #: when the fast path last copied a lone message (``expecting``)
+        self.lone_at = -1.0
         self.add_topic = add_topic
         #: stores a master's producer records (``Producers.apply_producer_records``)
         self.apply_records = apply_records
@@ -521,6 +523,12 @@ class Follower:
         return link.send(opaque, head + b"%d %d %d\r\n" % (offset, copy.max_size, opaque),
                          fut, fast)
 
+    def expecting(self) -> bool:
+        """Whether a lone put's copy came a moment ago (:data:`LONE_WINDOW`): one at a
+        time, a synchronous ``send`` after another, the next is on its way, and the
+        event loop polls for it before it sleeps (``_spin``)."""
+        return time.monotonic() - self.lone_at < LONE_WINDOW
+
     def _copied_now(self, copy: PartitionCopy, link: _MasterLink, hold: int, reply: object,
                     fut: asyncio.Future) -> bool:
         """(In the link's ``data_received``) copy a ``value`` reply and ask on at once,
@@ -533,9 +541,12 @@ class Follower:
         if pushed is not None:  # its records, if any, came before the reply
             link.forget(pushed[1])
         copy.below_since = None
+        before = copy.copied_messages
         if not self._append_now(copy, reply.body, copy.asked_at):
             fut.set_result(_APPEND_FAILED)
             return True
+        if copy.copied_messages - before == 1:  # a lone put's: another may follow soon
+            self.lone_at = time.monotonic()
         upto = copy.plog.end
         try:
             self._get(link, copy, upto, hold, fut)
@@ -685,6 +696,9 @@ class Follower:
         return out
 
 
+
+#: After a lone put's copy, the slave's loop polls for the next put this long (seconds).
+LONE_WINDOW = 0.001
 
 #: what the fast path resolves a get's future with when its append failed
 _APPEND_FAILED = object()

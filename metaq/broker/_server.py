@@ -530,7 +530,11 @@ class BrokerServer:
         self.stats["cmd_get"] += 1
         self.role.answered(replica, plog, offset)  # (``fetched`` counted it when held)
         self.stats["get_bytes"] += s.length
-        conn.send_file(FileReply(encode_value_header(s.length, r.opaque), s, plog))
+        data = plog.recent(offset, s.length)  # the put that woke it, still in memory
+        if data is not None:
+            conn.send(encode_value_header(s.length, r.opaque) + data)
+        else:
+            conn.send_file(FileReply(encode_value_header(s.length, r.opaque), s, plog))
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1

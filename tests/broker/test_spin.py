@@ -84,3 +84,34 @@ def test_it_polls_only_while_an_answer_is_due(monkeypatch: pytest.MonkeyPatch) -
         sel.close()
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_sync_slave_polls_only_right_after_it_copied_a_lone_put(
+        zk_connect, broker_factory, tmp_path, mode: str) -> None:
+    from metaq import Producer
+    from metaq.testing import wait_until
+
+    master = broker_factory({"t": 1}, zk_connect=zk_connect, replication="sync",
+                            data_dir=tmp_path / "m")
+    slave = broker_factory({}, zk_connect=zk_connect, slave_of=0, replication=mode,
+                           data_dir=tmp_path / "s")
+    wait_until(lambda: master.replication_status()["in_sync"] == [1], 30,
+               what="the slave to be in sync")
+    follower = slave._role.follower
+    with Producer(zk_connect) as producer:
+        producer.send("t", b"warm-up")
+        before = follower.lone_at
+        producer.send("t", b"one")  # acknowledged: the slave copied it (sync)
+        lone = follower.lone_at
+        assert lone > before  # a value of one message: a lone put's
+        producer.send_batch("t", [b"m%d" % i for i in range(10)]).result(30)
+        assert follower.lone_at == lone  # ten messages in one value: a batch's
+
+    def wanted_now() -> tuple[bool, bool]:
+        follower.lone_at = time.monotonic()
+        now = slave._spin_wanted()
+        follower.lone_at = time.monotonic() - 1.0
+        return now, slave._spin_wanted()
+
+    assert slave._call(wanted_now) == ((mode == "sync"), False)
