@@ -40,6 +40,7 @@ __all__ = [
     "check_group",
     # field checks shared with the parsers (not exported by the package)
     "topic_cache",
+    "group_cache",
     "name_problem",
     "token_text",
     "parse_topic",
@@ -163,7 +164,7 @@ class Value(NamedTuple):
 #: A topic's bytes as they appear in a request -> the checked topic (see :func:`parse_topic`).
 topic_cache: dict[bytes, str] = {}
 #: A group's bytes as they appear in a request -> the checked group (:func:`parse_group`).
-_group_cache: dict[bytes, str] = {}
+group_cache: dict[bytes, str] = {}
 _topic_bytes_cache: dict[str, bytes] = {}
 
 
@@ -243,12 +244,12 @@ def parse_topic(tok: bytes) -> str:
 def parse_group(tok: bytes) -> str:
     """A request's group token, checked (:func:`check_group`) once per distinct token
     (every ``get`` names one; a slave's and a consumer's are the same every time)."""
-    g = _group_cache.get(tok)
+    g = group_cache.get(tok)
     if g is None:
         g = check_group(token_text(tok, "group"))
-        if len(_group_cache) > 4096:
-            _group_cache.clear()
-        _group_cache[bytes(tok)] = g
+        if len(group_cache) > 4096:
+            group_cache.clear()
+        group_cache[bytes(tok)] = g
     return g
 
 
