@@ -363,7 +363,8 @@ class BrokerServer:
             if t is tuple or t is PutRequest:  # a run of puts (tuple: see RequestParser)
                 if not i and t is tuple and type(reqs[-1]) is tuple and (
                         n < 3 or list(map(type, reqs)).count(tuple) == n):
-                    self._puts(conn, reqs, True)  # the usual read: nothing but fast puts
+                    # the usual read: nothing but fast puts
+                    self._puts(conn, reqs, True, n <= _FIRE_NOW_MAX)
                     return
                 j = i + 1
                 tuples_only = t is tuple
@@ -430,11 +431,16 @@ class BrokerServer:
                 else:
                     feed.request(conn, r)
 
-    def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
+    def _puts(self, conn: Connection, puts: list, tuples_only: bool,
+              fire: bool = False) -> None:
         """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests
         among them): stored by the one put step (``_puts.store``, after
         ``_puts.store_requests`` has given PutRequests their targets), answered with
-        one send, behind their fsync with group commit."""
+        one send, behind their fsync with group commit.  ``fire`` (the read held
+        these few puts only): when they wait for slaves, the held gets they woke (a
+        synchronous slave's) are answered as soon as the wait is registered, before
+        the producer's answer is set up: the slave's copy is what the round trip
+        waits on."""
         n = len(puts)
         self.stats["cmd_put"] += n
         role = self.role
@@ -451,12 +457,16 @@ class BrokerServer:
             replies, failed, written = store_requests(puts, ids, self._put_group, self.topics,
                                                       self.config.max_message_size)
         self.stats["put_failed"] += failed
-        data = b"".join(replies)
         group_commit = self.config.unflush_threshold == 0
         # without group commit the slaves' wait is all there is: the replica set
         # writes the answer itself the moment the last in-sync slave holds it
         synced = None if role is None or not written else \
             role.wait(written, None if group_commit else conn.drain)
+        if fire and synced is not None:
+            held = self.held
+            held.fire_due()
+            held.deferred = True  # (``handle`` ends it)
+        data = b"".join(replies)
         if synced is not None or (written and group_commit):
             futs = [plog.request_flush() for plog in written] if group_commit else []
             if synced is not None:
