@@ -3,6 +3,7 @@ it sleeps only while an answer is due, and never changes what select returns."""
 
 from __future__ import annotations
 
+import os
 import selectors
 import socket
 import threading
@@ -69,17 +70,21 @@ def test_it_polls_only_while_an_answer_is_due(monkeypatch: pytest.MonkeyPatch) -
         calls.append(timeout)
         return base(self, timeout)
 
+    yields = []
     sel.register(a, selectors.EVENT_READ)
     try:
         monkeypatch.setattr(selectors.DefaultSelector, "select", counting)
+        monkeypatch.setattr(os, "sched_yield", lambda: yields.append(1))
         due = [False]
         sel.wanted = lambda: due[0]
         assert sel.select(0.01) == []
-        assert calls == [0.01]  # one blocking call, no polling
+        assert calls == [0.01] and not yields  # one blocking call, no polling
         calls.clear()
         due[0] = True
         assert sel.select(0.1) == []
         assert len(calls) > 2 and calls[0] == 0 and calls[-1] > 0  # polled, then blocked
+        # between two polls the CPU is offered to whoever waits for it
+        assert len(yields) == len(calls) - 2
     finally:
         sel.close()
         a.close()
