@@ -174,9 +174,10 @@ __all__ = [
     # commands
     "PutRequest", "TxPut", "SyncRequest", "GetRequest", "OffsetRequest", "StatsRequest",
     "VersionRequest", "QuitRequest", "BadRequest", "Result", "Value", "encode_put",
-    "encode_sync", "encode_get", "encode_get_head",
+    "encode_sync", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
+    "encode_get_head",
     # parsers
     "RequestParser", "ReplyParser",
     # codecs

@@ -58,7 +58,7 @@ __all__ = [
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
 #: ``.so`` left next to newer sources) is ignored rather than misused.
-EXPECTED_VERSION = 7
+EXPECTED_VERSION = 6
 
 
 def _load() -> tuple[ModuleType | None, str]:

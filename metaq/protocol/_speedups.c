@@ -38,7 +38,7 @@
 #define METAQ_X86_SIMD 1
 #endif
 
-#define VERSION 7
+#define VERSION 6
 #define HEADER 20
 
 enum { ST_END = 0, ST_LIMIT = 1, ST_BAD = 2, ST_LATER = 3, ST_ERROR = 4 };
