@@ -152,8 +152,16 @@ class Broker:
 
     def _spin_wanted(self) -> bool:
         role = self._role
-        replicas = None if role is None else role.replicas
-        return replicas is not None and replicas.waiting()
+        if role is None:
+            return False
+        replicas = role.replicas
+        if replicas is not None:
+            return replicas.waiting()
+        # a slave configured for synchronous replication (its master's mode, as a
+        # rule): right after it copied a lone put, the next one is on its way
+        follower = role.follower
+        return follower is not None and self.config.replication == "sync" \
+            and follower.expecting()
 
     @property
     def running(self) -> bool:

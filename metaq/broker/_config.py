@@ -199,7 +199,9 @@ class BrokerConfig:
     #: While a lone put waits for its in-sync slaves, the event loop polls this many
     #: microseconds for their answer before it sleeps (0: it sleeps at once): the
     #: wake-up it saves is most of a synchronous put's extra latency on an idle
-    #: machine; it costs up to that much CPU per put (``metaq.broker._spin``).
+    #: machine; it costs up to that much CPU per put (``metaq.broker._spin``).  A
+    #: slave with ``replication = "sync"`` polls as long for the next put right after
+    #: it copied a lone one (a synchronous ``send`` after another).
     replication_poll_us: int = 300
     #: With sync replication and no slave in sync: ``continue`` (acknowledge from this
     #: broker's log alone, reported in stats, metrics and ZooKeeper) or ``refuse`` puts.

@@ -72,7 +72,7 @@ from metaq.protocol import (
     Result,
     Value,
     decode_producer_records,
-    encode_get,
+    encode_get_head,
     encode_offset,
     encode_producers,
     encode_version,
@@ -149,21 +149,31 @@ class _MasterLink(asyncio.Protocol):
         if self.closed.done():
             raise self.closed.result()
         opaque = next(self.opaques) & OPAQUE_MASK
+        return self.send(opaque, encode(opaque), fut, fast)
+
+    def next_opaque(self) -> int:
+        """An opaque for a request given to :meth:`send`."""
+        return next(self.opaques) & OPAQUE_MASK
+
+    def send(self, opaque: int, data: bytes, fut: asyncio.Future | None = None,
+             fast: Callable[[object, asyncio.Future], bool] | None = None) -> asyncio.Future:
+        """:meth:`request` of a request already encoded with ``opaque``."""
+        if self.closed.done():
+            raise self.closed.result()
         if fut is None:
             fut = asyncio.get_running_loop().create_future()
         self.pending[opaque] = fut
         if fast is not None:
             self.fast[opaque] = fast
-        self.transport.write(encode(opaque))
+        self.transport.write(data)
         return fut
 
-    def expect(self) -> tuple[int, asyncio.Future]:
-        """An opaque for a reply that may come or not (``records=``), and its future;
-        :meth:`forget` it once it can no longer come."""
+    def expect(self) -> tuple[int, _Expected]:
+        """An opaque for a reply that may come or not (``records=``), and what holds it
+        if it does; :meth:`forget` it once it can no longer come."""
         opaque = next(self.opaques) & OPAQUE_MASK
-        fut = asyncio.get_running_loop().create_future()
-        self.pending[opaque] = fut
-        return opaque, fut
+        slot = self.pending[opaque] = _Expected()
+        return opaque, slot  # type: ignore[return-value]
 
     def forget(self, opaque: int) -> None:
         self.pending.pop(opaque, None)
@@ -177,7 +187,7 @@ class PartitionCopy:
 
     __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
                  "caught_up_at", "task", "max_size", "below_since", "records_to",
-                 "applying", "pushed", "asked_at")
+                 "applying", "pushed", "asked_at", "get_head", "fast")
 
     def __init__(self, plog: PartitionLog, max_size: int) -> None:
         self.plog = plog
@@ -196,11 +206,16 @@ class PartitionCopy:
         self.applying = False
         #: the get in flight asked a ``+records`` master for its records: (the link,
         #: the opaque, the future their answer resolves if there are any)
-        self.pushed: tuple[_MasterLink, int, asyncio.Future] | None = None
+        self.pushed: tuple[_MasterLink, int, _Expected] | None = None
         #: when an unflushed Java master's max offset was first seen below this end
         self.below_since: float | None = None
         #: the offset the get in flight asked from
         self.asked_at = 0
+        #: the start of its gets (``encode_get_head``: names checked once)
+        self.get_head: bytes | None = None
+        #: (link, hold, the fast path's handler for them), made once per link
+        self.fast: tuple[_MasterLink, int, Callable[[object, asyncio.Future], bool]] | None \
+            = None
 
     def lag_seconds(self, now: float) -> float | None:
         """Seconds since this copy last reached the master's end (None: never)."""
@@ -227,6 +242,8 @@ class Follower:
         self.storage = storage
         self.replica = replica
         self.group = replica_group(replica)
+        #: when the fast path last copied a lone message (``expecting``)
+        self.lone_at = -1.0
         self.add_topic = add_topic
         #: stores a master's producer records (``Producers.apply_producer_records``)
         self.apply_records = apply_records
@@ -478,21 +495,39 @@ class Follower:
         A ``value`` reply is copied right where it is read, when it can be (the fast
         path, :meth:`_copied_now`): appended, and the next get sent, in the same call,
         the future left waiting; anything else resolves it for the copy task."""
-        plog = copy.plog
         copy.asked_at = offset
-        fast = None if self.group_commit else functools.partial(self._copied_now, copy, link,
-                                                                hold)
+        head = copy.get_head
+        if head is None:
+            plog = copy.plog
+            head = copy.get_head = encode_get_head(plog.topic, self.group, plog.partition)
+        if self.group_commit:
+            fast = None
+        else:
+            made = copy.fast
+            if made is None or made[0] is not link or made[1] != hold:
+                made = copy.fast = (link, hold, functools.partial(self._copied_now, copy, link,
+                                                                  hold))
+            fast = made[2]
+        opaque = link.next_opaque()
         if self.apply_records is not None and IDEMPOTENT_CAPABILITY in link.capabilities:
             if RECORDS_CAPABILITY not in link.capabilities:  # ``producers`` asked after
                 fast = None                                   # each chunk: the task's
             else:
                 records, rfut = link.expect()
                 copy.pushed = (link, records, rfut)
-                return link.request(lambda o: encode_get(
-                    plog.topic, self.group, plog.partition, offset, copy.max_size, o, hold,
-                    records), fut, fast)
-        return link.request(lambda o: encode_get(plog.topic, self.group, plog.partition,
-                                                 offset, copy.max_size, o, hold), fut, fast)
+                return link.send(opaque, head + b"%d %d %d hold=%d records=%d\r\n" % (
+                    offset, copy.max_size, opaque, max(hold, 0), records), fut, fast)
+        if hold > 0:
+            return link.send(opaque, head + b"%d %d %d hold=%d\r\n" % (
+                offset, copy.max_size, opaque, hold), fut, fast)
+        return link.send(opaque, head + b"%d %d %d\r\n" % (offset, copy.max_size, opaque),
+                         fut, fast)
+
+    def expecting(self) -> bool:
+        """Whether a lone put's copy came a moment ago (:data:`LONE_WINDOW`): one at a
+        time, a synchronous ``send`` after another, the next is on its way, and the
+        event loop polls for it before it sleeps (``_spin``)."""
+        return time.monotonic() - self.lone_at < LONE_WINDOW
 
     def _copied_now(self, copy: PartitionCopy, link: _MasterLink, hold: int, reply: object,
                     fut: asyncio.Future) -> bool:
@@ -506,9 +541,12 @@ class Follower:
         if pushed is not None:  # its records, if any, came before the reply
             link.forget(pushed[1])
         copy.below_since = None
+        before = copy.copied_messages
         if not self._append_now(copy, reply.body, copy.asked_at):
             fut.set_result(_APPEND_FAILED)
             return True
+        if copy.copied_messages - before == 1:  # a lone put's: another may follow soon
+            self.lone_at = time.monotonic()
         upto = copy.plog.end
         try:
             self._get(link, copy, upto, hold, fut)
@@ -519,7 +557,7 @@ class Follower:
             copy.records_to = upto
         return True
 
-    def _pushed_records(self, copy: PartitionCopy, fut: asyncio.Future) -> bool:
+    def _pushed_records(self, copy: PartitionCopy, fut: _Expected) -> bool:
         """Store the records a ``+records`` master sent before the value just copied
         (not done: it had none for it); False when they are damaged or not stored."""
         if not fut.done() or fut.cancelled() or fut.exception() is not None:
@@ -659,8 +697,44 @@ class Follower:
 
 
 
+#: After a lone put's copy, the slave's loop polls for the next put this long (seconds).
+LONE_WINDOW = 0.001
+
 #: what the fast path resolves a get's future with when its append failed
 _APPEND_FAILED = object()
+
+
+class _Expected:
+    """Holds a reply that may come or not (:meth:`_MasterLink.expect`): as much of a
+    future as the link's reading and :meth:`Follower._pushed_records` use, without
+    one of the event loop's futures per get (a synchronous slave asks one per put)."""
+
+    __slots__ = ("_done", "_result", "_error")
+
+    def __init__(self) -> None:
+        self._done = False
+        self._result: object = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, result: object) -> None:
+        self._done, self._result = True, result
+
+    def set_exception(self, error: BaseException) -> None:
+        self._done, self._error = True, error
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> object:
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 def _retrieved(fut: asyncio.Future) -> None:

@@ -148,6 +148,20 @@ class ReplicaSet:
             self._release(plog)
             self._update_watermark(plog)
 
+    def answered(self, replica: int, plog: PartitionLog, offset: int) -> None:
+        """Replica ``replica``'s get from ``offset``, held at the end of ``plog``
+        (:meth:`fetched` counted it then), is answered now, below a readable end that
+        moved: what :meth:`fetched` would record for that get again, the short way (its
+        position stays, it was caught up when it asked, so only: its next get shows it
+        caught up with what is readable now); anything else, :meth:`fetched` itself."""
+        rep = self.replicas.get(replica)
+        if rep is None or rep.positions.get(plog) != offset or offset >= plog.readable_end:
+            self.fetched(replica, plog, offset)
+            return
+        now = time.monotonic()
+        rep.last_fetch = now
+        rep.asked[plog] = (now, plog.readable_end)
+
     def _caught_up(self, rep: _Replica) -> bool:
         for plog in self.storage.logs():
             pos = rep.positions.get(plog)

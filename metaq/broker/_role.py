@@ -191,6 +191,13 @@ class Role:
         if replicas is not None and replica != self.replica:
             replicas.fetched(replica, plog, offset)
 
+    def answered(self, replica: int, plog: object, offset: int) -> None:
+        """(Master) a slave's held get from ``offset``, which :meth:`fetched` counted,
+        is answered now (``ReplicaSet.answered``)."""
+        replicas = self.replicas
+        if replicas is not None and replica != self.replica:
+            replicas.answered(replica, plog, offset)
+
     # -- transitions (event loop) ----------------------------------------------------------
     async def become_master(self, epoch: int, in_sync: tuple[int, ...], mode: str) -> None:
         if self.follower is not None:

@@ -366,7 +366,8 @@ class BrokerServer:
             if t is tuple or t is PutRequest:  # a run of puts (tuple: see RequestParser)
                 if not i and t is tuple and type(reqs[-1]) is tuple and (
                         n < 3 or list(map(type, reqs)).count(tuple) == n):
-                    self._puts(conn, reqs, True)  # the usual read: nothing but fast puts
+                    # the usual read: nothing but fast puts
+                    self._puts(conn, reqs, True, n <= _FIRE_NOW_MAX)
                     return
                 j = i + 1
                 tuples_only = t is tuple
@@ -433,11 +434,16 @@ class BrokerServer:
                 else:
                     feed.request(conn, r)
 
-    def _puts(self, conn: Connection, puts: list, tuples_only: bool) -> None:
+    def _puts(self, conn: Connection, puts: list, tuples_only: bool,
+              fire: bool = False) -> None:
         """A run of puts (``tuples_only``: the parser's tuples only, else PutRequests
         among them): stored by the one put step (``_puts.store``, after
         ``_puts.store_requests`` has given PutRequests their targets), answered with
-        one send, behind their fsync with group commit."""
+        one send, behind their fsync with group commit.  ``fire`` (the read held
+        these few puts only): when they wait for slaves, the held gets they woke (a
+        synchronous slave's) are answered as soon as the wait is registered, before
+        the producer's answer is set up: the slave's copy is what the round trip
+        waits on."""
         n = len(puts)
         self.stats["cmd_put"] += n
         role = self.role
@@ -454,12 +460,16 @@ class BrokerServer:
             replies, failed, written = store_requests(puts, ids, self._put_group, self.topics,
                                                       self.config.max_message_size)
         self.stats["put_failed"] += failed
-        data = b"".join(replies)
         group_commit = self.config.unflush_threshold == 0
         # without group commit the slaves' wait is all there is: the replica set
         # writes the answer itself the moment the last in-sync slave holds it
         synced = None if role is None or not written else \
             role.wait(written, None if group_commit else conn.drain)
+        if fire and synced is not None:
+            held = self.held
+            held.fire_due()
+            held.deferred = True  # (``handle`` ends it)
+        data = b"".join(replies)
         if synced is not None or (written and group_commit):
             futs = [plog.request_flush() for plog in written] if group_commit else []
             if synced is not None:
@@ -531,9 +541,13 @@ class BrokerServer:
             self._get(conn, r._replace(hold_ms=0))
             return
         self.stats["cmd_get"] += 1
-        self.role.fetched(replica, plog, offset)  # as the get path: when it was asked
+        self.role.answered(replica, plog, offset)  # (``fetched`` counted it when held)
         self.stats["get_bytes"] += s.length
-        conn.send_file(FileReply(encode_value_header(s.length, r.opaque), s, plog))
+        data = plog.recent(offset, s.length)  # the put that woke it, still in memory
+        if data is not None:
+            conn.send(encode_value_header(s.length, r.opaque) + data)
+        else:
+            conn.send_file(FileReply(encode_value_header(s.length, r.opaque), s, plog))
 
     def _get(self, conn: Connection, r: GetRequest) -> None:
         self.stats["cmd_get"] += 1

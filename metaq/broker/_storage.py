@@ -48,6 +48,9 @@ __all__ = ["Storage", "PartitionLog", "LogSlice"]
 
 log = logging.getLogger(__name__)
 
+#: :meth:`PartitionLog.recent` keeps an append of at most this many bytes.
+_RECENT_MAX = 64 * 1024
+
 
 class LogSlice(NamedTuple):
     """``length`` bytes of the log at ``position`` of ``file`` (for ``os.sendfile``).
@@ -86,6 +89,9 @@ class PartitionLog:
         self.closed = False          # closed partition: puts and gets answer 403
         self.unflushed = 0           # messages written since the last fsync started
         self.messages_appended = 0
+        #: the last :meth:`append` (start offset, its bytes) while it is small and
+        #: nothing else changed the log (:meth:`recent`)
+        self._last: tuple[int, bytes] | None = None
         self.last_flush = time.monotonic()
         self._sealed: list[int] = []   # write fds of rolled segments, to fsync and close
         self._dir_dirty = False
@@ -186,7 +192,10 @@ class PartitionLog:
         if seg.size and seg.size + len(data) > self.storage.max_segment_size:
             seg = self._roll()
         start = seg.end
+        self._last = None
         seg.write(data)
+        if len(data) <= _RECENT_MAX:
+            self._last = (start, data)
         self.unflushed += count
         self.messages_appended += count
         threshold = self.storage.unflush_threshold
@@ -196,6 +205,15 @@ class PartitionLog:
             if self.on_readable is not None:
                 self.on_readable(self)
         return start
+
+    def recent(self, offset: int, length: int) -> bytes | None:
+        """The log's bytes ``[offset, offset + length)`` from memory when they are
+        exactly the last :meth:`append` (a lone put's slave asks for just those, right
+        after it: no read of the file), else None."""
+        last = self._last
+        if last is not None and last[0] == offset and len(last[1]) == length:
+            return last[1]
+        return None
 
     def append_copy(self, data: bytes, at: int) -> tuple[int, int]:
         """Append the whole messages at the start of ``data``, bytes a master served
@@ -224,6 +242,7 @@ class PartitionLog:
         (``unflush_threshold`` 0) what is copied becomes readable once fsynced: the
         caller asks for it (:meth:`request_flush`), as the put step does.
         """
+        self._last = None
         if self.closed:
             raise StorageError(f"partition {self.topic}-{self.partition} is closed: the copy "
                                f"of the bytes served from offset {at} is refused")
@@ -517,6 +536,7 @@ class PartitionLog:
         a pinned segment is cut by writing what is kept to a new file renamed over it
         (the old file, unlinked, stays open for them) instead of in place.
         """
+        self._last = None
         end = self.end
         if offset == end:  # nothing to cut; durable all the same
             self._settle_flushes()
@@ -571,6 +591,7 @@ class PartitionLog:
         log begins above 0 after retention, or one whose log lies wholly below the
         master's start.  Fsynced before it returns; blocking like :meth:`truncate`
         (pinned readers keep their deleted segments until unpinned)."""
+        self._last = None
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise StorageError(f"cannot reset {self.topic}-{self.partition} to offset "
                                f"{start!r}: a start is an int >= 0")

@@ -43,6 +43,7 @@ from metaq.protocol._commands import (
     check_group,
     check_topic,
     encode_get,
+    encode_get_head,
     encode_offset,
     encode_put,
     encode_result,
@@ -184,6 +185,7 @@ __all__ = [
     "encode_sync", "encode_get",
     "encode_offset", "encode_stats", "encode_version", "encode_result",
     "encode_value_header", "parse_put_result", "check_topic", "check_group",
+    "encode_get_head",
     # parsers
     "RequestParser", "ReplyParser",
     # codecs

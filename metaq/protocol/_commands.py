@@ -42,6 +42,7 @@ __all__ = [
     "check_group",
     # field checks shared with the parsers (not exported by the package)
     "topic_cache",
+    "group_cache",
     "name_problem",
     "token_text",
     "parse_topic",
@@ -165,7 +166,7 @@ class Value(NamedTuple):
 #: A topic's bytes as they appear in a request -> the checked topic (see :func:`parse_topic`).
 topic_cache: dict[bytes, str] = {}
 #: A group's bytes as they appear in a request -> the checked group (:func:`parse_group`).
-_group_cache: dict[bytes, str] = {}
+group_cache: dict[bytes, str] = {}
 _topic_bytes_cache: dict[str, bytes] = {}
 
 
@@ -249,12 +250,12 @@ def parse_topic(tok: bytes) -> str:
 def parse_group(tok: bytes) -> str:
     """A request's group token, checked (:func:`check_group`) once per distinct token
     (every ``get`` names one; a slave's and a consumer's are the same every time)."""
-    g = _group_cache.get(tok)
+    g = group_cache.get(tok)
     if g is None:
         g = check_group(token_text(tok, "group"))
-        if len(_group_cache) > 4096:
-            _group_cache.clear()
-        _group_cache[bytes(tok)] = g
+        if len(group_cache) > 4096:
+            group_cache.clear()
+        group_cache[bytes(tok)] = g
     return g
 
 
@@ -342,6 +343,15 @@ def encode_get(topic: str, group: str, partition: int, offset: int, max_size: in
             opaque, hold_ms)
     return b"get %b %b %d %d %d %d\r\n" % (
         _topic_bytes(topic), _name_bytes(group, "group"), partition, offset, max_size, opaque)
+
+
+def encode_get_head(topic: str, group: str, partition: int) -> bytes:
+    """The start of every ``get`` of one partition for one group, names checked:
+    ``head + b"%d %d %d hold=%d records=%d\\r\\n" % (offset, max_size, opaque, hold_ms,
+    records)`` (or the shorter tails) is what :func:`encode_get` writes.  For a reader
+    that sends the same get again and again (a slave's copy of a partition), which
+    then checks and encodes the names once, not per get."""
+    return b"get %b %b %d " % (_topic_bytes(topic), _name_bytes(group, "group"), partition)
 
 
 def encode_offset(topic: str, group: str, partition: int, offset: int, opaque: int,

@@ -57,7 +57,7 @@ __all__ = [
     "py_put_ack", "put_round_trip", "py_put_round_trip", "submit_put",
     "take_acks", "bind_send_result",
     # broker side
-    "fast_puts", "py_fast_puts",
+    "fast_puts", "py_fast_puts", "get_line", "py_get_line",
 ]
 
 #: The ``VERSION`` the Python side was written against; a stale build (an older
@@ -735,3 +735,58 @@ def py_fast_puts(buf: bytes, pos: int, fast: Mapping[bytes, object], max_payload
 #: ``fast_puts(buf, pos, fast, max_payload, out) -> pos``: C when built (``fast`` must then
 #: be a dict), else :func:`py_fast_puts`.
 fast_puts = py_fast_puts if speedups is None else speedups.fast_puts
+
+
+# ---- issue 26 (sync replication): a get line, read whole ----------------------------------
+
+#: ``get <topic> <group> <partition> <offset> <maxSize> <opaque>[ hold=<ms>[ records=<o>]]``
+#: with nothing else (single spaces, no trailing ones), numbers of at most 20 bytes.
+_GET_LINE = re.compile(rb"get ([^ ]+) ([^ ]+) (-?[0-9]{1,20}) (-?[0-9]{1,20}) (-?[0-9]{1,20})"
+                       rb" (-?[0-9]{1,20})(?: hold=(-?[0-9]{1,20})(?: records=(-?[0-9]{1,20}))?)?")
+_INT64_MIN, _INT64_MAX = -2**63, 2**63 - 1
+
+
+def py_get_line(line: bytes, topics: Mapping[bytes, str], groups: Mapping[bytes, str],
+                cls: type) -> Any:
+    """get_line(line, topics, groups, cls) -> a ``cls`` tuple or None.
+
+    ``line`` (its CRLF cut) exactly a well-formed get (:data:`_GET_LINE`: the usual
+    one, a slave's or a consumer's), its topic and group tokens keys of ``topics``
+    and ``groups`` (the parser's caches of names already checked), every number in
+    its range (the sign's ``-`` counts in the 20 bytes; a token of 20 digits or more
+    that fits is read too, as ``parse_int`` does): ``tuple.__new__(cls, (topic,
+    group, partition, offset, max_size, opaque, hold_ms, records))`` (records None
+    when absent).  None for anything else: the full parser reads it then (and says
+    what is wrong), so a line is never read two ways."""
+    m = _GET_LINE.fullmatch(line)
+    if m is None:
+        return None
+    t, g, p, off, size, op, hold, rec = m.groups()
+    for tok in (p, off, size, op, hold, rec):
+        if tok is not None and len(tok) > 20:
+            return None
+    topic = topics.get(t)
+    group = groups.get(g)
+    if topic is None or group is None:
+        return None
+    p, off, size, op = int(p), int(off), int(size), int(op)
+    if not (INT32_MIN <= p <= INT32_MAX and _INT64_MIN <= off <= _INT64_MAX
+            and INT32_MIN <= size <= INT32_MAX and INT32_MIN <= op <= INT32_MAX):
+        return None
+    h = 0
+    if hold is not None:
+        h = int(hold)
+        if not 0 <= h <= INT32_MAX:
+            return None
+    r = None
+    if rec is not None:
+        r = int(rec)
+        if not INT32_MIN <= r <= INT32_MAX:
+            return None
+    return tuple.__new__(cls, (topic, group, p, off, size, op, h, r))
+
+
+#: ``get_line(line, topics, groups, cls)``: C when built (``topics`` and ``groups``
+#: must then be dicts), else :func:`py_get_line`.
+get_line: Callable[[bytes, Mapping[bytes, str], Mapping[bytes, str], type], Any] = getattr(
+    speedups, "get_line", py_get_line)

@@ -56,6 +56,7 @@ from metaq.protocol._commands import (
     TxPut,
     Value,
     VersionRequest,
+    group_cache,
     name_problem,
     parse_group,
     parse_int,
@@ -159,6 +160,8 @@ class _Buffered:
 
 # --------------------------------------------------------------------------- requests
 
+#: a well-formed get whose names were checked before, read at once (``_fast.get_line``)
+get_line = _fast.get_line
 _new_tuple = tuple.__new__  # a NamedTuple from a tuple, without its __new__'s argument handling
 #: The well-formed ``idem <pid> <seq> <count>`` line, read at once (one per idempotent
 #: single send); anything else starting with ``idem`` goes to ``_command``, which says
@@ -295,6 +298,10 @@ class RequestParser(_Buffered):
                 line = buf[pos:eol]
                 if line[:4] == b"put ":
                     pos = self._put_line(line, buf, eol + 2, out, strict)
+                elif line[:4] == b"get " and (
+                        got := get_line(line, topic_cache, group_cache, GetRequest)) is not None:
+                    out.append(got)  # the usual get, whole (a slave's, after every put)
+                    pos = eol + 2
                 else:
                     pos = self._command(line, buf, eol + 2, out, strict)
             if pos < 0:

@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <errno.h>
 #include <sys/socket.h>
 
@@ -2365,6 +2366,169 @@ bad:
 
 /* ---- end of the consumer messages' fields ------------------------------------------------ */
 
+/* ==== issue 26 (sync replication): a get line, read whole ==============================
+ * get_line(line, topics, groups, cls) -> cls tuple | None
+ *   line (its CRLF cut) exactly "get <topic> <group> <partition> <offset> <maxSize>
+ *   <opaque>" with, optionally, " hold=<ms>" and then " records=<opaque>" (single
+ *   spaces, nothing after), the topic and group tokens keys of the dicts topics and
+ *   groups (the parser's caches of checked names), every number "-?[0-9]+" of at most
+ *   20 bytes within its range (partition, maxSize, opaque, records: int32; offset: int64;
+ *   hold: 0..INT32_MAX): tuple.__new__(cls, (topic, group, partition, offset, maxSize,
+ *   opaque, hold, records or None)).  None for anything else: the full parser reads it
+ *   (py_get_line in _fast.py is its twin).
+ */
+
+/* The token at *p up to the next space or the end: 1 with its bounds, 0 when empty. */
+static inline int
+gl_token(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, Py_ssize_t *start,
+         Py_ssize_t *len)
+{
+    Py_ssize_t i = *p;
+    while (i < n && d[i] != ' ')
+        i++;
+    if (i == *p)
+        return 0;
+    *start = *p;
+    *len = i - *p;
+    *p = i;
+    return 1;
+}
+
+/* The number token at *p (to the next space or the end) in lo..hi: 1 and *out. */
+static inline int
+gl_int(const unsigned char *d, Py_ssize_t n, Py_ssize_t *p, long long lo, long long hi,
+       long long *out)
+{
+    Py_ssize_t i = *p, e = i;
+    while (e < n && d[e] != ' ')
+        e++;
+    if (e == i || e - i > 20)
+        return 0;
+    int minus = 0;
+    if (d[i] == '-') {
+        minus = 1;
+        if (++i == e)
+            return 0;
+    }
+    unsigned long long v = 0;
+    for (; i < e; i++) {
+        if (d[i] < '0' || d[i] > '9')
+            return 0;
+        if (v > 922337203685477580ULL)  /* v * 10 would pass 2**63: out of every range */
+            return 0;
+        v = v * 10 + (unsigned long long)(d[i] - '0');
+    }
+    long long value;
+    if (minus) {
+        if (v > 9223372036854775808ULL)
+            return 0;
+        value = v == 0 ? 0 : -(long long)(v - 1) - 1;
+    } else {
+        if (v > 9223372036854775807ULL)
+            return 0;
+        value = (long long)v;
+    }
+    if (value < lo || value > hi)
+        return 0;
+    *out = value;
+    *p = e;
+    return 1;
+}
+
+static PyObject *
+py_get_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "get_line takes 4 arguments");
+        return NULL;
+    }
+    PyObject *line = args[0], *topics = args[1], *groups = args[2], *cls = args[3];
+    if (!PyBytes_Check(line) || !PyDict_Check(topics) || !PyDict_Check(groups)
+        || !PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "get_line(line: bytes, topics: dict, groups: dict, cls: tuple class)");
+        return NULL;
+    }
+    const unsigned char *d = (const unsigned char *)PyBytes_AS_STRING(line);
+    Py_ssize_t n = PyBytes_GET_SIZE(line), p = 0, ts, tl, gs, gl;
+    long long part, offset, size, opaque, hold = 0, records = 0;
+    int has_records = 0;
+    if (!literal(d, n, &p, "get ", 4) || !gl_token(d, n, &p, &ts, &tl)
+        || !literal(d, n, &p, " ", 1) || !gl_token(d, n, &p, &gs, &gl)
+        || !literal(d, n, &p, " ", 1)
+        || !gl_int(d, n, &p, INT32_MIN, INT32_MAX, &part) || !literal(d, n, &p, " ", 1)
+        || !gl_int(d, n, &p, LLONG_MIN, LLONG_MAX, &offset) || !literal(d, n, &p, " ", 1)
+        || !gl_int(d, n, &p, INT32_MIN, INT32_MAX, &size) || !literal(d, n, &p, " ", 1)
+        || !gl_int(d, n, &p, INT32_MIN, INT32_MAX, &opaque))
+        Py_RETURN_NONE;
+    if (p < n) {
+        if (!literal(d, n, &p, " hold=", 6) || !gl_int(d, n, &p, 0, INT32_MAX, &hold))
+            Py_RETURN_NONE;
+        if (p < n) {
+            if (!literal(d, n, &p, " records=", 9)
+                || !gl_int(d, n, &p, INT32_MIN, INT32_MAX, &records) || p < n)
+                Py_RETURN_NONE;
+            has_records = 1;
+        }
+    }
+    PyObject *key = PyBytes_FromStringAndSize((const char *)d + ts, tl);
+    if (key == NULL)
+        return NULL;
+    PyObject *topic = PyDict_GetItemWithError(topics, key);  /* borrowed */
+    Py_DECREF(key);
+    if (topic == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    key = PyBytes_FromStringAndSize((const char *)d + gs, gl);
+    if (key == NULL)
+        return NULL;
+    PyObject *group = PyDict_GetItemWithError(groups, key);
+    Py_DECREF(key);
+    if (group == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *items = PyTuple_New(8);
+    if (items == NULL)
+        return NULL;
+    Py_INCREF(topic);
+    PyTuple_SET_ITEM(items, 0, topic);
+    Py_INCREF(group);
+    PyTuple_SET_ITEM(items, 1, group);
+    PyObject *v;
+    long long nums[5] = {part, offset, size, opaque, hold};
+    for (int k = 0; k < 5; k++) {
+        if ((v = PyLong_FromLongLong(nums[k])) == NULL) {
+            Py_DECREF(items);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(items, 2 + k, v);
+    }
+    if (has_records) {
+        if ((v = PyLong_FromLongLong(records)) == NULL) {
+            Py_DECREF(items);
+            return NULL;
+        }
+    } else {
+        v = Py_None;
+        Py_INCREF(v);
+    }
+    PyTuple_SET_ITEM(items, 7, v);
+    if ((PyTypeObject *)cls == &PyTuple_Type)
+        return items;
+    PyObject *a = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (a == NULL)
+        return NULL;
+    PyObject *r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
+    Py_DECREF(a);
+    return r;
+}
+/* ==== end of issue 26 (sync replication) =============================================== */
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
@@ -2433,6 +2597,11 @@ static PyMethodDef methods[] = {
      "slot_fields(cls, size, fields): a read-only member descriptor on cls (a tuple\n"
      "subclass whose instances all have size items) for each (name, index, doc) of\n"
      "fields, reading that item in place."},
+    /* issue 26 (sync replication) */
+    {"get_line", (PyCFunction)(void (*)(void))py_get_line, METH_FASTCALL,
+     "get_line(line, topics, groups, cls) -> cls | None: a well-formed get line (CRLF cut)\n"
+     "whose topic and group are keys of topics and groups, as a cls tuple; None otherwise."},
+    /* end of issue 26 (sync replication) */
     {NULL, NULL, 0, NULL},
 };
 

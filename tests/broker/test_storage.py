@@ -72,6 +72,26 @@ def test_batch_append_is_one_unit(tmp_path):
         assert seg_files(plog) == ["00000000000000000000.meta", "00000000000000006000.meta"]
 
 
+def test_recent_is_the_last_append_only_while_nothing_else_changed_the_log(tmp_path):
+    """What a woken slave get is answered from (``_server._replica_get``): the bytes the
+    file holds there, and only while they are the last append, whole."""
+    with Storage(tmp_path, max_segment_size=1 << 20) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.recent(0, 120) is None
+        for i in range(3):
+            at = plog.append(rec(i), 1)
+            got = plog.recent(at, 120)
+            assert got == rec(i) == plog.read_bytes(at, 120)
+            assert plog.recent(at, 60) is None and plog.recent(at - 120, 120) is None
+        plog.truncate(240)  # the last append is gone from the log
+        assert plog.recent(240, 120) is None
+        plog.append(rec(7), 1)
+        assert plog.recent(240, 120) == rec(7) == plog.read_bytes(240, 120)
+        big = b"".join(rec(i, 1000) for i in range(70))  # more than it keeps
+        at = plog.append(big, 70)
+        assert plog.recent(at, len(big)) is None and plog.recent(240, 120) is None
+
+
 def test_reopen_keeps_everything(tmp_path):
     with Storage(tmp_path, max_segment_size=4096) as storage:
         plog = storage.open_topic("t", 1)[0]

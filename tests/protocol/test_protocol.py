@@ -25,6 +25,7 @@ from metaq.protocol import (
     check_topic,
     checksum,
     encode_get,
+    encode_get_head,
     encode_offset,
     encode_put,
     encode_result,
@@ -111,6 +112,30 @@ def encode_request(r) -> bytes:
     if isinstance(r, VersionRequest):
         return encode_version(r.opaque)
     return QUIT
+
+
+@given(names, names, int32, int64, int32, int32, st.integers(-5, 2**31 - 1),
+       st.one_of(st.none(), int32))
+def test_get_head_starts_every_get(topic, group, partition, offset, max_size, opaque, hold,
+                                   records):
+    """A slave encodes its gets as ``encode_get_head`` + the tail (``_follower``)."""
+    head = encode_get_head(topic, group, partition)
+    if records is not None:
+        tail = b"%d %d %d hold=%d records=%d\r\n" % (offset, max_size, opaque, max(hold, 0),
+                                                     records)
+    elif hold > 0:
+        tail = b"%d %d %d hold=%d\r\n" % (offset, max_size, opaque, hold)
+    else:
+        tail = b"%d %d %d\r\n" % (offset, max_size, opaque)
+    assert head + tail == encode_get(topic, group, partition, offset, max_size, opaque, hold,
+                                     records)
+
+
+def test_get_head_checks_names():
+    with pytest.raises(metaq.ProtocolError, match="group"):
+        encode_get_head("t", "bad group", 0)
+    with pytest.raises(metaq.ProtocolError, match="topic"):
+        encode_get_head("bad topic", "g", 0)
 
 
 @given(st.lists(requests, max_size=15), st.lists(st.integers(0, 10_000), max_size=10))
