@@ -70,6 +70,11 @@ class HeldGets:
         self._by_log: dict[PartitionLog, dict[_Held, None]] = {}
         self._count = 0
         self._firing: set[PartitionLog] = set()
+        #: set by the server while it serves one read of a connection: logs made
+        #: readable then are answered when it calls :meth:`answer_due` (once a run of
+        #: puts is stored, and at the end of the read), not a turn of the loop later
+        self.defer = False
+        self._due: list[PartitionLog] = []
 
     def __len__(self) -> int:
         return self._count
@@ -97,10 +102,22 @@ class HeldGets:
 
     def _readable(self, plog: PartitionLog) -> None:
         """(Called by the log, maybe inside a put) its readable end moved: answer its
-        held gets on the next turn of the loop, once for all puts of this turn."""
+        held gets once for all puts of this read (:attr:`defer`, :meth:`answer_due`),
+        or of this turn of the loop when it moved outside a read (an fsync, a
+        watermark)."""
         if plog not in self._firing and plog in self._by_log:
             self._firing.add(plog)
-            asyncio.get_running_loop().call_soon(self._fire, plog)
+            if self.defer:
+                self._due.append(plog)
+            else:
+                asyncio.get_running_loop().call_soon(self._fire, plog)
+
+    def answer_due(self) -> None:
+        """(The server, at the end of a read it served) answer the held gets of the
+        logs that read made readable."""
+        due, self._due = self._due, []
+        for plog in due:
+            self._fire(plog)
 
     def _fire(self, plog: PartitionLog) -> None:
         self._firing.discard(plog)

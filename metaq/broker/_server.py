@@ -319,7 +319,18 @@ class BrokerServer:
 
     # -- requests --------------------------------------------------------------------------
     def handle(self, conn: Connection, reqs: list) -> None:
-        """Serve one read's requests in order."""
+        """Serve one read's requests in order; the held gets its puts made readable are
+        answered right after each run of puts is stored (before its replies), not a
+        turn of the loop later."""
+        held = self.held
+        held.defer = True
+        try:
+            self._serve(conn, reqs)
+        finally:
+            held.defer = False
+            held.answer_due()
+
+    def _serve(self, conn: Connection, reqs: list) -> None:
         i = 0
         n = len(reqs)
         if self._idem_open:  # an idem mark's puts continue in this read (idempotent puts)
@@ -435,6 +446,8 @@ class BrokerServer:
             replies, failed, written = store_requests(puts, ids, self._put_group, self.topics,
                                                       self.config.max_message_size)
         self.stats["put_failed"] += failed
+        if self.held.defer:  # consumers waiting on these logs first (as Redis does: its
+            self.held.answer_due()  # blocked readers' replies go out before the XADD's)
         data = b"".join(replies)
         group_commit = self.config.unflush_threshold == 0
         # without group commit the slaves' wait is all there is: the replica set

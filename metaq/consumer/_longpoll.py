@@ -10,7 +10,9 @@ opaque since held gets are answered out of order; one ``selectors`` loop here
 drives them all) and waits:
 
 - a ``value`` reply (a message arrived) goes back to the manager as the
-  partition's ready bytes, and a runner delivers them at once;
+  partition's ready bytes, and a runner delivers them at once, or this thread
+  does when the manager took the partition for it (no runner holds any:
+  ``deliver``, called once the replies of a read were handed back);
 - a 404 at the end of the hold: the held get is sent again (an idle partition
   costs one request per hold period, and no CPU in between);
 - a 404 long before the hold ran out (the broker did not hold it: at its
@@ -24,9 +26,10 @@ came back, a slave appeared: ``_route``), the manager wakes the partitions and
 :meth:`LongPoller.keep_only` closes the connections to brokers no longer read
 from; a held get still queued for a partition woken meanwhile is not sent.
 
-It never delivers anything itself, and never decides ownership: the manager
-drops a reply whose partition was revoked, sought, paused or woken meanwhile
-(its park token changed), and a runner checks the lease before delivering.
+It never decides ownership or when it delivers: the manager drops a reply
+whose partition was revoked, sought, paused or woken meanwhile (its park token
+changed), takes a partition for this thread only as a runner would take it, and
+the delivery checks the lease as a runner's does.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ class LongPoller:
 
     def __init__(self, *, group: str, hold: float, connect_timeout: float,
                  reply_margin: float, woken: Woken, still_parked: StillParked,
-                 on_error: Callable[[BaseException], None], name: str) -> None:
+                 on_error: Callable[[BaseException], None], name: str,
+                 deliver: Callable[[], None] | None = None) -> None:
         self._group = group
         self._hold_ms = max(1, int(hold * 1000))
         self._hold = hold
@@ -90,6 +94,7 @@ class LongPoller:
         self._margin = reply_margin
         self._woken = woken
         self._still_parked = still_parked
+        self._deliver = deliver
         self._on_error = on_error
         self._queue: collections.deque[Parked] = collections.deque()
         self._todo: collections.deque[Parked] = collections.deque()  # being sent (thread)
@@ -275,6 +280,8 @@ class LongPoller:
                     self._woken(parked, None, True)  # not held: Metaq's backoff
             else:
                 self._woken(parked, None, False)
+        if self._deliver is not None:
+            self._deliver()
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
