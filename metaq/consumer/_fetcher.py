@@ -23,8 +23,8 @@ What differs from Metaq:
   as one of the ``fetch_runner_count``: runners wait while it delivers), which
   saves waking a runner on the way to the listener.  After one of its
   deliveries took over :data:`_INLINE_SLOW` (a slow listener, which would keep
-  other partitions' held gets waiting) and there is more than one runner, it
-  leaves them to the runners for a second.
+  other partitions' held gets waiting) it leaves them to the runners for
+  :data:`_INLINE_PAUSE`.
 
 The scheduling flags of a partition's state (active, busy, paused, queue and
 park tokens) change only under this manager's lock.  Each runner has a
@@ -60,7 +60,7 @@ __all__ = ["FetchManager"]
 log = logging.getLogger(__name__)
 
 #: A delivery by the long-poll thread that takes longer than this (seconds) makes it
-#: leave deliveries to the runners for :data:`_INLINE_PAUSE` (with more than one runner).
+#: leave deliveries to the runners for :data:`_INLINE_PAUSE` seconds.
 _INLINE_SLOW = 0.002
 _INLINE_PAUSE = 1.0
 
@@ -304,7 +304,7 @@ class FetchManager:
         for pf, ra in todo:
             start = time.monotonic()
             self._serve(pf, ra, session)
-            if self._slots > 1 and time.monotonic() - start > _INLINE_SLOW:
+            if time.monotonic() - start > _INLINE_SLOW:
                 self._inline_off = time.monotonic() + _INLINE_PAUSE
 
     # -- the delay queue and the runners ----------------------------------------------

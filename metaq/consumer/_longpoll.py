@@ -270,18 +270,20 @@ class LongPoller:
             self._drop(conn, e)
             return
         now = time.monotonic()
-        for parked, reply in replies:
-            if type(reply) is Value:
-                self._woken(parked, memoryview(reply.body) if reply.body else None, False)
-            elif reply.code == 404 and self._still_parked(parked):
-                if now - parked.sent >= self._hold * _NOT_HELD:
-                    self._send(parked)  # the hold ran out: hold again
+        try:
+            for parked, reply in replies:
+                if type(reply) is Value:
+                    self._woken(parked, memoryview(reply.body) if reply.body else None, False)
+                elif reply.code == 404 and self._still_parked(parked):
+                    if now - parked.sent >= self._hold * _NOT_HELD:
+                        self._send(parked)  # the hold ran out: hold again
+                    else:
+                        self._woken(parked, None, True)  # not held: Metaq's backoff
                 else:
-                    self._woken(parked, None, True)  # not held: Metaq's backoff
-            else:
-                self._woken(parked, None, False)
-        if self._deliver is not None:
-            self._deliver()
+                    self._woken(parked, None, False)
+        finally:  # what the manager took for this thread is delivered (and let go) always
+            if self._deliver is not None:
+                self._deliver()
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
