@@ -21,10 +21,11 @@ What differs from Metaq:
 - when no runner holds a partition, the long-poll thread delivers such bytes
   itself, as a runner would (it takes the partition the same way and counts
   as one of the ``fetch_runner_count``: runners wait while it delivers), which
-  saves waking a runner on the way to the listener.  After one of its
-  deliveries took over :data:`_INLINE_SLOW` (a slow listener, which would keep
-  other partitions' held gets waiting) it leaves them to the runners for
-  :data:`_INLINE_PAUSE`.
+  saves waking a runner on the way to the listener.  After
+  :data:`_INLINE_SLOW_RUN` of its deliveries in a row took over
+  :data:`_INLINE_SLOW` each (a slow listener, which would keep other
+  partitions' held gets waiting; one alone may be the machine's scheduler) it
+  leaves them to the runners for :data:`_INLINE_PAUSE`.
 
 The scheduling flags of a partition's state (active, busy, paused, queue and
 park tokens) change only under this manager's lock.  Each runner has a
@@ -59,9 +60,11 @@ __all__ = ["FetchManager"]
 
 log = logging.getLogger(__name__)
 
-#: A delivery by the long-poll thread that takes longer than this (seconds) makes it
-#: leave deliveries to the runners for :data:`_INLINE_PAUSE` seconds.
+#: This many deliveries in a row by the long-poll thread that each took longer than
+#: ``_INLINE_SLOW`` seconds make it leave deliveries to the runners for
+#: ``_INLINE_PAUSE`` seconds.
 _INLINE_SLOW = 0.002
+_INLINE_SLOW_RUN = 3
 _INLINE_PAUSE = 1.0
 
 
@@ -106,6 +109,7 @@ class FetchManager:
         self._inline: list[tuple[PartitionState, Readahead]] = []
         self._inline_session: FetchSession | None = None
         self._inline_off = 0.0
+        self._inline_slow = 0  # its slow deliveries in a row
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{group}-{i}", daemon=True)
             for i in range(runner_count)
@@ -304,7 +308,12 @@ class FetchManager:
         for pf, ra in todo:
             start = time.monotonic()
             self._serve(pf, ra, session)
-            if time.monotonic() - start > _INLINE_SLOW:
+            if time.monotonic() - start <= _INLINE_SLOW:
+                self._inline_slow = 0
+                continue
+            self._inline_slow += 1
+            if self._inline_slow >= _INLINE_SLOW_RUN:
+                self._inline_slow = 0
                 self._inline_off = time.monotonic() + _INLINE_PAUSE
 
     # -- the delay queue and the runners ----------------------------------------------
