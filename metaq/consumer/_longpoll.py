@@ -130,8 +130,8 @@ class LongPoller:
             self._queue.append(parked)
             signal = not self._signalled
             self._signalled = True
-        if signal:
-            self._signal()
+        if signal and threading.get_ident() != self._thread.ident:
+            self._signal()  # (this thread itself, after delivering, takes the queue next)
         return True
 
     def keep_only(self, addresses: frozenset[BrokerAddress]) -> None:
