@@ -18,8 +18,9 @@ What differs from Metaq:
   it brings become the partition's ready bytes, delivered by a runner like
   any other (park tokens make replies for a partition revoked, sought,
   paused or woken meanwhile count for nothing);
-- when no runner holds a partition, the long-poll thread delivers such bytes
-  itself, as a runner would (it takes the partition the same way and counts
+- when no runner holds a partition and the long-poll thread had been waiting
+  for this reply (it is not kept busy by a stream of them), it delivers such
+  bytes itself, as a runner would (it takes the partition the same way and counts
   as one of the ``fetch_runner_count``: runners wait while it delivers), which
   saves waking a runner on the way to the listener.  After
   :data:`_INLINE_SLOW_RUN` of its deliveries in a row took over
@@ -276,7 +277,7 @@ class FetchManager:
             if data is not None and pf.offset == parked.offset:
                 ra.keep(data, parked.offset, parked.address)
                 if (not backoff and not self._busy and not self._suspended
-                        and not pf.paused and not pf.busy
+                        and not pf.paused and not pf.busy and self._poller.idle  # type: ignore[union-attr]
                         and (self._inline_off == 0.0 or self._inline_ready())):
                     pf.queue(0.0, next(self._seq))  # no longer parked, nowhere queued
                     pf.take()

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 _NOT_HELD = 0.5
 #: Seconds between looks for held gets past their deadline (hold + reply margin).
 _CHECK_EVERY = 1.0
+#: The thread waited at least this long (seconds) for what it reads now: it was idle.
+_IDLE = 0.0005
 
 
 class Parked:
@@ -95,6 +97,10 @@ class LongPoller:
         self._woken = woken
         self._still_parked = still_parked
         self._deliver = deliver
+        #: (this thread) it waited in select for what it is reading now (``_IDLE``): the
+        #: manager lets it deliver only then; when replies keep it busy, runners deliver
+        #: while it reads on
+        self.idle = False
         self._on_error = on_error
         self._queue: collections.deque[Parked] = collections.deque()
         self._todo: collections.deque[Parked] = collections.deque()  # being sent (thread)
@@ -164,7 +170,10 @@ class LongPoller:
         try:
             while True:
                 timeout = self._next_deadline()
-                for key, events in self._sel.select(timeout):
+                waited = time.monotonic()
+                ready = self._sel.select(timeout)
+                self.idle = time.monotonic() - waited >= _IDLE
+                for key, events in ready:
                     conn = key.data
                     if conn is None:
                         self._drain_wakeups()
