@@ -339,8 +339,8 @@ def test_an_idle_consumer_delivers_a_held_gets_bytes_from_the_long_poll_thread(
     m = manager(runners=1)
     pf = _fetch(broker.port, 1, rec)
     m.add(pf)
-    _parked(broker.port, 1)
     for i in range(3):
+        _parked(broker.port, 1)  # (waiting in its held get, the long-poll thread idles)
         _put(broker.port, 1, b"m%d" % i)
         wait_until(lambda i=i: len(rec.bodies("0-1")) == i + 1, 10, what=f"message {i}")
     assert rec.bodies("0-1") == [b"m0", b"m1", b"m2"]
@@ -382,9 +382,12 @@ def test_a_runner_waits_while_the_long_poll_thread_delivers(broker, manager):
     release = threading.Event()
     rec = Recorder()
 
+    blocker: list[str] = []
+
     def listener(m) -> None:  # noqa: ANN001
         rec(m)
         if m.raw_body == b"block":
+            blocker.append(threading.current_thread().name)
             release.wait(30)
 
     m = manager(runners=1)
@@ -397,6 +400,7 @@ def test_a_runner_waits_while_the_long_poll_thread_delivers(broker, manager):
     _parked(broker.port, 2)
     _put(broker.port, 0, b"block")
     wait_until(lambda: rec.bodies("0-0") == [b"block"], 10, what="the blocking message")
+    assert blocker == [m._poller.thread.name]  # noqa: SLF001
     m.seek(other, 0)  # due now, with a message to deliver again
     time.sleep(0.5)  # (a bounded look at something that must not happen)
     assert rec.bodies("0-1") == [b"x"]
