@@ -465,7 +465,10 @@ class BrokerServer:
         # writes the answer itself the moment the last in-sync slave holds it
         synced = None if role is None or not written else \
             role.wait(written, None if group_commit else conn.drain)
-        if fire and synced is not None:
+        if fire and (synced is not None or written):
+            # a synchronous slave's get (its copy is what the round trip waits on), or a
+            # consumer's held get: answered before the producer's reply, as Redis answers
+            # its blocked readers before the XADD's reply
             held = self.held
             held.fire_due()
             held.deferred = True  # (``handle`` ends it)

@@ -17,7 +17,16 @@ What differs from Metaq:
   whose held get brings the next message the moment it is written; the bytes
   it brings become the partition's ready bytes, delivered by a runner like
   any other (park tokens make replies for a partition revoked, sought,
-  paused or woken meanwhile count for nothing).
+  paused or woken meanwhile count for nothing);
+- when no runner holds a partition and the long-poll thread had been waiting
+  for this reply (it is not kept busy by a stream of them), it delivers such
+  bytes itself, as a runner would (it takes the partition the same way and counts
+  as one of the ``fetch_runner_count``: runners wait while it delivers), which
+  saves waking a runner on the way to the listener.  After
+  :data:`_INLINE_SLOW_RUN` of its deliveries in a row took over
+  :data:`_INLINE_SLOW` each (a slow listener, which would keep other
+  partitions' held gets waiting; one alone may be the machine's scheduler) it
+  leaves them to the runners for :data:`_INLINE_PAUSE`.
 
 The scheduling flags of a partition's state (active, busy, paused, queue and
 park tokens) change only under this manager's lock.  Each runner has a
@@ -52,6 +61,13 @@ __all__ = ["FetchManager"]
 
 log = logging.getLogger(__name__)
 
+#: This many deliveries in a row by the long-poll thread that each took longer than
+#: ``_INLINE_SLOW`` seconds make it leave deliveries to the runners for
+#: ``_INLINE_PAUSE`` seconds.
+_INLINE_SLOW = 0.002
+_INLINE_SLOW_RUN = 3
+_INLINE_PAUSE = 1.0
+
 
 class FetchManager:
     """Runs the fetch loop for every partition added to it.
@@ -85,6 +101,16 @@ class FetchManager:
         self._seq = itertools.count()
         self._suspended = False
         self._closed = False
+        #: partitions held by a runner or the long-poll thread (under the lock); at most
+        #: ``runner_count``
+        self._busy = 0
+        self._slots = runner_count
+        #: (long-poll thread) what ``_woken`` took for it to deliver, its fetch session,
+        #: and until when it leaves deliveries to the runners (a slow listener)
+        self._inline: list[tuple[PartitionState, Readahead]] = []
+        self._inline_session: FetchSession | None = None
+        self._inline_off = 0.0
+        self._inline_slow = 0  # its slow deliveries in a row
         self._threads = [
             threading.Thread(target=self._run, name=f"{name}-{group}-{i}", daemon=True)
             for i in range(runner_count)
@@ -94,7 +120,7 @@ class FetchManager:
             self._poller = LongPoller(
                 group=group, hold=hold, connect_timeout=fetch_timeout,
                 reply_margin=fetch_timeout, woken=self._woken,
-                still_parked=self._still_parked,
+                still_parked=self._still_parked, deliver=self._deliver_inline,
                 on_error=lambda e: self._on_error(e, None), name=f"{name}-{group}-hold")
         for t in self._threads:
             t.start()
@@ -199,6 +225,8 @@ class FetchManager:
         deadline = time.monotonic() + timeout
         if self._poller is not None:
             self._poller.close(timeout)
+            if self._inline_session is not None and not self._poller.thread.is_alive():
+                self._inline_session.close()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(max(0.0, deadline - time.monotonic()))
@@ -238,7 +266,9 @@ class FetchManager:
 
     def _woken(self, parked: Parked, data: memoryview | None, backoff: bool) -> None:
         """(Long-poll thread) the held get of ``parked`` was answered: fetch it now
-        with ``data`` as its ready bytes, or after Metaq's backoff."""
+        with ``data`` as its ready bytes, or after Metaq's backoff.  With bytes and no
+        runner holding a partition, the long-poll thread takes it to deliver itself
+        (:meth:`_deliver_inline`, once it has read its replies)."""
         pf = parked.pf
         with self._cond:
             ra = self._readahead.get(pf)
@@ -246,8 +276,46 @@ class FetchManager:
                 return  # revoked, sought, paused or woken since it was parked
             if data is not None and pf.offset == parked.offset:
                 ra.keep(data, parked.offset, parked.address)
+                if (not backoff and not self._busy and not self._suspended
+                        and not pf.paused and not pf.busy and self._poller.idle  # type: ignore[union-attr]
+                        and (self._inline_off == 0.0 or self._inline_ready())):
+                    pf.queue(0.0, next(self._seq))  # no longer parked, nowhere queued
+                    pf.take()
+                    self._busy += 1
+                    self._inline.append((pf, ra))
+                    return
             self._push(pf, self._fetch.backoff(pf, ra) if backoff else 0.0)
             self._cond.notify()
+
+    def _inline_ready(self) -> bool:
+        """(Under the lock) the pause after a slow delivery by the long-poll thread is
+        over."""
+        if time.monotonic() < self._inline_off:
+            return False
+        self._inline_off = 0.0
+        return True
+
+    def _deliver_inline(self) -> None:
+        """(Long-poll thread, after reading its replies) deliver what :meth:`_woken`
+        took for it, as a runner would."""
+        todo = self._inline
+        if not todo:
+            return
+        self._inline = []
+        session = self._inline_session
+        if session is None:
+            session = self._inline_session = FetchSession(
+                group=self._group, timeout=self._fetch_timeout, route=self._route)
+        for pf, ra in todo:
+            start = time.monotonic()
+            self._serve(pf, ra, session)
+            if time.monotonic() - start <= _INLINE_SLOW:
+                self._inline_slow = 0
+                continue
+            self._inline_slow += 1
+            if self._inline_slow >= _INLINE_SLOW_RUN:
+                self._inline_slow = 0
+                self._inline_off = time.monotonic() + _INLINE_PAUSE
 
     # -- the delay queue and the runners ----------------------------------------------
 
@@ -266,7 +334,7 @@ class FetchManager:
                     return None
                 if session.route_moved:
                     return False
-                if self._heap and not self._suspended:
+                if self._heap and not self._suspended and self._busy < self._slots:
                     due, token, pf = self._heap[0]
                     if not pf.active or token != pf.queued_token or pf.busy:
                         heapq.heappop(self._heap)  # stale entry
@@ -275,6 +343,7 @@ class FetchManager:
                     if due <= now and not pf.paused:
                         heapq.heappop(self._heap)
                         pf.take()
+                        self._busy += 1
                         return pf, self._readahead[pf]
                     if pf.paused:
                         heapq.heappop(self._heap)  # re-queued by wake() after unpause
@@ -287,6 +356,7 @@ class FetchManager:
         parked = None
         with self._cond:
             pf.let_go()
+            self._busy -= 1
             if not pf.active:  # removed while this runner held it
                 self._readahead.pop(pf, None)
             elif delay is not None and not self._closed:
@@ -303,7 +373,6 @@ class FetchManager:
     def _run(self) -> None:
         session = FetchSession(group=self._group, timeout=self._fetch_timeout,
                                route=self._route)
-        fetch_once = self._fetch.fetch_once
         try:
             while True:
                 taken = self._take(session)
@@ -312,17 +381,20 @@ class FetchManager:
                 if taken is False:
                     session.prune()
                     continue
-                pf, ra = taken
-                session.bind(pf, ra)
-                delay: float | None = self._max_delay
-                try:
-                    delay = fetch_once(pf, session)
-                except BaseException as e:  # noqa: BLE001 - reported, runner survives
-                    log.exception("fetch runner failed on %s/%s", pf.topic, pf.partition)
-                    self._on_error(e, pf)
-                    session.failed()  # the connection may be anywhere in a reply
-                    delay = self._max_delay
-                finally:
-                    self._release(pf, delay)
+                self._serve(*taken, session)
         finally:
             session.close()
+
+    def _serve(self, pf: PartitionState, ra: Readahead, session: FetchSession) -> None:
+        """Fetch and deliver ``pf``, taken by this thread, then let it go."""
+        session.bind(pf, ra)
+        delay: float | None = self._max_delay
+        try:
+            delay = self._fetch.fetch_once(pf, session)
+        except BaseException as e:  # noqa: BLE001 - reported, the thread survives
+            log.exception("fetch runner failed on %s/%s", pf.topic, pf.partition)
+            self._on_error(e, pf)
+            session.failed()  # the connection may be anywhere in a reply
+            delay = self._max_delay
+        finally:
+            self._release(pf, delay)

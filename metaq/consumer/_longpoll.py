@@ -10,7 +10,9 @@ opaque since held gets are answered out of order; one ``selectors`` loop here
 drives them all) and waits:
 
 - a ``value`` reply (a message arrived) goes back to the manager as the
-  partition's ready bytes, and a runner delivers them at once;
+  partition's ready bytes, and a runner delivers them at once, or this thread
+  does when the manager took the partition for it (no runner holds any:
+  ``deliver``, called once the replies of a read were handed back);
 - a 404 at the end of the hold: the held get is sent again (an idle partition
   costs one request per hold period, and no CPU in between);
 - a 404 long before the hold ran out (the broker did not hold it: at its
@@ -24,9 +26,10 @@ came back, a slave appeared: ``_route``), the manager wakes the partitions and
 :meth:`LongPoller.keep_only` closes the connections to brokers no longer read
 from; a held get still queued for a partition woken meanwhile is not sent.
 
-It never delivers anything itself, and never decides ownership: the manager
-drops a reply whose partition was revoked, sought, paused or woken meanwhile
-(its park token changed), and a runner checks the lease before delivering.
+It never decides ownership or when it delivers: the manager drops a reply
+whose partition was revoked, sought, paused or woken meanwhile (its park token
+changed), takes a partition for this thread only as a runner would take it, and
+the delivery checks the lease as a runner's does.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ log = logging.getLogger(__name__)
 _NOT_HELD = 0.5
 #: Seconds between looks for held gets past their deadline (hold + reply margin).
 _CHECK_EVERY = 1.0
+#: The thread waited at least this long (seconds) for what it reads now: it was idle.
+_IDLE = 0.0005
 
 
 class Parked:
@@ -82,7 +87,8 @@ class LongPoller:
 
     def __init__(self, *, group: str, hold: float, connect_timeout: float,
                  reply_margin: float, woken: Woken, still_parked: StillParked,
-                 on_error: Callable[[BaseException], None], name: str) -> None:
+                 on_error: Callable[[BaseException], None], name: str,
+                 deliver: Callable[[], None] | None = None) -> None:
         self._group = group
         self._hold_ms = max(1, int(hold * 1000))
         self._hold = hold
@@ -90,6 +96,11 @@ class LongPoller:
         self._margin = reply_margin
         self._woken = woken
         self._still_parked = still_parked
+        self._deliver = deliver
+        #: (this thread) it waited in select for what it is reading now (``_IDLE``): the
+        #: manager lets it deliver only then; when replies keep it busy, runners deliver
+        #: while it reads on
+        self.idle = False
         self._on_error = on_error
         self._queue: collections.deque[Parked] = collections.deque()
         self._todo: collections.deque[Parked] = collections.deque()  # being sent (thread)
@@ -125,8 +136,8 @@ class LongPoller:
             self._queue.append(parked)
             signal = not self._signalled
             self._signalled = True
-        if signal:
-            self._signal()
+        if signal and threading.get_ident() != self._thread.ident:
+            self._signal()  # (this thread itself, after delivering, takes the queue next)
         return True
 
     def keep_only(self, addresses: frozenset[BrokerAddress]) -> None:
@@ -159,7 +170,10 @@ class LongPoller:
         try:
             while True:
                 timeout = self._next_deadline()
-                for key, events in self._sel.select(timeout):
+                waited = time.monotonic()
+                ready = self._sel.select(timeout)
+                self.idle = time.monotonic() - waited >= _IDLE
+                for key, events in ready:
                     conn = key.data
                     if conn is None:
                         self._drain_wakeups()
@@ -265,16 +279,20 @@ class LongPoller:
             self._drop(conn, e)
             return
         now = time.monotonic()
-        for parked, reply in replies:
-            if type(reply) is Value:
-                self._woken(parked, memoryview(reply.body) if reply.body else None, False)
-            elif reply.code == 404 and self._still_parked(parked):
-                if now - parked.sent >= self._hold * _NOT_HELD:
-                    self._send(parked)  # the hold ran out: hold again
+        try:
+            for parked, reply in replies:
+                if type(reply) is Value:
+                    self._woken(parked, memoryview(reply.body) if reply.body else None, False)
+                elif reply.code == 404 and self._still_parked(parked):
+                    if now - parked.sent >= self._hold * _NOT_HELD:
+                        self._send(parked)  # the hold ran out: hold again
+                    else:
+                        self._woken(parked, None, True)  # not held: Metaq's backoff
                 else:
-                    self._woken(parked, None, True)  # not held: Metaq's backoff
-            else:
-                self._woken(parked, None, False)
+                    self._woken(parked, None, False)
+        finally:  # what the manager took for this thread is delivered (and let go) always
+            if self._deliver is not None:
+                self._deliver()
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()

@@ -1542,12 +1542,16 @@ static PyObject *ss_empty_tuple, *ss_zero, *one_long;
 enum { SN_PARTITIONS, SN_COUNTER, SN_BROKER_ID, SN_INDEX, SN_ADDRESSES, SN_USABLE, SN_ADDRESS,
        SN_OPAQUES, SN_PREFIXES, SN_PENDING, SN_MAX_IN_FLIGHT, SN_INFLIGHT_BYTES,
        SN_MAX_INFLIGHT_BYTES, SN_LOCK, SN_ERROR, SN_CLOSING, SN_OUT, SN_WAKE, SN_PARKED,
-       SN_UNPARK, SN_FLAG, SN_ACQUIRE, SN_RELEASE, SN_SET, SN_APPEND, SN_N };
+       SN_UNPARK, SN_FLAG, SN_ACQUIRE, SN_RELEASE, SN_SET, SN_APPEND, SN_LAST_PUT,
+       SN_WRITE_NOW, SN_N };
 static const char *const sn_text[SN_N] = {
     "partitions", "counter", "broker_id", "index", "addresses", "usable", "address",
     "_opaques", "_prefixes", "_pending", "max_in_flight", "_inflight_bytes",
     "max_in_flight_bytes", "_lock", "_error", "_closing", "_out", "_wake", "_parked",
-    "_unpark", "_flag", "acquire", "release", "set", "append"};
+    "_unpark", "_flag", "acquire", "release", "set", "append", "_last_put", "_write_now"};
+/* PipelinedConnection's _QUIET: a put this long after the previous one is written by
+ * the caller's thread (_write_now), not handed to the writer thread */
+#define SS_QUIET 0.0005
 static PyObject *sn[SN_N];
 
 static int
@@ -1620,9 +1624,10 @@ ss_call0(PyObject *obj, PyObject *name)
 /* PipelinedConnection.put's body on conn (its instance dict cd), or 0 (declined: nothing
  * changed but the opaque counter) or -1 (an error). */
 static int
-ss_put(PyObject *send, PyObject *cd, PyObject *topic, PyObject *part, PyObject *payload,
-       PyObject *flag, PyObject *checksum, double now)
+ss_put(PyObject *send, PyObject *conn, PyObject *cd, PyObject *topic, PyObject *part,
+       PyObject *payload, PyObject *flag, PyObject *checksum, double now)
 {
+    int quiet = 0;
     PyObject *opaques = PyDict_GetItemWithError(cd, sn[SN_OPAQUES]);
     PyObject *prefixes = PyDict_GetItemWithError(cd, sn[SN_PREFIXES]);
     PyObject *pending = PyDict_GetItemWithError(cd, sn[SN_PENDING]);
@@ -1736,6 +1741,15 @@ ss_put(PyObject *send, PyObject *cd, PyObject *topic, PyObject *part, PyObject *
                         refuse = -1;
                     Py_XDECREF(r);
                 }
+                if (!refuse) {  /* put()'s quiet = now - _last_put >= _QUIET; _last_put = now */
+                    PyObject *last = PyDict_GetItemWithError(cd, sn[SN_LAST_PUT]);
+                    quiet = last != NULL && PyFloat_CheckExact(last)
+                            && now - PyFloat_AS_DOUBLE(last) >= SS_QUIET;
+                    PyObject *nowf = PyFloat_FromDouble(now);
+                    if (nowf == NULL || PyDict_SetItem(cd, sn[SN_LAST_PUT], nowf) < 0)
+                        refuse = -1;
+                    Py_XDECREF(nowf);
+                }
                 Py_DECREF(total);
             }
         }
@@ -1757,7 +1771,18 @@ ss_put(PyObject *send, PyObject *cd, PyObject *topic, PyObject *part, PyObject *
             goto done;
         }
     }
-    /* wake the writer (unless awake), and a parked reader thread */
+    /* the first put after a pause: written from this thread (put()'s _write_now) */
+    if (quiet) {
+        PyObject *r = PyObject_CallMethodNoArgs(conn, sn[SN_WRITE_NOW]);
+        if (r == NULL)
+            goto done;
+        int w = PyObject_IsTrue(r);
+        Py_DECREF(r);
+        if (w < 0)
+            goto done;
+        quiet = w;
+    }
+    /* wake the writer (unless awake or written above), and a parked reader thread */
     {
         PyObject *wake = PyDict_GetItemWithError(cd, sn[SN_WAKE]);
         if (wake == NULL) {
@@ -1766,8 +1791,8 @@ ss_put(PyObject *send, PyObject *cd, PyObject *topic, PyObject *part, PyObject *
             goto done;
         }
         Py_INCREF(wake);
-        PyObject *f = PyObject_GetAttr(wake, sn[SN_FLAG]);
-        int set = f == NULL ? -1 : PyObject_IsTrue(f);
+        PyObject *f = quiet ? NULL : PyObject_GetAttr(wake, sn[SN_FLAG]);
+        int set = quiet ? 1 : f == NULL ? -1 : PyObject_IsTrue(f);
         Py_XDECREF(f);
         if (set == 0)
             set = ss_call0(wake, sn[SN_SET]);
@@ -1933,7 +1958,9 @@ py_submit_put(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         if (!same)
             goto python;
     }
-    int rc = ss_put(send, cd, topic, part, payload, flag, checksum, now);
+    Py_INCREF(conn);  /* (Python code runs inside: the pool may drop it meanwhile) */
+    int rc = ss_put(send, conn, cd, topic, part, payload, flag, checksum, now);
+    Py_DECREF(conn);
     if (rc < 0)
         goto fail;
     goto python;  /* put (attempts 1) or declined (attempts 0): the caller goes on */

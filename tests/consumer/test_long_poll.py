@@ -117,6 +117,21 @@ def test_held_get_is_answered_by_a_put_to_its_partition_and_only_that(broker):
     assert stats["held_gets"] == "0" and stats["get_held_woken"] == "1"
 
 
+def test_a_held_get_is_answered_before_the_put_that_woke_it(broker):
+    """Consumers first (as Redis answers blocked readers before the XADD), in the same
+    read as the put rather than a turn of the broker's loop later."""
+    c = Client(broker.port)
+    c.send(encode_get(TOPIC, "g", 3, 0, 1 << 20, 1, hold_ms=60_000))
+    wait_until(lambda: _stat(broker.port, "held_gets") == 1, 10, what="the get to be held")
+    payload, flag = build_payload(b"wake", None)
+    c.send(encode_put(TOPIC, 3, payload, flag, zlib.crc32(payload) & 0x7FFFFFFF, 9))
+    first, second = c.next(), c.next()
+    assert isinstance(first, Value) and first.opaque == 1
+    assert bytes(first.body).endswith(b"wake")
+    assert isinstance(second, Result) and second.code == 200 and second.opaque == 9
+    c.close()
+
+
 def test_hold_expires_with_the_normal_answer(broker):
     c = Client(broker.port)
     c.send(encode_get(TOPIC, "g", 2, 0, 1024, 5))
@@ -258,8 +273,9 @@ def manager():
     errors: list = []
     made: list[FetchManager] = []
 
-    def make(hold: float = 60.0, max_delay: float = 0.2) -> FetchManager:
-        m = FetchManager(group="g", runner_count=2, fetch_timeout=5.0, max_delay=max_delay,
+    def make(hold: float = 60.0, max_delay: float = 0.2, runners: int = 2) -> FetchManager:
+        m = FetchManager(group="g", runner_count=runners, fetch_timeout=5.0,
+                         max_delay=max_delay,
                          max_fetch_size=1 << 20, on_error=lambda e, pf: errors.append(e),
                          hold=hold)
         made.append(m)
@@ -284,6 +300,7 @@ def test_parked_partition_gets_the_next_message_from_its_held_get(broker, manage
     _parked(broker.port, 4)
     gets = _stat(broker.port, "cmd_get")
     for i in range(3):
+        _parked(broker.port, 4)  # (its held get is out again: the listener ran before)
         _put(broker.port, 1, b"m%d" % i)
         wait_until(lambda i=i: len(rec.bodies("0-1")) == i + 1, 10, what=f"message {i}")
     assert rec.bodies("0-1") == [b"m0", b"m1", b"m2"]
@@ -291,6 +308,122 @@ def test_parked_partition_gets_the_next_message_from_its_held_get(broker, manage
     # each message: its held get's answer, the get sent ahead, a new held get
     assert _stat(broker.port, "cmd_get") - gets <= 3 * 4 + 1
     assert _stat(broker.port, "get_held_woken") >= 3
+
+
+class Threads(Recorder):
+    """Records each message's delivering thread and how many listeners ran at once."""
+
+    def __init__(self, pause: float = 0.0) -> None:
+        super().__init__()
+        self.pause = pause
+        self.names: list[str] = []
+        self.running = 0
+        self.most = 0
+
+    def __call__(self, m) -> None:  # noqa: ANN001
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+            self.names.append(threading.current_thread().name)
+        time.sleep(self.pause)
+        with self.lock:
+            self.running -= 1
+        super().__call__(m)
+
+
+def test_an_idle_consumer_delivers_a_held_gets_bytes_from_the_long_poll_thread(
+        broker, manager):
+    """No runner holds a partition: the long-poll thread delivers what its held get
+    brought itself (no hand-over to a runner on the way to the listener)."""
+    rec = Threads()
+    m = manager(runners=1)
+    pf = _fetch(broker.port, 1, rec)
+    m.add(pf)
+    for i in range(3):
+        _parked(broker.port, 1)  # (waiting in its held get, the long-poll thread idles)
+        _put(broker.port, 1, b"m%d" % i)
+        wait_until(lambda i=i: len(rec.bodies("0-1")) == i + 1, 10, what=f"message {i}")
+    assert rec.bodies("0-1") == [b"m0", b"m1", b"m2"]
+    assert rec.names == [m._poller.thread.name] * 3  # noqa: SLF001
+
+
+def test_the_long_poll_thread_delivering_counts_as_one_of_the_runners(broker, manager):
+    """With one runner, never two listeners at once (the runner waits while the
+    long-poll thread delivers), and each partition's messages in order."""
+    rec = Threads(pause=0.001)
+    m = manager(runners=1)
+    for p in range(4):
+        m.add(_fetch(broker.port, p, rec))
+    _parked(broker.port, 4)
+
+    def produce(p: int) -> None:
+        c = Client(broker.port)
+        for i in range(50):
+            c.put(p, b"%d" % i)
+            time.sleep(0.002 * (p % 2))
+        c.close()
+
+    threads = [threading.Thread(target=produce, args=(p,)) for p in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wait_until(lambda: all(len(rec.bodies(f"0-{p}")) == 50 for p in range(4)), 30,
+               what="every message")
+    assert rec.most == 1
+    for p in range(4):
+        assert rec.bodies(f"0-{p}") == [b"%d" % i for i in range(50)]
+    assert m._poller.thread.name in rec.names  # noqa: SLF001
+
+
+def test_a_runner_waits_while_the_long_poll_thread_delivers(broker, manager):
+    """One runner: a partition due while the long-poll thread's delivery is in its
+    listener is not taken by the runner until that delivery ends."""
+    release = threading.Event()
+    rec = Recorder()
+
+    blocker: list[str] = []
+
+    def listener(m) -> None:  # noqa: ANN001
+        rec(m)
+        if m.raw_body == b"block":
+            blocker.append(threading.current_thread().name)
+            release.wait(30)
+
+    m = manager(runners=1)
+    blocked, other = _fetch(broker.port, 0, listener), _fetch(broker.port, 1, listener)
+    m.add(blocked)
+    m.add(other)
+    _parked(broker.port, 2)
+    _put(broker.port, 1, b"x")
+    wait_until(lambda: rec.bodies("0-1") == [b"x"], 10, what="the other partition's message")
+    _parked(broker.port, 2)
+    _put(broker.port, 0, b"block")
+    wait_until(lambda: rec.bodies("0-0") == [b"block"], 10, what="the blocking message")
+    assert blocker == [m._poller.thread.name]  # noqa: SLF001
+    m.seek(other, 0)  # due now, with a message to deliver again
+    time.sleep(0.5)  # (a bounded look at something that must not happen)
+    assert rec.bodies("0-1") == [b"x"]
+    release.set()
+    wait_until(lambda: rec.bodies("0-1") == [b"x", b"x"], 10, what="the other partition")
+
+
+def test_after_a_slow_listener_the_runners_deliver_again(broker, manager, monkeypatch):
+    """Deliveries by the long-poll thread that took long, _INLINE_SLOW_RUN in a row (a
+    slow listener would keep other partitions' held gets waiting), hand the next
+    ones to the runners."""
+    from metaq.consumer import _fetcher
+    monkeypatch.setattr(_fetcher, "_INLINE_PAUSE", 60.0)
+    rec = Threads(pause=0.02)
+    m = manager(runners=1)
+    m.add(_fetch(broker.port, 2, rec))
+    n = _fetcher._INLINE_SLOW_RUN + 1  # noqa: SLF001
+    for i in range(n):
+        _parked(broker.port, 1)
+        _put(broker.port, 2, b"%d" % i)
+        wait_until(lambda i=i: len(rec.bodies("0-2")) == i + 1, 10, what=f"message {i}")
+    hold = m._poller.thread.name  # noqa: SLF001
+    assert rec.names[:-1] == [hold] * (n - 1) and rec.names[-1] != hold
 
 
 def test_seek_during_a_hold_delivers_from_the_new_position_at_once(broker, manager):

@@ -3,6 +3,7 @@ misbehaving servers (silent, garbage, closing) that a real broker cannot play.""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -68,6 +69,76 @@ def test_flush_writes_from_the_calling_thread(broker: Broker) -> None:
     with BrokerConnection("127.0.0.1", broker.port) as reader:
         assert [m.payload for m in read_partition(reader, "t", 1)] == [b"m%d" % i
                                                                       for i in range(200)]
+
+
+class _WakeSpy:
+    """Stands in for a connection's writer wake-up event on the callers' side."""
+
+    def __init__(self, real: threading.Event) -> None:
+        self.real = real
+        self.sets = 0
+
+    def is_set(self) -> bool:
+        return self.real.is_set()
+
+    def set(self) -> None:
+        self.sets += 1
+        self.real.set()
+
+
+def test_a_put_after_a_pause_is_written_by_the_caller_a_stream_by_the_writer(
+        broker: Broker) -> None:
+    """At a low rate nothing joins a put: handing it to the writer thread would only
+    add a thread wake-up to its way to the broker."""
+    with PipelinedConnection("127.0.0.1", broker.port) as conn:
+        conn.put("t", 0, b"first", 0, _crc(b"first")).result(5)
+        spy = conn._wake = _WakeSpy(conn._wake)  # noqa: SLF001
+        time.sleep(0.01)  # the pause under test
+        assert conn.put("t", 0, b"quiet", 0, _crc(b"quiet")).result(5).partition == 0
+        assert spy.sets == 0
+        stream = [conn.put("t", 1, b"s%d" % i, 0, _crc(b"s%d" % i)) for i in range(500)]
+        assert [f.result(10).partition for f in stream] == [1] * 500
+        assert spy.sets >= 1
+    with BrokerConnection("127.0.0.1", broker.port) as reader:
+        assert [m.payload for m in read_partition(reader, "t", 0)] == [b"first", b"quiet"]
+        assert [m.payload for m in read_partition(reader, "t", 1)] == [b"s%d" % i
+                                                                      for i in range(500)]
+
+
+def test_a_put_written_by_the_caller_never_blocks_on_a_full_socket() -> None:
+    """What the socket does not take stays queued, first, for the writer thread: the
+    caller returns, and the broker reads every request whole and in order."""
+    srv = socket.create_server(("127.0.0.1", 0))  # accepts (backlog) but reads nothing yet
+    big = b"x" * (16 << 20)
+    conn = PipelinedConnection("127.0.0.1", srv.getsockname()[1], request_timeout=60,
+                               max_in_flight_bytes=64 << 20)
+
+    def caller() -> None:
+        conn.put("t", 0, big, 0, 1)
+        time.sleep(0.002)  # a pause: the next put is written by the caller too, if it can
+        conn.put("t", 0, b"tail", 0, 2)
+
+    try:
+        t = threading.Thread(target=caller, name="test-caller", daemon=True)
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), "a put blocked while the server read nothing"
+        peer, _ = srv.accept()
+        with peer:
+            peer.settimeout(30)
+            data = bytearray()
+            while not data.endswith(b"tail"):
+                chunk = peer.recv(1 << 20)
+                assert chunk, "connection closed early"
+                data += chunk
+        head, rest = bytes(data).split(b"\r\n", 1)
+        assert head.startswith(b"put t 0 %d 0 1 " % len(big))
+        assert rest[:len(big)] == big
+        head2, payload2 = rest[len(big):].split(b"\r\n", 1)
+        assert head2.startswith(b"put t 0 4 0 2 ") and payload2 == b"tail"
+    finally:
+        conn.close()
+        srv.close()
 
 
 def test_broker_refusal_fails_one_request_and_keeps_the_connection(broker: Broker) -> None:

@@ -337,3 +337,30 @@ def test_send_async_takes_the_c_path_and_gets_the_python_paths_results(zk_connec
         # the future class changed (metaq.aio's): the C path is off
         c_side.future_type = type("Sub", (Send,), {"__slots__": ()})
         assert c_side._fast is None
+
+
+def test_submit_put_writes_a_put_after_a_pause_from_the_callers_thread(pair):
+    """As PipelinedConnection.put: the first put after a quiet spell (``_QUIET``) goes out
+    from the caller's thread (``_write_now``), a put right behind another is left to the
+    writer thread; the C path keeps that rule and ``_last_put``."""
+    sinks, (cc, _) = pair
+    state, route = _state(cc, _Path()), _route(cc, 2)
+    cc.put("t", 0, b"x", 0, crc32(b"x") & CHECKSUM_MASK)  # (makes the topic's prefix)
+    calls = []
+    real = cc._write_now
+
+    def counting() -> bool:
+        calls.append(threading.current_thread().name)
+        return real()
+
+    cc._write_now = counting
+    cc._last_put = time.monotonic() - 1.0  # a quiet second before it
+    s = submit_put(state, "t", route, b"after a pause", 0)
+    assert s.attempts == 1
+    assert calls == [threading.current_thread().name]
+    assert abs(cc._last_put - time.monotonic()) < 1.0
+    cc._last_put = time.monotonic() + 60  # "the previous put was just now": no pause
+    s2 = submit_put(state, "t", route, b"right behind", 0)
+    assert s2.attempts == 1 and len(calls) == 1  # the writer thread's job
+    wait_until(lambda: sinks[0].data.endswith(b"right behind"), timeout=10)
+    assert b"after a pause" in sinks[0].data
