@@ -34,6 +34,7 @@ from metaq._errors import (
     MalformedReplyError,
 )
 from metaq._types import BrokerAddress
+from metaq.net._acks import scan_acks
 from metaq.protocol import (
     encode_get,
     encode_offset,
@@ -52,6 +53,29 @@ _HELD_MAX = 256 * 1024
 _HEADROOM = 64 * 1024
 #: a ``result 200 <length> <opaque>`` line, read in place by :meth:`read_results`
 _OK_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) (-?[0-9]{1,10})\r\n").match
+#: most bytes :meth:`BrokerConnection.read_tx_acks` waits for before reading one by one
+_TX_ACKS_MAX = 8 << 20
+
+
+def _scan_tx_acks(region: bytes) -> tuple[list[int], list[bytes], list[bytes], int] | None:
+    """:func:`~metaq.net._acks.scan_acks` of replies whose offsets are all ``-1`` (the
+    answers to transactional puts): ``(opaques, msg_ids, partitions, used)`` of the
+    complete ones at the start of ``region``; None if any is something else.  The
+    ``-1`` become ``01`` (same lengths) for the scan, every one then checked to be an
+    offset: no `` 01`` before, and no other ``-`` among the replies read."""
+    dashes = region.count(b"-")
+    if dashes:
+        if b" 01" in region:
+            return None
+        got = scan_acks(region.replace(b" -1", b" 01"))
+    else:
+        got = scan_acks(region)
+    if got is None:
+        return None
+    opaques, ids, parts, offsets, used = got
+    if offsets.count(b"01") != len(offsets) or region.count(b"-", 0, used) != len(offsets):
+        return None
+    return opaques, ids, parts, used
 
 
 def unavailable(address: BrokerAddress, doing: str, e: OSError) -> BrokerUnavailableError:
@@ -233,6 +257,39 @@ class BrokerConnection:
         if self._held:
             self._send(b"")
         return bytes(self._reply(opaque, want_value=False))
+
+    def read_tx_acks(self, opaques: list[int]) -> tuple[list[bytes], list[bytes]] | None:
+        """The answers to ``opaques`` (requests sent in that order) read in bulk when every
+        one is a transactional put's acknowledgement, ``<msgId> <partition> -1``: their
+        msgIds and partitions as decimal bytes (``int()`` of each valid).  None, with
+        nothing read, for anything else: :meth:`read_results` then reads them one by one
+        (and names what is wrong)."""
+        if self._held:
+            self._send(b"")
+        n = len(opaques)
+        while True:
+            region = bytes(self._buf[self._start:self._end])
+            # only ours: cut before an (n+1)th reply (the commit's answer)
+            cut = region.split(b"result ", n + 1)
+            whole = len(cut) == n + 2  # n replies end where an (n+1)th starts
+            if whole:
+                region = region[:len(region) - len(cut[-1]) - 7]
+            if len(region) < 7 and b"result ".startswith(region):  # nothing whole yet
+                self._fill(len(region) + 1)
+                continue
+            got = _scan_tx_acks(region)
+            if got is None:
+                return None
+            got_opaques, ids, parts, used = got
+            k = len(got_opaques)
+            if got_opaques != opaques[:k]:
+                return None
+            if k == n:
+                self._start += used
+                return ids, parts
+            if whole or len(region) > _TX_ACKS_MAX:  # not acks only (or too many bytes)
+                return None
+            self._fill(self._end - self._start + 1)
 
     def read_results(self, opaques: list[int]) -> list[bytes | BrokerError]:
         """The bodies of the answers to ``opaques`` (requests sent in that order, such

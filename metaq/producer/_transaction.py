@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import os
 import re
 import socket
@@ -75,6 +76,9 @@ __all__ = ["LocalTransaction", "XAResource", "Xid", "TxSender"]
 
 _XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
 _sessions = itertools.count(1)
+_opaque_of = operator.itemgetter(0)
+_part_of = operator.itemgetter(1)
+repeat = itertools.repeat
 
 
 @functools.lru_cache(maxsize=4)
@@ -249,10 +253,23 @@ class _OnOneBroker:
         pending, self._pending = self._pending, []
         if not pending:
             return errors
+        opaques = list(map(_opaque_of, pending))
         try:
-            bodies = self._conn.read_results([opaque for opaque, _part in pending])
+            acks = self._conn.read_tx_acks(opaques)  # the usual: every put accepted
+            bodies = self._conn.read_results(opaques) if acks is None else None
         except BrokerUnavailableError as e:  # the answers cannot be read: none is known
             return [e] * len(pending)
+        if acks is not None:
+            ids, indexes = acks
+            part = pending[0][1]
+            if (list(map(_part_of, pending)).count(part) == len(pending)
+                    and indexes.count(b"%d" % part.index) == len(indexes)):
+                # one partition, answered as such: the SendResults made in C, in bulk
+                self._results += map(ack_result, repeat(SendResult), ids, indexes,
+                                     repeat(-1), repeat(part.broker_id),
+                                     repeat({part.index: str(part)}))
+                return errors
+            bodies = list(map(b"%b %b -1".__mod__, zip(ids, indexes, strict=True)))
         append = self._results.append
         last: Partition | None = None
         names: dict[int, str] = {}
