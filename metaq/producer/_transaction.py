@@ -186,7 +186,11 @@ class _OnOneBroker:
             if part not in route.positions:
                 raise TransactionError(f"topic {topic!r} has no writable partition "
                                        f"{partition!r}")
-        else:
+            if self._broker is not None and part.broker_id != self._broker:
+                raise TransactionError(f"partition {part} is on broker {part.broker_id}; "
+                                       f"this transaction's messages go to broker "
+                                       f"{self._broker}")
+        else:  # kept on this transaction's broker
             part = path.pick(topic, route, data, key)
             if part is None:
                 raise TransactionError(f"no broker publishes topic {topic!r}")
@@ -197,26 +201,29 @@ class _OnOneBroker:
                         f"topic {topic!r} has no partition on broker {self._broker}, where "
                         f"this transaction's messages go (a transaction is one broker's)")
                 part = mine[next(self._rr) % len(mine)]
-        if self._broker is not None and part.broker_id != self._broker:
-            raise TransactionError(f"partition {part} is on broker {part.broker_id}; this "
-                                   f"transaction's messages go to broker {self._broker}")
         return part, route.addresses[part.broker_id]
 
-    def _put(self, tx_key_of, topic: str, body: Any, attribute: str | None, key: Any,
+    def _put(self, tx_key_of: Any, topic: str, body: Any, attribute: str | None, key: Any,
              partition: str | None) -> None:
+        """Queue one put; ``tx_key_of``: the transaction key (a str) or what gives it
+        once the connection is known (called with it)."""
         enc = self._sender.encoder
         data = body if type(body) is bytes and enc.raw_bytes else enc.encode(body)
-        if len(data) > enc.max_size:
-            raise TransactionError(f"message body of {len(data)} bytes is over "
+        size = len(data)
+        if size > enc.max_size:
+            raise TransactionError(f"message body of {size} bytes is over "
                                    f"max_message_size={enc.max_size}")
         if attribute is None:
             payload, flag = data, 0
         else:
             payload, flag = enc.with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
+            size = len(payload)
         with self._lock:
             part, address = self._partition(topic, data, key, partition)
-            conn = self._connect(part.broker_id, address)
-            tx_key = tx_key_of(conn)
+            conn = self._conn  # _partition keeps every put on this connection's broker
+            if conn is None:
+                conn = self._connect(part.broker_id, address)
+            tx_key = tx_key_of if type(tx_key_of) is str else tx_key_of(conn)
             run = self._run
             if (run is not None and run[1] is part and run[2] == flag and run[3] == tx_key
                     and run[0] == topic):
@@ -225,7 +232,7 @@ class _OnOneBroker:
                 check_topic(topic)
                 self._flush_run()
                 self._run = [topic, part, flag, tx_key, [payload]]
-            self._run_size += len(payload)
+            self._run_size += size
             if self._run_size >= _RUN_MAX:
                 self._flush_run()
 
@@ -395,7 +402,8 @@ class LocalTransaction(_OnOneBroker):
         """Queue a message in the transaction (not visible until :meth:`commit`)."""
         if self._state not in ("new", "open"):
             raise TransactionError(f"transaction {self.key} is {self._state}")
-        self._put(self._begin, topic, body, attribute, key, partition)
+        self._put(self.key if self._state == "open" else self._begin, topic, body, attribute,
+                  key, partition)
 
     def commit(self) -> list[SendResult]:
         """Make every message visible, together; their SendResults (offset -1: the
@@ -510,8 +518,7 @@ class XAResource(_OnOneBroker):
         """Queue a message in the started branch."""
         if self._xid is None:
             raise TransactionError("send outside a started XA branch (call start(xid))")
-        branch = self.key(self._xid)
-        self._put(lambda _c: branch, topic, body, attribute, key, partition)
+        self._put(self.key(self._xid), topic, body, attribute, key, partition)
 
     def end(self, xid: Xid) -> None:
         errors = self._collect()
