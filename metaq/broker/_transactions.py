@@ -58,8 +58,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import operator
+import struct
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -415,9 +417,10 @@ class Transactions:
         first = run[0]
         target, tx_key = first[0], first[6]
         if (type(first) is not TxPut or target.log is None
-                or list(map(type, run)).count(TxPut) != m
-                or list(map(_target_of, run)).count(target) != m
-                or list(map(_tx_key_of, run)).count(tx_key) != m):
+                or list(map(type, run)).count(TxPut) != m):
+            return None
+        targets, lengths, flags, checks, opaques, payloads, keys = zip(*run, strict=True)
+        if targets.count(target) != m or keys.count(tx_key) != m:
             return None
         key = self._keys.get(tx_key)
         if key is None:
@@ -431,7 +434,6 @@ class Transactions:
         tx = self.xa.get(key.text) if key.is_xa else self.local.get(conn, {}).get(key.text)
         if tx is None or tx.state not in (START, IN_USE):
             return None
-        _t, lengths, flags, checks, opaques, payloads, _k = zip(*run, strict=True)
         crcs = list(map(CHECKSUM_MASK.__and__, map(crc32, payloads)))  # once per put
         if crcs != list(checks) and checks.count(-1) != m and any(
                 c != -1 and c != a for c, a in zip(checks, crcs, strict=True)):
@@ -441,8 +443,16 @@ class Transactions:
             return None
         plog = target.log
         topic, partition = plog.topic, plog.partition
-        messages = list(map(bytes.__add__, map(_pack_header, lengths, crcs, ids, flags),
-                            payloads))
+        messages = None
+        if lengths.count(lengths[0]) == m:  # the usual: one size, each message one pack
+            try:
+                messages = list(map(_message_struct(lengths[0]).pack, lengths, crcs, ids,
+                                    flags, payloads))
+            except struct.error:  # a payload that is not bytes (a view)
+                pass
+        if messages is None:
+            messages = list(map(bytes.__add__, map(_pack_header, lengths, crcs, ids, flags),
+                                payloads))
         if key.is_xa:  # a local transaction's are journaled at its commit (_append)
             self.journal.puts(key.text, topic, partition, messages)
         tx.puts += zip(repeat(plog), repeat(topic), repeat(partition), messages)
@@ -804,9 +814,16 @@ def _by_partition(tx: Tx) -> dict[PartitionLog, tuple[str, int, bytes, int]]:
 
 
 _pack_header = HEADER.pack
+
+
+@functools.lru_cache(maxsize=64)
+def _message_struct(length: int) -> struct.Struct:
+    """A message of a ``length``-byte payload, header and payload packed at once (the
+    header's fields then the payload: what ``_pack_header(...) + payload`` makes)."""
+    return struct.Struct(HEADER.format + f"{length}s")
+
 _target_of = operator.itemgetter(0)
 _message_of = operator.itemgetter(3)
-_tx_key_of = operator.itemgetter(6)
 #: Most message bytes in one ``P`` record of a local transaction (``_journal_local``).
 _P_RUN = 8 << 20
 #: Smallest run worth :meth:`Transactions._same_tx`'s whole-list steps.
