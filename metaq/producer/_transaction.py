@@ -192,16 +192,21 @@ class _OnOneBroker:
                                        f"{self._broker}")
         else:  # kept on this transaction's broker
             part = path.pick(topic, route, data, key)
-            if part is None:
-                raise TransactionError(f"no broker publishes topic {topic!r}")
-            if self._broker is not None and part.broker_id != self._broker:
-                mine = [p for p in route.partitions if p.broker_id == self._broker]
-                if not mine:
-                    raise TransactionError(
-                        f"topic {topic!r} has no partition on broker {self._broker}, where "
-                        f"this transaction's messages go (a transaction is one broker's)")
-                part = mine[next(self._rr) % len(mine)]
+            if part is None or (self._broker is not None and part.broker_id != self._broker):
+                part = self._kept(topic, route, part)
         return part, route.addresses[part.broker_id]
+
+    def _kept(self, topic: str, route: Any, part: Partition | None) -> Partition:
+        """The partitioner's ``part`` is None or on another broker than this
+        transaction's: one of the topic's partitions on this broker (round-robin)."""
+        if part is None:
+            raise TransactionError(f"no broker publishes topic {topic!r}")
+        mine = [p for p in route.partitions if p.broker_id == self._broker]
+        if not mine:
+            raise TransactionError(
+                f"topic {topic!r} has no partition on broker {self._broker}, where "
+                f"this transaction's messages go (a transaction is one broker's)")
+        return mine[next(self._rr) % len(mine)]
 
     def _put(self, tx_key_of: Any, topic: str, body: Any, attribute: str | None, key: Any,
              partition: str | None) -> None:
@@ -219,10 +224,18 @@ class _OnOneBroker:
             payload, flag = enc.with_attribute(data, attribute), FLAG_HAS_ATTRIBUTE
             size = len(payload)
         with self._lock:
-            part, address = self._partition(topic, data, key, partition)
-            conn = self._conn  # _partition keeps every put on this connection's broker
-            if conn is None:
-                conn = self._connect(part.broker_id, address)
+            conn = self._conn
+            if conn is not None and partition is None:  # _partition's usual case, inline
+                s = self._sender
+                route = s.router.get(topic) or s.path.load(topic)
+                part = s.path.pick(topic, route, data, key)
+                if part is None or part.broker_id != self._broker:
+                    part = self._kept(topic, route, part)
+                route.addresses[part.broker_id]  # noqa: B018 (checked, as _partition does)
+            else:
+                part, address = self._partition(topic, data, key, partition)
+                if conn is None:  # _partition keeps every put on this connection's broker
+                    conn = self._connect(part.broker_id, address)
             tx_key = tx_key_of if type(tx_key_of) is str else tx_key_of(conn)
             run = self._run
             if (run is not None and run[1] is part and run[2] == flag and run[3] == tx_key

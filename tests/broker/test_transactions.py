@@ -384,3 +384,32 @@ def test_producer_xa_resource(zk_connect, tmp_path):
             xa.rollback(xid)
             assert xa.recover() == []
         assert bodies(b.port, 0) == [b"two-phase"]
+
+
+def test_a_producer_transaction_stays_on_its_first_broker(zk_connect, tmp_path):
+    """Puts the partitioner sends to another broker go to this transaction's broker's
+    partitions (round-robin); a named partition elsewhere, or a topic with none here, is
+    refused with what is wrong."""
+    def config(i: int) -> BrokerConfig:
+        return BrokerConfig(broker_id=i, data_dir=tmp_path / str(i), port=free_port(),
+                            topics={TOPIC: 2, f"only{i}": 1}, zk_connect=zk_connect)
+
+    with Broker(config(0)) as b0, Broker(config(1)) as b1, Producer(zk_connect) as p:
+        tx = p.transaction()
+        for i in range(12):
+            tx.send(TOPIC, b"m-%d" % i)
+        results = tx.commit()
+        brokers = {r.broker_id for r in results}
+        assert len(results) == 12 and len(brokers) == 1, results
+        mine = brokers.pop()
+        assert {r.partition for r in results} == {f"{mine}-0", f"{mine}-1"}
+        port = (b0, b1)[mine].port
+        assert sorted(bodies(port, 0) + bodies(port, 1)) == sorted(b"m-%d" % i
+                                                                  for i in range(12))
+        tx2 = p.transaction()
+        tx2.send(TOPIC, b"first", partition=f"{mine}-0")
+        with pytest.raises(TransactionError, match=f"is on broker {1 - mine}"):
+            tx2.send(TOPIC, b"elsewhere", partition=f"{1 - mine}-0")
+        with pytest.raises(TransactionError, match=f"has no partition on broker {mine}"):
+            tx2.send(f"only{1 - mine}", b"nowhere")
+        tx2.rollback()
