@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import re
 import socket
+from typing import Any
 
 from metaq._errors import (
     BrokerError,
@@ -34,7 +35,6 @@ from metaq._errors import (
     MalformedReplyError,
 )
 from metaq._types import BrokerAddress
-from metaq.net._acks import scan_acks
 from metaq.protocol import (
     encode_get,
     encode_offset,
@@ -44,6 +44,7 @@ from metaq.protocol import (
     encode_tx_puts,
     encode_version,
     is_unwritten_partition,
+    tx_acks,
 )
 
 __all__ = ["BrokerConnection", "parse_meta_uri", "unavailable"]
@@ -55,27 +56,6 @@ _HEADROOM = 64 * 1024
 _OK_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) (-?[0-9]{1,10})\r\n").match
 #: most bytes :meth:`BrokerConnection.read_tx_acks` waits for before reading one by one
 _TX_ACKS_MAX = 8 << 20
-
-
-def _scan_tx_acks(region: bytes) -> tuple[list[int], list[bytes], list[bytes], int] | None:
-    """:func:`~metaq.net._acks.scan_acks` of replies whose offsets are all ``-1`` (the
-    answers to transactional puts): ``(opaques, msg_ids, partitions, used)`` of the
-    complete ones at the start of ``region``; None if any is something else.  The
-    ``-1`` become ``01`` (same lengths) for the scan, every one then checked to be an
-    offset: no `` 01`` before, and no other ``-`` among the replies read."""
-    dashes = region.count(b"-")
-    if dashes:
-        if b" 01" in region:
-            return None
-        got = scan_acks(region.replace(b" -1", b" 01"))
-    else:
-        got = scan_acks(region)
-    if got is None:
-        return None
-    opaques, ids, parts, offsets, used = got
-    if offsets.count(b"01") != len(offsets) or region.count(b"-", 0, used) != len(offsets):
-        return None
-    return opaques, ids, parts, used
 
 
 def unavailable(address: BrokerAddress, doing: str, e: OSError) -> BrokerUnavailableError:
@@ -258,36 +238,24 @@ class BrokerConnection:
             self._send(b"")
         return bytes(self._reply(opaque, want_value=False))
 
-    def read_tx_acks(self, opaques: list[int]) -> tuple[list[bytes], list[bytes]] | None:
-        """The answers to ``opaques`` (requests sent in that order) read in bulk when every
-        one is a transactional put's acknowledgement, ``<msgId> <partition> -1``: their
-        msgIds and partitions as decimal bytes (``int()`` of each valid).  None, with
-        nothing read, for anything else: :meth:`read_results` then reads them one by one
-        (and names what is wrong)."""
+    def read_tx_acks(self, opaques: list[int], cls: type, broker_id: int, index: int,
+                     name: str) -> list[Any] | None:
+        """The answers to ``opaques`` (a transaction's puts to partition ``index``, sent in
+        that order) read in bulk when every one is an acknowledgement,
+        ``<msgId> <index> -1``: ``cls`` tuples ``(msgId, name, -1, broker_id, index)``
+        (:func:`metaq.protocol.tx_acks`).  None, with nothing read, for anything else:
+        :meth:`read_results` then reads them one by one (and names what is wrong)."""
         if self._held:
             self._send(b"")
-        n = len(opaques)
         while True:
-            region = bytes(self._buf[self._start:self._end])
-            # only ours: cut before an (n+1)th reply (the commit's answer)
-            cut = region.split(b"result ", n + 1)
-            whole = len(cut) == n + 2  # n replies end where an (n+1)th starts
-            if whole:
-                region = region[:len(region) - len(cut[-1]) - 7]
-            if len(region) < 7 and b"result ".startswith(region):  # nothing whole yet
-                self._fill(len(region) + 1)
-                continue
-            got = _scan_tx_acks(region)
-            if got is None:
+            got = tx_acks(self._buf, self._start, self._end, opaques, cls, broker_id, index,
+                          name)
+            if got is False:
                 return None
-            got_opaques, ids, parts, used = got
-            k = len(got_opaques)
-            if got_opaques != opaques[:k]:
-                return None
-            if k == n:
-                self._start += used
-                return ids, parts
-            if whole or len(region) > _TX_ACKS_MAX:  # not acks only (or too many bytes)
+            if got is not None:
+                results, self._start = got
+                return results
+            if self._end - self._start > _TX_ACKS_MAX:
                 return None
             self._fill(self._end - self._start + 1)
 

@@ -78,7 +78,6 @@ _XA_ERROR = re.compile(r"XAException:code=(-?\d+),msg=(.*)", re.S)
 _sessions = itertools.count(1)
 _opaque_of = operator.itemgetter(0)
 _part_of = operator.itemgetter(1)
-repeat = itertools.repeat
 
 
 @functools.lru_cache(maxsize=4)
@@ -274,22 +273,19 @@ class _OnOneBroker:
         if not pending:
             return errors
         opaques = list(map(_opaque_of, pending))
+        part = pending[0][1]
         try:
-            acks = self._conn.read_tx_acks(opaques)  # the usual: every put accepted
-            bodies = self._conn.read_results(opaques) if acks is None else None
+            results = None
+            if list(map(_part_of, pending)).count(part) == len(pending):  # the usual
+                # every answer an acknowledgement: the SendResults made in C, in bulk
+                results = self._conn.read_tx_acks(opaques, SendResult, part.broker_id,
+                                                  part.index, str(part))
+            bodies = self._conn.read_results(opaques) if results is None else None
         except BrokerUnavailableError as e:  # the answers cannot be read: none is known
             return [e] * len(pending)
-        if acks is not None:
-            ids, indexes = acks
-            part = pending[0][1]
-            if (list(map(_part_of, pending)).count(part) == len(pending)
-                    and indexes.count(b"%d" % part.index) == len(indexes)):
-                # one partition, answered as such: the SendResults made in C, in bulk
-                self._results += map(ack_result, repeat(SendResult), ids, indexes,
-                                     repeat(-1), repeat(part.broker_id),
-                                     repeat({part.index: str(part)}))
-                return errors
-            bodies = list(map(b"%b %b -1".__mod__, zip(ids, indexes, strict=True)))
+        if results is not None:
+            self._results += results
+            return errors
         append = self._results.append
         last: Partition | None = None
         names: dict[int, str] = {}

@@ -56,6 +56,7 @@ __all__ = [
     "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "put_ack",
     "py_put_ack", "put_round_trip", "py_put_round_trip", "submit_put",
     "take_acks", "bind_send_result",
+    "tx_acks", "py_tx_acks",
     # broker side
     "fast_puts", "py_fast_puts", "get_line", "py_get_line",
 ]
@@ -530,6 +531,56 @@ def py_ack_result(cls: type, msg_id: bytes, index: bytes, offset: bytes, broker_
     return tuple.__new__(cls, (int(msg_id), names[i], int(offset), broker_id, i))
 
 
+
+# Issue 29 (transactions): a transaction's put answers to one partition, in bulk.
+_TXA_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) ([0-9]{1,10})\r\n")
+#: what a head cut short may be: a prefix of ``result 200 ``, or it and more that fits
+_TXA_PARTIAL = re.compile(rb"result 200 (?:[0-9]{1,9}(?: (?:[0-9]{1,10}\r?)?)?)?")
+_TXA_BODY = re.compile(rb"([0-9]{1,18}) ")
+
+
+def py_tx_acks(buf: Any, pos: int, end: int, opaques: list[int], cls: type, broker_id: int,
+               index: int, name: str) -> tuple[list[Any], int] | bool | None:
+    """tx_acks(buf, pos, end, opaques, cls, broker_id, index, name) -> (results, used),
+    None or False.
+
+    The answers to a transaction's puts to one partition, from ``buf[pos:end]``: one
+    reply per opaque, each exactly ``result 200 <L> <O>\r\n<I> <index> -1`` (L 1-9
+    digits, at most 40; O 1-10 digits equal to the opaque; the body exactly L bytes, I
+    1-18 digits, the index as ``%d`` writes it).  All there: ``cls`` tuples
+    ``(int(I), name, -1, broker_id, index)`` and the position after the last; None
+    while ``buf`` ends where every byte so far fits that shape; False otherwise."""
+    if not isinstance(opaques, list):
+        raise TypeError("tx_acks: opaques must be a list")
+    end = min(end, len(buf))
+    if not 0 <= pos <= end:
+        raise ValueError("tx_acks: pos out of range")
+    data = bytes(buf[pos:end])
+    tail = b" %d -1" % index
+    out = []
+    p = 0
+    n = len(data)
+    for opaque in opaques:
+        m = _TXA_HEAD.match(data, p)
+        if m is None:
+            rest = data[p:]
+            if len(rest) < 11:
+                return None if b"result 200 ".startswith(rest) else False
+            return None if _TXA_PARTIAL.fullmatch(rest) else False
+        length = int(m.group(1))
+        if length > 40 or int(m.group(2)) != opaque:
+            return False
+        p = m.end()
+        if n - p < length:
+            return None
+        body = data[p:p + length]
+        b = _TXA_BODY.match(body)
+        if b is None or body[b.end() - 1:] != tail:
+            return False
+        out.append(tuple.__new__(cls, (int(b.group(1)), name, -1, broker_id, index)))
+        p += length
+    return out, pos + p
+
 # Issue 29 (sync send): one put's acknowledgement read whole by a blocking send.
 _ACK1_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) (-?[0-9]{1,10})\r\n")
 _ACK1_BODY = re.compile(rb"(-?[0-9]{1,19}) ([0-9]{1,9}) (-?[0-9]{1,19})")
@@ -601,6 +652,8 @@ complete_acks: Callable[[list[Any], list[bytes], list[bytes], list[bytes], objec
                         list[Any]] = getattr(speedups, "complete_acks", py_complete_acks)
 put_ack: Callable[[bytes, int, type, int, Mapping[int, str]], Any] = getattr(
     speedups, "put_ack", py_put_ack)
+#: ``tx_acks(buf, pos, end, opaques, cls, broker_id, index, name)``: see py_tx_acks
+tx_acks: Callable[..., Any] = getattr(speedups, "tx_acks", py_tx_acks)
 put_round_trip: Callable[[Any, Any, bytes, int, type, int, Mapping[int, str]], Any] = getattr(
     speedups, "put_round_trip", py_put_round_trip)
 #: ``submit_put(state, topic, route, payload, flag)``: ``Producer.send_async``'s future, pick

@@ -2556,9 +2556,179 @@ py_get_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 }
 /* ==== end of issue 26 (sync replication) =============================================== */
 
+/* ==== issue 29 (transactions): a transaction's put answers, in bulk ======================
+ * tx_acks(buf, pos, end, opaques, cls, broker_id, index, name) -> (results, used) | None | False
+ *   The answers to a transaction's puts to one partition (BrokerConnection.read_tx_acks):
+ *   from buf[pos:end], one reply per opaque, each exactly
+ *   ``result 200 <L> <O>\r\n<I> <index> -1`` (L: 1-9 digits, at most 40; O: 1-10 digits,
+ *   equal to the opaque; the body exactly L bytes: I 1-18 digits, the index as "%d"
+ *   writes it).  All there: the cls tuples (int(I), name, -1, broker_id, index) and the
+ *   position after the last.  None while buf ends where every byte so far fits that
+ *   shape (more is coming); False for anything else.  Twin: _fast.py_tx_acks.
+ */
+static PyObject *
+py_tx_acks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "tx_acks takes 8 arguments");
+        return NULL;
+    }
+    PyObject *opaques = args[3], *cls = args[4], *broker_id = args[5], *index = args[6];
+    PyObject *name = args[7];
+    if (!PyList_Check(opaques)) {
+        PyErr_SetString(PyExc_TypeError, "tx_acks: opaques must be a list");
+        return NULL;
+    }
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "tx_acks: cls must be a tuple class");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[1]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[2]);
+    if (end == -1 && PyErr_Occurred())
+        return NULL;
+    long long want_index = PyLong_AsLongLong(index);
+    if (want_index == -1 && PyErr_Occurred())
+        return NULL;
+    char want[32];
+    int want_n = snprintf(want, sizeof want, "%lld", want_index);
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *d = (const unsigned char *)view.buf;
+    if (end > view.len)
+        end = view.len;
+    if (pos < 0 || pos > end) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "tx_acks: pos out of range");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(opaques);
+    PyObject *out = PyList_New(0);
+    PyObject *minus1 = PyLong_FromLong(-1);
+    if (out == NULL || minus1 == NULL)
+        goto error;
+    static const char head[] = "result 200 ";
+    Py_ssize_t p = pos;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        for (int k = 0; k < 11; k++, p++) {
+            if (p >= end)
+                goto more;
+            if (d[p] != (unsigned char)head[k])
+                goto other;
+        }
+        long long len = 0, opq = 0;
+        int digits = 0;
+        for (;; p++) {
+            if (p >= end)
+                goto more;
+            if (d[p] < '0' || d[p] > '9')
+                break;
+            if (++digits > 9)
+                goto other;
+            len = len * 10 + (d[p] - '0');
+        }
+        if (digits == 0 || d[p] != ' ')
+            goto other;
+        p++;
+        digits = 0;
+        for (;; p++) {
+            if (p >= end)
+                goto more;
+            if (d[p] < '0' || d[p] > '9')
+                break;
+            if (++digits > 10)
+                goto other;
+            opq = opq * 10 + (d[p] - '0');
+        }
+        if (digits == 0 || d[p] != '\r')
+            goto other;
+        if (++p >= end)
+            goto more;
+        if (d[p] != '\n')
+            goto other;
+        p++;
+        if (len > 40)
+            goto other;
+        {
+            long long expected = PyLong_AsLongLong(PyList_GET_ITEM(opaques, i));
+            if (expected == -1 && PyErr_Occurred())
+                goto error;
+            if (opq != expected)
+                goto other;
+        }
+        if (end - p < len)
+            goto more;
+        Py_ssize_t stop = p + (Py_ssize_t)len;
+        long long id = 0;
+        digits = 0;
+        for (; p < stop && d[p] >= '0' && d[p] <= '9'; p++) {
+            if (++digits > 18)
+                goto other;
+            id = id * 10 + (d[p] - '0');
+        }
+        if (digits == 0 || p >= stop || d[p] != ' ')
+            goto other;
+        p++;
+        if (stop - p != want_n + 3 || memcmp(d + p, want, (size_t)want_n) != 0
+            || memcmp(d + p + want_n, " -1", 3) != 0)
+            goto other;
+        p = stop;
+        PyObject *v = PyLong_FromLongLong(id);
+        if (v == NULL)
+            goto error;
+        PyObject *items = PyTuple_Pack(5, v, name, minus1, broker_id, index);
+        Py_DECREF(v);
+        if (items == NULL)
+            goto error;
+        PyObject *r;
+        if ((PyTypeObject *)cls == &PyTuple_Type) {
+            r = items;
+        } else {
+            PyObject *a = PyTuple_Pack(1, items);
+            Py_DECREF(items);
+            if (a == NULL)
+                goto error;
+            r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
+            Py_DECREF(a);
+            if (r == NULL)
+                goto error;
+        }
+        int bad = PyList_Append(out, r);
+        Py_DECREF(r);
+        if (bad < 0)
+            goto error;
+    }
+    PyBuffer_Release(&view);
+    Py_DECREF(minus1);
+    return Py_BuildValue("(Nn)", out, p);
+more:
+    PyBuffer_Release(&view);
+    Py_DECREF(out);
+    Py_DECREF(minus1);
+    Py_RETURN_NONE;
+other:
+    PyBuffer_Release(&view);
+    Py_DECREF(out);
+    Py_DECREF(minus1);
+    Py_RETURN_FALSE;
+error:
+    PyBuffer_Release(&view);
+    Py_XDECREF(out);
+    Py_XDECREF(minus1);
+    return NULL;
+}
+/* ==== end of issue 29 (transactions) ===================================================== */
+
 /* ---- module --------------------------------------------------------------------------- */
 
 static PyMethodDef methods[] = {
+    /* issue 29 (transactions) */
+    {"tx_acks", (PyCFunction)(void (*)(void))py_tx_acks, METH_FASTCALL,
+     "tx_acks(buf, pos, end, opaques, cls, broker_id, index, name) -> (results, used) |\n"
+     "None | False: a transaction's put answers to one partition, in bulk."},
     {"crc32", py_crc32, METH_VARARGS,
      "crc32(data, value=0) -> int: zlib's CRC-32 (carry-less multiply when the CPU has it)."},
     {"scan", py_scan, METH_VARARGS,
