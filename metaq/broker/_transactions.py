@@ -94,6 +94,7 @@ from metaq.protocol import (
     crc32,
     parse_transaction_key,
     scan_messages,
+    tx_answers,
 )
 
 if TYPE_CHECKING:
@@ -460,14 +461,7 @@ class Transactions:
         tx.state = IN_USE
         self.stats["cmd_put"] += m
         self.stats["tx_puts"] += m
-        tail = b" %d -1" % partition
-        width = len(b"%d" % ids[0])
-        if ids[0] >= 0 and len(b"%d" % ids[-1]) == width:  # the usual: one format a put
-            fmt = b"result 200 %d %%b\r\n%%d%b" % (width + len(tail), tail)
-            return b"".join(map(fmt.__mod__, zip(opaques, ids, strict=True)))
-        bodies = [b"%d%b" % (i, tail) for i in ids]
-        return b"".join([b"result 200 %d %b\r\n%b" % (len(b), o, b)
-                         for b, o in zip(bodies, opaques, strict=True)])
+        return tx_answers(opaques, ids, b" %d -1" % partition)  # all in one (C)
 
     def _put(self, conn: Connection, p: PutRequest | TxPut, msg_id: int) -> bytes:
         self.stats["cmd_put"] += 1

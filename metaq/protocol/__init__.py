@@ -106,6 +106,7 @@ from metaq.protocol._fast import (
     take_acks,
     track,
     tx_acks,
+    tx_answers,
     untrack,
 )
 from metaq.protocol._idempotence import (
@@ -197,7 +198,7 @@ __all__ = [
     "slot_fields",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
     "ack_result", "put_ack", "put_round_trip", "submit_put", "take_acks", "bind_send_result",
-    "tx_acks",
+    "tx_acks", "tx_answers",
     "TX_TYPES", "TXPIPE_CAPABILITY",
     "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",
     "TransactionKey", "TransactionRequest", "encode_transaction", "local_key",

@@ -28,7 +28,7 @@ import os
 import re
 import struct
 from array import array
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from itertools import count, repeat
 from operator import itemgetter
 from types import ModuleType
@@ -56,7 +56,7 @@ __all__ = [
     "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "put_ack",
     "py_put_ack", "put_round_trip", "py_put_round_trip", "submit_put",
     "take_acks", "bind_send_result",
-    "tx_acks", "py_tx_acks",
+    "tx_acks", "py_tx_acks", "tx_answers", "py_tx_answers",
     # broker side
     "fast_puts", "py_fast_puts", "get_line", "py_get_line",
 ]
@@ -581,6 +581,23 @@ def py_tx_acks(buf: Any, pos: int, end: int, opaques: list[int], cls: type, brok
         p += length
     return out, pos + p
 
+def py_tx_answers(opaques: Sequence[bytes], ids: Sequence[int], tail: bytes) -> bytes:
+    """tx_answers(opaques, ids, tail) -> bytes: the broker's answers to a run of a
+    transaction's puts, ``result 200 <len> <opaque>\r\n<msgId><tail>`` each (the body
+    ``b"%d%b" % (msgId, tail)``), joined.  A msgId must fit in 64 bits."""
+    if len(opaques) != len(ids):
+        raise ValueError("tx_answers: opaques and ids of different lengths")
+    if any(type(o) is not bytes for o in opaques):
+        raise TypeError("tx_answers: an opaque is not bytes")
+    out = []
+    for opaque, msg_id in zip(opaques, ids, strict=True):
+        if not -(1 << 63) <= msg_id < 1 << 63:
+            raise OverflowError("tx_answers: a msgId over 64 bits")
+        body = b"%d%b" % (msg_id, tail)
+        out.append(b"result 200 %d %b\r\n%b" % (len(body), opaque, body))
+    return b"".join(out)
+
+
 # Issue 29 (sync send): one put's acknowledgement read whole by a blocking send.
 _ACK1_HEAD = re.compile(rb"result 200 ([0-9]{1,9}) (-?[0-9]{1,10})\r\n")
 _ACK1_BODY = re.compile(rb"(-?[0-9]{1,19}) ([0-9]{1,9}) (-?[0-9]{1,19})")
@@ -654,6 +671,8 @@ put_ack: Callable[[bytes, int, type, int, Mapping[int, str]], Any] = getattr(
     speedups, "put_ack", py_put_ack)
 #: ``tx_acks(buf, pos, end, opaques, cls, broker_id, index, name)``: see py_tx_acks
 tx_acks: Callable[..., Any] = getattr(speedups, "tx_acks", py_tx_acks)
+tx_answers: Callable[[Sequence[bytes], Sequence[int], bytes], bytes] = getattr(
+    speedups, "tx_answers", py_tx_answers)
 put_round_trip: Callable[[Any, Any, bytes, int, type, int, Mapping[int, str]], Any] = getattr(
     speedups, "put_round_trip", py_put_round_trip)
 #: ``submit_put(state, topic, route, payload, flag)``: ``Producer.send_async``'s future, pick

@@ -2720,6 +2720,69 @@ error:
     Py_XDECREF(minus1);
     return NULL;
 }
+/* tx_answers(opaques, ids, tail) -> bytes
+ *   The broker's answers to a run of a transaction's puts (Transactions._same_tx): for
+ *   each opaque (decimal bytes) and msgId (an int), ``result 200 <len> <opaque>\r\n<msgId>
+ *   <tail>``, the body being b"%d%b" % (msgId, tail) and len its length; all joined.
+ *   Twin: _fast.py_tx_answers. */
+static PyObject *
+py_tx_answers(PyObject *self, PyObject *args)
+{
+    PyObject *opaques_arg, *ids_arg;
+    Py_buffer tail;
+    if (!PyArg_ParseTuple(args, "OOy*:tx_answers", &opaques_arg, &ids_arg, &tail))
+        return NULL;
+    PyObject *opaques = PySequence_Fast(opaques_arg, "tx_answers: opaques must be a sequence");
+    PyObject *ids = opaques ? PySequence_Fast(ids_arg, "tx_answers: ids must be a sequence")
+                            : NULL;
+    PyObject *out = NULL;
+    if (ids == NULL)
+        goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(opaques);
+    if (PySequence_Fast_GET_SIZE(ids) != n) {
+        PyErr_SetString(PyExc_ValueError, "tx_answers: opaques and ids of different lengths");
+        goto done;
+    }
+    Py_ssize_t cap = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(opaques, i);
+        if (!PyBytes_Check(o)) {
+            PyErr_SetString(PyExc_TypeError, "tx_answers: an opaque is not bytes");
+            goto done;
+        }
+        cap += 11 + 24 + 1 + PyBytes_GET_SIZE(o) + 2 + 24 + tail.len;
+    }
+    out = PyBytes_FromStringAndSize(NULL, cap);
+    if (out == NULL)
+        goto done;
+    char *w = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(opaques, i);
+        long long id = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(ids, i));
+        if (id == -1 && PyErr_Occurred()) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        char idb[24];
+        int idn = snprintf(idb, sizeof idb, "%lld", id);
+        w += snprintf(w, 40, "result 200 %lld ", (long long)(idn + tail.len));
+        memcpy(w, PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o));
+        w += PyBytes_GET_SIZE(o);
+        *w++ = '\r';
+        *w++ = '\n';
+        memcpy(w, idb, (size_t)idn);
+        w += idn;
+        memcpy(w, tail.buf, (size_t)tail.len);
+        w += tail.len;
+    }
+    if (_PyBytes_Resize(&out, w - PyBytes_AS_STRING(out)) < 0)
+        out = NULL;
+done:
+    Py_XDECREF(opaques);
+    Py_XDECREF(ids);
+    PyBuffer_Release(&tail);
+    return out;
+}
 /* ==== end of issue 29 (transactions) ===================================================== */
 
 /* ---- module --------------------------------------------------------------------------- */
@@ -2729,6 +2792,9 @@ static PyMethodDef methods[] = {
     {"tx_acks", (PyCFunction)(void (*)(void))py_tx_acks, METH_FASTCALL,
      "tx_acks(buf, pos, end, opaques, cls, broker_id, index, name) -> (results, used) |\n"
      "None | False: a transaction's put answers to one partition, in bulk."},
+    {"tx_answers", py_tx_answers, METH_VARARGS,
+     "tx_answers(opaques, ids, tail) -> bytes: the broker's answers to a run of a\n"
+     "transaction's puts."},
     {"crc32", py_crc32, METH_VARARGS,
      "crc32(data, value=0) -> int: zlib's CRC-32 (carry-less multiply when the CPU has it)."},
     {"scan", py_scan, METH_VARARGS,

@@ -1,6 +1,8 @@
-"""tx_acks (a transaction's put answers to one partition, in bulk): the C function and
-its Python twin (metaq/protocol/_fast.py ``py_tx_acks``) give the same results, the same
-"more is coming" (None) and "something else" (False), on answers cut anywhere."""
+"""tx_acks (a transaction's put answers to one partition, in bulk) and tx_answers (the
+broker's answers to a run of them): the C functions and their Python twins
+(metaq/protocol/_fast.py ``py_tx_acks``, ``py_tx_answers``) give the same results; for
+tx_acks the same "more is coming" (None) and "something else" (False), on answers cut
+anywhere."""
 
 from __future__ import annotations
 
@@ -75,3 +77,31 @@ def test_the_usual_answers_and_what_stops_them(impl):
     assert f(data, 2, len(data), [5, 6, 7], SendResult, 0, 8, "0-8") is False  # partition
     refused = data.replace(b"result 200 21 6\r\n", b"result 500 21 6\r\n")
     assert f(refused, 2, len(refused), [5, 6, 7], SendResult, 0, 7, "0-7") is False
+
+
+@needs_c
+@settings(max_examples=1000, deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(0, 2**31 - 1).map(b"%d".__mod__)
+                                | st.binary(max_size=12),
+                                st.integers(-(1 << 63), (1 << 63) - 1)), max_size=50),
+       tail=st.binary(max_size=20))
+def test_tx_answers_c_and_python_agree(pairs, tail):
+    opaques = tuple(o for o, _i in pairs)
+    ids = [i for _o, i in pairs]
+    got = _fast.speedups.tx_answers(opaques, ids, tail)
+    assert got == _fast.py_tx_answers(opaques, ids, tail)
+    # what the broker wrote before: one format a put
+    assert got == b"".join(b"result 200 %d %b\r\n%b" % (len(b"%d%b" % (i, tail)), o,
+                                                          b"%d%b" % (i, tail))
+                           for o, i in pairs)
+
+
+@pytest.mark.parametrize("impl", [pytest.param("c", marks=needs_c), "python"])
+def test_tx_answers_refuses_what_it_cannot_write(impl):
+    f = _fast.speedups.tx_answers if impl == "c" else _fast.py_tx_answers
+    with pytest.raises(ValueError, match="different lengths"):
+        f((b"1",), [1, 2], b"")
+    with pytest.raises(TypeError, match="not bytes"):
+        f(("1",), [1], b"")
+    with pytest.raises(OverflowError):
+        f((b"1",), [1 << 63], b"")
