@@ -2725,6 +2725,24 @@ error:
  *   each opaque (decimal bytes) and msgId (an int), ``result 200 <len> <opaque>\r\n<msgId>
  *   <tail>``, the body being b"%d%b" % (msgId, tail) and len its length; all joined.
  *   Twin: _fast.py_tx_answers. */
+static int
+tx_decimal(char *w, long long v)
+{
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    int k = 0;
+    if (v < 0)
+        w[k++] = '-';
+    while (n)
+        w[k++] = tmp[--n];
+    return k;
+}
+
 static PyObject *
 py_tx_answers(PyObject *self, PyObject *args)
 {
@@ -2764,8 +2782,11 @@ py_tx_answers(PyObject *self, PyObject *args)
             goto done;
         }
         char idb[24];
-        int idn = snprintf(idb, sizeof idb, "%lld", id);
-        w += snprintf(w, 40, "result 200 %lld ", (long long)(idn + tail.len));
+        int idn = tx_decimal(idb, id);
+        memcpy(w, "result 200 ", 11);
+        w += 11;
+        w += tx_decimal(w, (long long)(idn + tail.len));
+        *w++ = ' ';
         memcpy(w, PyBytes_AS_STRING(o), (size_t)PyBytes_GET_SIZE(o));
         w += PyBytes_GET_SIZE(o);
         *w++ = '\r';
