@@ -17,8 +17,8 @@ One concept per module:
                           (read by a ``PartitionReader``), ``encode_puts``,
                           ``put_request``, ``untrack`` / ``track``, ``complete_acks``,
                           ``ack_result``, ``put_ack``, ``put_round_trip``,
-                          ``submit_put``, ``take_acks``, ``bind_send_result``
-                          (the producer)
+                          ``submit_put``, ``take_acks``, ``bind_send_result``,
+                          ``tx_acks`` (the producer); ``tx_answers`` (the broker)
 ========================  =====================================================
 
 The broker, the client connections (:mod:`metaq.net`), the producer, the
