@@ -148,17 +148,21 @@ def test_a_log_shorter_than_planned_is_data_loss(make_topic, caplog) -> None:  #
 def test_corrupt_bytes_are_data_loss_or_skipped(make_topic) -> None:  # type: ignore[no-untyped-def]
     topic = make_topic("rotten", parts=1, extra_args=["--max-segment-size", "4096"])
     bodies = [b"body-%03d-" % i + b"z" * 90 for i in range(120)]
-    # in three rounds: a pipelined burst lands in one segment, whatever its size
-    sent = [r for k in range(3) for r in topic.produce(bodies[k * 40:(k + 1) * 40])]
+    # in six rounds of some 2.4 KB: a pipelined burst lands in one segment, whatever its
+    # size (the first put after a pause may go out, and land, alone)
+    sent = [r for k in range(6) for r in topic.produce(bodies[k * 20:(k + 1) * 20])]
     broker = topic.brokers[0]
     broker.stop()
-    first, *rest = _segments(broker, "rotten", 0)
-    assert rest and first.stat().st_size > sent[3].offset + 30
-    victim = 3  # a message of the first (sealed, not re-checked) segment
+    first, second, *_ = _segments(broker, "rotten", 0)
+    base, end = int(first.stem), int(second.stem)  # (a segment is named by its start)
+    in_first = [i for i, r in enumerate(sent) if base <= r.offset < end]
+    assert len(in_first) >= 2, (base, end)  # (the victim is not the segment's first)
+    victim = in_first[len(in_first) // 2]  # a message of the first (sealed, not re-checked)
+    at = sent[victim].offset - base + 30  # segment: a byte of its body
     with open(first, "r+b") as f:
-        f.seek(sent[victim].offset + 30)
+        f.seek(at)
         byte = f.read(1)
-        f.seek(sent[victim].offset + 30)
+        f.seek(at)
         f.write(bytes([byte[0] ^ 0xFF]))
     broker.start()
     (rng,) = offset_ranges(topic.zk_connect, "rotten", starting="earliest")
