@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from metaq import MessageConsumer, Producer
+from metaq import MessageConsumer, Producer, Rewind
 from metaq.testing import wait_until
 
 pytest.importorskip("aiohttp", reason="the dashboard extra (aiohttp) is not installed")
@@ -146,9 +146,15 @@ class Member:
     def __init__(self, zk_connect: str, name: str) -> None:
         self.gate = threading.Event()
         self.consumer = MessageConsumer(GROUP, zk_connect, consumer_id=name, commit_period=0.1)
-        self.consumer.subscribe(TOPIC, lambda m: self.gate.wait(60))
+        self.consumer.subscribe(TOPIC, self._hold)
         self.consumer.start()
         self.id = f"{GROUP}_{name}"
+
+    def _hold(self, message: object) -> None:
+        # a message is left for later (Rewind: no failure counted) rather than held
+        # for long: a partition busy in a listener could not move in a rebalance
+        if not self.gate.wait(0.2):
+            raise Rewind()
 
     def close(self) -> None:
         self.gate.set()
