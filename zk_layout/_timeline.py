@@ -66,8 +66,10 @@ def ownership_timeline(records: Iterable[RebalanceRecord]
     a gap, never an overlap (a claim can only succeed after the release).  A member
     that never said it let go (killed with SIGKILL) is taken to have held the
     partition until the rebalance of the member that claimed it next began, with that
-    claim's trigger as the reason it moved.  A partition a member already had when its
-    kept history begins starts at None."""
+    claim's trigger as the reason it moved.  A claim that had to wait (its holder's
+    node still there) and was won by a later retry whose trigger is ``unchanged``
+    carries the reason of the rebalance that planned it.  A partition a member already
+    had when its kept history begins starts at None."""
     events: list[tuple[int, int, str, str, RebalanceRecord]] = []
     for r in records:
         if r.damaged:
@@ -76,8 +78,10 @@ def ownership_timeline(records: Iterable[RebalanceRecord]
         skip = set(r.claimed) | set(r.waiting)
         events += [(r.time_ms, 1, r.consumer_id, p, r) for p in r.plan if p not in skip]
         events += [(r.end_ms, 2, r.consumer_id, p, r) for p in r.claimed]
+        events += [(r.time_ms, 3, r.consumer_id, p, r) for p in r.waiting]
     events.sort(key=lambda e: (e[0], e[1], e[2], e[4].generation))
     held: dict[str, tuple[int | None, str, str | None]] = {}
+    planned: dict[tuple[str, str], str] = {}  # (member, partition) waiting -> why planned
     out: dict[str, list[OwnershipInterval]] = {}
 
     def close(p: str, end: int, why: str) -> None:
@@ -87,6 +91,14 @@ def ownership_timeline(records: Iterable[RebalanceRecord]
         out.setdefault(p, []).append(OwnershipInterval(start, end, cid, why_in, why))
 
     for at, kind, me, p, r in events:
+        if kind == 3:  # a claim that waits: its reason is this rebalance's
+            planned.setdefault((me, p), r.trigger)
+            continue
+        why = r.trigger
+        if kind == 2:
+            first = planned.pop((me, p), None)
+            if r.trigger == "unchanged" and first is not None:
+                why = first  # (a retry that names no reason of its own)
         mine = p in held and held[p][1] == me
         if kind == 0:  # released
             if mine:
@@ -95,10 +107,10 @@ def ownership_timeline(records: Iterable[RebalanceRecord]
                 out.setdefault(p, []).append(OwnershipInterval(None, at, me, None, r.trigger))
         elif not mine:  # kept (1) or claimed (2), not ours yet
             if p in held:  # another's, that never said it let go
-                close(p, r.time_ms, r.trigger)
-                held[p] = (at, me, r.trigger)
+                close(p, r.time_ms, why)
+                held[p] = (at, me, why)
             else:
-                held[p] = (at, me, r.trigger) if kind == 2 else (None, me, None)
+                held[p] = (at, me, why) if kind == 2 else (None, me, None)
     for p, (start, cid, why_in) in held.items():
         out.setdefault(p, []).append(OwnershipInterval(start, None, cid, why_in, None))
     return {p: sorted(out[p], key=lambda i: (-1 if i.start_ms is None else i.start_ms))

@@ -254,3 +254,24 @@ def test_inspector_shows_a_groups_history(zk_connect, zk_client):
     assert doc["timeline"]["t/0-0"][0]["trigger_out"] == "closing"
     assert run("nogroup").returncode == 1
     assert run(G, "--since", "yesterday").returncode == 2
+
+
+def test_a_claim_won_by_a_retry_without_a_reason_keeps_the_reason_that_planned_it():
+    """A member killed with SIGKILL: the survivor plans its partition at member_left,
+    finds the holder's node still there (waiting), wins it on a retry whose record says
+    ``unchanged``; the hand-over is member_left's.  A retry with a reason of its own
+    (owner_vanished) keeps that reason."""
+    records = [
+        rec("g_k", 1, 1000, "started", plan=["t/0-0", "t/0-1"], claimed=["t/0-0", "t/0-1"]),
+        rec("g_a", 2, 5000, "member_left", plan=["t/0-0", "t/0-1"],
+            waiting=["t/0-0", "t/0-1"]),
+        rec("g_a", 2, 5100, "unchanged", plan=["t/0-0", "t/0-1"], claimed=["t/0-0"],
+            waiting=["t/0-1"]),
+        rec("g_a", 2, 5200, "owner_vanished", plan=["t/0-0", "t/0-1"], claimed=["t/0-1"]),
+    ]
+    tl = ownership_timeline(records)
+    k0, a0 = tl["t/0-0"]
+    assert (k0.consumer_id, k0.trigger_out, a0.consumer_id, a0.trigger_in) == \
+        ("g_k", "member_left", "g_a", "member_left")
+    k1, a1 = tl["t/0-1"]
+    assert (k1.trigger_out, a1.trigger_in) == ("owner_vanished", "owner_vanished")
