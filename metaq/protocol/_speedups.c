@@ -1145,6 +1145,24 @@ ack_int(PyObject *b)
 /* ack_result(cls, msg_id, index, offset, broker_id, names) -> cls tuple
  * tuple.__new__(cls, (int(msg_id), names[int(index)], int(offset), broker_id,
  * int(index))): a SendResult from the bytes of a bulk acknowledgement. */
+/* One acknowledgement as a ``cls`` tuple (SendResult or tuple itself):
+ * cls((msg_id, name, offset, broker_id, index)); a new reference, or NULL. */
+static PyObject *
+ack_pack(PyObject *cls, PyObject *id, PyObject *name, PyObject *offset, PyObject *broker_id,
+         PyObject *index)
+{
+    PyObject *items = PyTuple_Pack(5, id, name, offset, broker_id, index);
+    if (items == NULL || (PyTypeObject *)cls == &PyTuple_Type)
+        return items;
+    PyObject *a = PyTuple_Pack(1, items);
+    Py_DECREF(items);
+    if (a == NULL)
+        return NULL;
+    PyObject *r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
+    Py_DECREF(a);
+    return r;
+}
+
 static PyObject *
 py_ack_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1157,29 +1175,16 @@ py_ack_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "ack_result: cls must be a tuple class");
         return NULL;
     }
-    PyObject *id = NULL, *index = NULL, *name = NULL, *offset = NULL, *items = NULL;
+    PyObject *id = NULL, *index = NULL, *name = NULL, *offset = NULL;
     PyObject *r = NULL;
-    if ((id = ack_int(args[1])) == NULL || (index = ack_int(args[2])) == NULL
-        || (name = PyObject_GetItem(args[5], index)) == NULL
-        || (offset = ack_int(args[3])) == NULL
-        || (items = PyTuple_Pack(5, id, name, offset, args[4], index)) == NULL)
-        goto done;
-    if ((PyTypeObject *)cls == &PyTuple_Type) {
-        r = items;
-        items = NULL;
-    } else {
-        PyObject *a = PyTuple_Pack(1, items);
-        if (a != NULL) {
-            r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
-            Py_DECREF(a);
-        }
-    }
-done:
+    if ((id = ack_int(args[1])) != NULL && (index = ack_int(args[2])) != NULL
+        && (name = PyObject_GetItem(args[5], index)) != NULL
+        && (offset = ack_int(args[3])) != NULL)
+        r = ack_pack(cls, id, name, offset, args[4], index);
     Py_XDECREF(id);
     Py_XDECREF(index);
     Py_XDECREF(name);
     Py_XDECREF(offset);
-    Py_XDECREF(items);
     return r;
 }
 /* ==== end of the producer per-message path ============================================= */
@@ -1276,29 +1281,16 @@ put_ack_at(const char *s, Py_ssize_t end, PyObject *const *args)
     long idx = 0;
     for (Py_ssize_t i = b0; i < b1; i++)
         idx = idx * 10 + (s[i] - '0');
-    PyObject *id = NULL, *index = NULL, *name = NULL, *offset = NULL, *items = NULL;
+    PyObject *id = NULL, *index = NULL, *name = NULL, *offset = NULL;
     PyObject *r = NULL;
-    if ((id = ack_long(s, a0, a1)) == NULL || (index = PyLong_FromLong(idx)) == NULL
-        || (name = PyObject_GetItem(args[4], index)) == NULL
-        || (offset = ack_long(s, c0, c1)) == NULL
-        || (items = PyTuple_Pack(5, id, name, offset, args[3], index)) == NULL)
-        goto done;
-    if ((PyTypeObject *)cls == &PyTuple_Type) {
-        r = items;
-        items = NULL;
-    } else {
-        PyObject *t = PyTuple_Pack(1, items);
-        if (t != NULL) {
-            r = PyTuple_Type.tp_new((PyTypeObject *)cls, t, NULL);
-            Py_DECREF(t);
-        }
-    }
-done:
+    if ((id = ack_long(s, a0, a1)) != NULL && (index = PyLong_FromLong(idx)) != NULL
+        && (name = PyObject_GetItem(args[4], index)) != NULL
+        && (offset = ack_long(s, c0, c1)) != NULL)
+        r = ack_pack(cls, id, name, offset, args[3], index);
     Py_XDECREF(id);
     Py_XDECREF(index);
     Py_XDECREF(name);
     Py_XDECREF(offset);
-    Py_XDECREF(items);
     return r;
 }
 static int
@@ -2679,23 +2671,10 @@ py_tx_acks(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyObject *v = PyLong_FromLongLong(id);
         if (v == NULL)
             goto error;
-        PyObject *items = PyTuple_Pack(5, v, name, minus1, broker_id, index);
+        PyObject *r = ack_pack(cls, v, name, minus1, broker_id, index);
         Py_DECREF(v);
-        if (items == NULL)
+        if (r == NULL)
             goto error;
-        PyObject *r;
-        if ((PyTypeObject *)cls == &PyTuple_Type) {
-            r = items;
-        } else {
-            PyObject *a = PyTuple_Pack(1, items);
-            Py_DECREF(items);
-            if (a == NULL)
-                goto error;
-            r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
-            Py_DECREF(a);
-            if (r == NULL)
-                goto error;
-        }
         int bad = PyList_Append(out, r);
         Py_DECREF(r);
         if (bad < 0)
