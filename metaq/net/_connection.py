@@ -208,13 +208,7 @@ class BrokerConnection:
         when the queue passes 256 KiB), several puts in one write."""
         opaque = next(self._opaque)
         data = encode_put(topic, partition, payload, flag, checksum, opaque, tx_key)
-        if hold:
-            self._held.append(data)
-            self._held_size += len(data)
-            if self._held_size >= _HELD_MAX:
-                self._send(b"")
-        else:
-            self._send(data)
+        self._send_or_hold(data, hold)
         return opaque
 
     def send_tx_puts(self, topic: str, partition: int, payloads: list[bytes], flag: int,
@@ -223,6 +217,12 @@ class BrokerConnection:
         ``tx_key``, encoded together; their opaques, in order."""
         opaques = list(itertools.islice(self._opaque, len(payloads)))
         data = encode_tx_puts(topic, partition, flag, payloads, checksums, tx_key, opaques)
+        self._send_or_hold(data, hold)
+        return opaques
+
+    def _send_or_hold(self, data: bytes, hold: bool) -> None:
+        """Send ``data`` (with what is held), or with ``hold`` queue it for the next
+        request not held (sent at once when the queue passes 256 KiB)."""
         if hold:
             self._held.append(data)
             self._held_size += len(data)
@@ -230,7 +230,6 @@ class BrokerConnection:
                 self._send(b"")
         else:
             self._send(data)
-        return opaques
 
     def read_result(self, opaque: int) -> bytes:
         """The body of the ``result 200`` answering ``opaque``; BrokerError otherwise."""
