@@ -53,6 +53,9 @@ def _partition_order(p: str) -> tuple[str, tuple[int, ...], str]:
 
 _PART = re.compile(r"[0-9]+-[0-9]+")
 
+# event kinds, in the order they are taken within one millisecond
+_RELEASED, _CLAIMED, _KEPT, _WAITING = range(4)
+
 
 def ownership_timeline(records: Iterable[RebalanceRecord]
                        ) -> dict[str, list[OwnershipInterval]]:
@@ -70,15 +73,19 @@ def ownership_timeline(records: Iterable[RebalanceRecord]
     node still there) and was won by a later retry whose trigger is ``unchanged``
     carries the reason of the rebalance that planned it.  A partition a member already
     had when its kept history begins starts at None."""
+    # In one millisecond: releases, then claims, then what a member kept, then waits.  A
+    # claim comes before a keep so that the next rebalance of the claimer, starting in
+    # the millisecond its claim ended, does not take the partition as kept (held since
+    # before the history, or taken from its last holder for no reason of its own).
     events: list[tuple[int, int, str, str, RebalanceRecord]] = []
     for r in records:
         if r.damaged:
             continue
-        events += [(r.time_ms, 0, r.consumer_id, p, r) for p in r.released]
+        events += [(r.time_ms, _RELEASED, r.consumer_id, p, r) for p in r.released]
         skip = set(r.claimed) | set(r.waiting)
-        events += [(r.time_ms, 1, r.consumer_id, p, r) for p in r.plan if p not in skip]
-        events += [(r.end_ms, 2, r.consumer_id, p, r) for p in r.claimed]
-        events += [(r.time_ms, 3, r.consumer_id, p, r) for p in r.waiting]
+        events += [(r.time_ms, _KEPT, r.consumer_id, p, r) for p in r.plan if p not in skip]
+        events += [(r.end_ms, _CLAIMED, r.consumer_id, p, r) for p in r.claimed]
+        events += [(r.time_ms, _WAITING, r.consumer_id, p, r) for p in r.waiting]
     events.sort(key=lambda e: (e[0], e[1], e[2], e[4].generation))
     held: dict[str, tuple[int | None, str, str | None]] = {}
     planned: dict[tuple[str, str], str] = {}  # (member, partition) waiting -> why planned
@@ -91,26 +98,26 @@ def ownership_timeline(records: Iterable[RebalanceRecord]
         out.setdefault(p, []).append(OwnershipInterval(start, end, cid, why_in, why))
 
     for at, kind, me, p, r in events:
-        if kind == 3:  # a claim that waits: its reason is this rebalance's
+        if kind == _WAITING:  # a claim that waits: its reason is this rebalance's
             planned.setdefault((me, p), r.trigger)
             continue
         why = r.trigger
-        if kind == 2:
+        if kind == _CLAIMED:
             first = planned.pop((me, p), None)
             if r.trigger == "unchanged" and first is not None:
                 why = first  # (a retry that names no reason of its own)
         mine = p in held and held[p][1] == me
-        if kind == 0:  # released
+        if kind == _RELEASED:
             if mine:
                 close(p, at, r.trigger)
             elif p not in held:  # held since before the kept history
                 out.setdefault(p, []).append(OwnershipInterval(None, at, me, None, r.trigger))
-        elif not mine:  # kept (1) or claimed (2), not ours yet
+        elif not mine:  # kept or claimed, not ours yet
             if p in held:  # another's, that never said it let go
                 close(p, r.time_ms, why)
                 held[p] = (at, me, why)
             else:
-                held[p] = (at, me, why) if kind == 2 else (None, me, None)
+                held[p] = (at, me, why) if kind == _CLAIMED else (None, me, None)
     for p, (start, cid, why_in) in held.items():
         out.setdefault(p, []).append(OwnershipInterval(start, None, cid, why_in, None))
     return {p: sorted(out[p], key=lambda i: (-1 if i.start_ms is None else i.start_ms))

@@ -275,3 +275,23 @@ def test_a_claim_won_by_a_retry_without_a_reason_keeps_the_reason_that_planned_i
         ("g_k", "member_left", "g_a", "member_left")
     k1, a1 = tl["t/0-1"]
     assert (k1.trigger_out, a1.trigger_in) == ("owner_vanished", "owner_vanished")
+
+
+def test_the_next_rebalance_starting_in_the_millisecond_a_claim_ended_does_not_move_it():
+    """Seen in CI: a survivor's member_left claim ended at 5004 and its next rebalance
+    (``unchanged``, keeping everything) began at 5004.  The keep must not be taken
+    first: it would end the killed member's holding for ``unchanged``, or (a partition
+    its holder had released) open the survivor's holding before its history."""
+    records = [
+        rec("g_k", 1, 1000, "started", plan=["t/0-0"], claimed=["t/0-0"]),
+        rec("g_b", 1, 1000, "started", plan=["t/0-1"], claimed=["t/0-1"]),
+        rec("g_b", 2, 4000, "closing", released=["t/0-1"]),
+        rec("g_a", 2, 5000, "member_left", ms=4, plan=["t/0-0", "t/0-1"],
+            claimed=["t/0-0", "t/0-1"]),
+        rec("g_a", 3, 5004, "unchanged", ms=2, plan=["t/0-0", "t/0-1"]),
+    ]
+    tl = ownership_timeline(records)
+    assert tl["t/0-0"] == [(1010, 5000, "g_k", "started", "member_left"),
+                           (5004, None, "g_a", "member_left", None)]
+    assert tl["t/0-1"] == [(1010, 4000, "g_b", "started", "closing"),
+                           (5004, None, "g_a", "member_left", None)]
