@@ -339,6 +339,20 @@ class Segment:
         checked message start, never a position reached through damaged bytes."""
         self._scan_all(None)
 
+    def valid_message_at(self, pos: int) -> int | None:
+        """The end of the message starting at ``pos`` when it is whole and its checksum
+        holds (read and checked here, one message), else None."""
+        if pos < self.start or pos + HEADER_SIZE > self.end:
+            return None
+        fd = self.rfile.fileno()
+        head = os.pread(fd, HEADER_SIZE, pos - self.start)
+        length = HEADER.unpack(head)[0]
+        nxt = pos + HEADER_SIZE + length
+        if length < 0 or nxt > self.end or head == _ZEROS:
+            return None
+        body = os.pread(fd, length, pos + HEADER_SIZE - self.start)
+        return nxt if scan_messages(head + body, max_payload=INT32_MAX)[1] == 1 else None
+
     def boundary_at_or_before(self, offset: int) -> int:
         """Start of the message holding ``offset`` (``offset`` itself at a boundary),
         or the next valid message start when the bytes there are corrupt; the
@@ -361,7 +375,6 @@ class Segment:
         for _a, b, _why in self.damaged:  # known damage between the entry and offset
             if pos < b <= offset:
                 pos = b
-        end = self.end
         fd = self.rfile.fileno()
         while True:
             while pos < offset:  # whole, checked messages up to offset
@@ -375,17 +388,12 @@ class Segment:
                 if valid < len(chunk) or hole is not None:
                     break
             # the message at pos holds offset, is longer than a chunk, or is damaged
-            if pos + HEADER_SIZE <= end:
-                head = os.pread(fd, HEADER_SIZE, pos - self.start)
-                length = HEADER.unpack(head)[0]
-                nxt = pos + HEADER_SIZE + length
-                if length >= 0 and nxt <= end and head != _ZEROS:
-                    body = os.pread(fd, length, pos + HEADER_SIZE - self.start)
-                    if scan_messages(head + body, max_payload=INT32_MAX)[1] == 1:
-                        if nxt > offset:
-                            return pos
-                        pos = nxt
-                        continue
+            nxt = self.valid_message_at(pos)
+            if nxt is not None:
+                if nxt > offset:
+                    return pos
+                pos = nxt
+                continue
             good = self._resync(pos)  # damaged bytes from pos, the last checked boundary
             if good > pos:  # found by a reader (a sealed segment is not scanned at start)
                 self.add_damage(pos, good, "found while looking for a valid offset")

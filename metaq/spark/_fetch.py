@@ -36,7 +36,7 @@ from metaq._types import BrokerAddress
 from metaq.net import BrokerConnection
 from metaq.protocol import HEADER, HEADER_SIZE, split_payload
 from metaq.spark._arrow import Walk, WalkHint, walk
-from metaq.spark._cluster import LOG_END, open_zk
+from metaq.spark._cluster import LOG_END, LOG_START, open_zk
 from metaq.spark._options import DEFAULT_GROUP, MIB
 from metaq.spark._ranges import OffsetRange
 from zk_layout import DEFAULT_ROOT, READ_FROM
@@ -226,6 +226,17 @@ def _after_refusal(link: _Link, e: BrokerError, pos: int, until: int, where: str
             raise ProtocolError(f"{where}: 301 reply without an offset: {e.detail!r}") from None
         if moved <= pos:
             raise ProtocolError(f"{where}: broker moved offset {pos} back to {moved}")
+        # below the log start (retention deleted them), or damaged bytes the broker knows
+        # of (it sends a reader past them with the same answer): the start tells which
+        start = link.nearest(LOG_START)
+        if start <= pos:
+            what = (f"{where}: bad message at offset {pos}: the broker knows bytes "
+                    f"{pos}..{moved} as damaged")
+            if fail:
+                raise DataLossError(what + " (set failOnDataLoss=false to skip to the next "
+                                    "valid message)")
+            log.warning("%s; skipping to %d (failOnDataLoss=false)", what, min(moved, until))
+            return min(moved, until)
         what = f"{where}: bytes {pos}..{min(moved, until)} are gone (the log starts at {moved})"
         if fail:
             raise DataLossError(what + " (set failOnDataLoss=false to skip them)")

@@ -212,6 +212,28 @@ def test_a_reader_never_resyncs_on_an_empty_message_inside_damage(tmp_path):
         assert plog.nearest_valid_offset(124) == 248  # the next real message
 
 
+def test_the_log_start_asked_for_is_checked_and_below_it_is_not(tmp_path):
+    """A damaged first message: ``offset`` of the log start names the next valid
+    message (a reader that met the damage there goes on past it); an offset below
+    the log still names the start as it is (what a reader asks for "earliest")."""
+    body = b"B" * 100
+    with Storage(tmp_path, max_segment_size=1024) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        for i in range(20):
+            plog.append(encode_message(i + 1, 0, body), 1)
+        assert plog.nearest_valid_offset(0) == 0  # intact: checked, and the start
+        path = plog.segments[0].path
+    data = bytearray(path.read_bytes())
+    data[40] ^= 0x55  # message 0's payload
+    path.write_bytes(bytes(data))
+    with Storage(tmp_path, max_segment_size=1024) as storage:
+        plog = storage.open_topic("t", 1)[0]
+        assert plog.nearest_valid_offset(-1) == 0  # below the log: its start, unchecked
+        assert plog.nearest_valid_offset(0) == 120  # the start: damaged, so the next one
+        assert plog.damage_at(0) is not None  # and recorded, for gets
+        assert plog.nearest_valid_offset(0) == 120
+
+
 def _valid_messages(plog) -> list:
     """Every valid message, stepping over damaged ranges with nearest_valid_offset."""
     out, off = [], plog.min_offset

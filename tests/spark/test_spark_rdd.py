@@ -145,7 +145,10 @@ def test_a_log_shorter_than_planned_is_data_loss(make_topic, caplog) -> None:  #
     assert "failOnDataLoss=false" in caplog.text
 
 
-def test_corrupt_bytes_are_data_loss_or_skipped(make_topic) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("where", ["inside", "log start"])
+def test_corrupt_bytes_are_data_loss_or_skipped(make_topic, where) -> None:  # type: ignore[no-untyped-def]
+    """A damaged message inside a sealed segment, or the log's very first one (the
+    broker's ``offset`` for the log start must look, not just answer the start)."""
     topic = make_topic("rotten", parts=1, extra_args=["--max-segment-size", "4096"])
     bodies = [b"body-%03d-" % i + b"z" * 90 for i in range(120)]
     # in six rounds of some 2.4 KB: a pipelined burst lands in one segment, whatever its
@@ -156,8 +159,11 @@ def test_corrupt_bytes_are_data_loss_or_skipped(make_topic) -> None:  # type: ig
     first, second, *_ = _segments(broker, "rotten", 0)
     base, end = int(first.stem), int(second.stem)  # (a segment is named by its start)
     in_first = [i for i, r in enumerate(sent) if base <= r.offset < end]
-    assert len(in_first) >= 2, (base, end)  # (the victim is not the segment's first)
-    victim = in_first[len(in_first) // 2]  # a message of the first (sealed, not re-checked)
+    assert len(in_first) >= 2, (base, end)
+    # a message of the first segment (sealed, not re-checked at start): one inside it, or
+    # the first of the log
+    victim = in_first[len(in_first) // 2] if where == "inside" else 0
+    assert where == "inside" or sent[victim].offset == base
     at = sent[victim].offset - base + 30  # segment: a byte of its body
     with open(first, "r+b") as f:
         f.seek(at)
@@ -171,6 +177,13 @@ def test_corrupt_bytes_are_data_loss_or_skipped(make_topic) -> None:  # type: ig
         list(fetch_range(rng))
     got = list(fetch_range(rng, fail_on_data_loss=False))
     assert [m.value for m in got] == bodies[:victim] + bodies[victim + 1:]
+    # the broker now knows the damage (the skip asked it where to go on) and sends a
+    # reader past it: still a bad message, not bytes deleted from before the log start
+    with pytest.raises(DataLossError, match=f"bad message at offset {sent[victim].offset}: "
+                                            f"the broker knows bytes"):
+        list(fetch_range(rng))
+    (again,) = offset_ranges(topic.zk_connect, "rotten", starting="earliest")
+    assert again.from_offset == base  # the log start as it is: the reader finds the damage
 
 
 def test_fetch_waits_for_a_broker_that_is_down_and_finds_it_again(make_topic) -> None:  # type: ignore[no-untyped-def]
