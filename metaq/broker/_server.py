@@ -652,7 +652,7 @@ class BrokerServer:
         if r.time_ms >= 0:
             self._offset_for_time(conn, r, plog)
             return
-        if r.offset < plog.min_offset or r.offset >= plog.end:  # no read: answered now
+        if r.offset <= plog.min_offset or r.offset >= plog.end:
             conn.send(answer(b"%d" % plog.nearest_valid_offset(r.offset), r.opaque))
             return
         s = plog.read(r.offset, 1) or plog.read(plog.min_offset, 1)

@@ -435,21 +435,16 @@ class PartitionLog:
     def nearest_valid_offset(self, offset: int) -> int:
         """The message boundary to resume from for ``offset`` (the ``offset`` command).
 
-        Below the log: the start; at or past the end: the end; inside (the start
-        included): the start of the message holding ``offset``, or, if the bytes
-        there are corrupt, the next offset where a valid message starts (a reader
-        that found the log's first message damaged is sent past it).  May read the
-        segment.
+        Below the log: the start; at or past the end: the end; inside: the start
+        of the message holding ``offset``, or, if the bytes there are corrupt,
+        the next offset where a valid message starts.  May read the segment.
         """
+        if offset <= self.min_offset:
+            return self.min_offset
         if offset >= self.end:
             return self.end
-        if offset < self.min_offset:
-            return self.min_offset
         seg = self._segment_for(offset)
         assert seg is not None
-        if offset == self.min_offset and seg.damage_at(offset) is None \
-                and seg.valid_message_at(offset) is not None:
-            return offset  # the log start, checked (one message: no index is built)
         return seg.boundary_at_or_before(offset)
 
     # -- time --------------------------------------------------------------------------------

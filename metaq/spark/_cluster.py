@@ -46,15 +46,12 @@ from zk_layout import (
     read_partitions,
 )
 
-__all__ = ["Cluster", "LiveGroupError", "open_zk", "LOG_END", "LOG_START"]
+__all__ = ["Cluster", "LiveGroupError", "open_zk", "LOG_END"]
 
 log = logging.getLogger(__name__)
 
 #: The offset that makes a broker's ``offset`` command answer with the log end.
 LOG_END = 2**63 - 1
-#: An offset below any log: the broker answers its start as it is (not checked; the
-#: start itself, asked for, is checked: a damaged first message is stepped over).
-LOG_START = -1
 
 
 class LiveGroupError(CoordinationError):
@@ -233,8 +230,7 @@ class Cluster:
 
     def bounds(self, topic: str, partition: str) -> tuple[int, int]:
         """(first offset, end offset) of the partition's log."""
-        return (self.nearest(topic, partition, LOG_START),
-                self.nearest(topic, partition, LOG_END))
+        return (self.nearest(topic, partition, 0), self.nearest(topic, partition, LOG_END))
 
     def offset_for_time(self, topic: str, partition: str, when_ms: int) -> TimeSeek:
         """The first message at or after ``when_ms`` (msgId time), by a binary

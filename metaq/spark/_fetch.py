@@ -36,7 +36,7 @@ from metaq._types import BrokerAddress
 from metaq.net import BrokerConnection
 from metaq.protocol import HEADER, HEADER_SIZE, split_payload
 from metaq.spark._arrow import Walk, WalkHint, walk
-from metaq.spark._cluster import LOG_END, LOG_START, open_zk
+from metaq.spark._cluster import LOG_END, open_zk
 from metaq.spark._options import DEFAULT_GROUP, MIB
 from metaq.spark._ranges import OffsetRange
 from zk_layout import DEFAULT_ROOT, READ_FROM
@@ -228,7 +228,7 @@ def _after_refusal(link: _Link, e: BrokerError, pos: int, until: int, where: str
             raise ProtocolError(f"{where}: broker moved offset {pos} back to {moved}")
         # below the log start (retention deleted them), or damaged bytes the broker knows
         # of (it sends a reader past them with the same answer): the start tells which
-        start = link.nearest(LOG_START)
+        start = link.nearest(0)  # (below the log, or its start: the start, as it is)
         if start <= pos:
             what = (f"{where}: bad message at offset {pos}: the broker knows bytes "
                     f"{pos}..{moved} as damaged")
@@ -267,6 +267,11 @@ def _after_corruption(link: _Link, pos: int, until: int, where: str, problem: st
         raise DataLossError(what + " (set failOnDataLoss=false to skip to the next valid "
                             "message)")
     resume = link.nearest(pos)
+    if resume <= pos:
+        # the broker answers the log start without looking at it: asked for the byte after
+        # it, it looks at the message holding that byte (this one) and names the next
+        # valid message when it is damaged
+        resume = link.nearest(pos + 1)
     if resume <= pos:
         raise DataLossError(what + f"; the broker names no valid message after it (it "
                             f"answered {resume})")

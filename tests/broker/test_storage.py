@@ -212,26 +212,27 @@ def test_a_reader_never_resyncs_on_an_empty_message_inside_damage(tmp_path):
         assert plog.nearest_valid_offset(124) == 248  # the next real message
 
 
-def test_the_log_start_asked_for_is_checked_and_below_it_is_not(tmp_path):
-    """A damaged first message: ``offset`` of the log start names the next valid
-    message (a reader that met the damage there goes on past it); an offset below
-    the log still names the start as it is (what a reader asks for "earliest")."""
+def test_a_damaged_first_message_is_named_by_the_byte_after_it(tmp_path):
+    """The log start is answered as it is (what readers ask for "earliest"), damaged
+    or not; asked for the byte after it, the broker checks the message holding that
+    byte and names the next valid one: how a reader that met damage at the log start
+    goes on."""
     body = b"B" * 100
     with Storage(tmp_path, max_segment_size=1024) as storage:
         plog = storage.open_topic("t", 1)[0]
         for i in range(20):
             plog.append(encode_message(i + 1, 0, body), 1)
-        assert plog.nearest_valid_offset(0) == 0  # intact: checked, and the start
+        assert plog.nearest_valid_offset(1) == 0  # intact: the start
         path = plog.segments[0].path
     data = bytearray(path.read_bytes())
     data[40] ^= 0x55  # message 0's payload
     path.write_bytes(bytes(data))
     with Storage(tmp_path, max_segment_size=1024) as storage:
         plog = storage.open_topic("t", 1)[0]
-        assert plog.nearest_valid_offset(-1) == 0  # below the log: its start, unchecked
-        assert plog.nearest_valid_offset(0) == 120  # the start: damaged, so the next one
+        assert plog.nearest_valid_offset(0) == 0  # the start, not looked at
+        assert plog.nearest_valid_offset(1) == 120  # damaged: the next message
         assert plog.damage_at(0) is not None  # and recorded, for gets
-        assert plog.nearest_valid_offset(0) == 120
+        assert plog.nearest_valid_offset(1) == 120
 
 
 def _valid_messages(plog) -> list:

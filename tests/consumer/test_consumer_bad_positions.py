@@ -229,17 +229,18 @@ def _load(zk_connect: str, n: int) -> list:
         return [p.send("d", b"d%03d" % i) for i in range(n)]
 
 
-@pytest.mark.parametrize("sealed", [False, True])
+@pytest.mark.parametrize("sealed, victim", [(False, 30), (True, 30), (True, 0)])
 def test_a_damaged_message_costs_only_itself_and_is_reported(zk_connect, zk_client, brokers,
-                                                             sealed):
+                                                             sealed, victim):
     """Findings 2 and 3: bytes flipped in a message of the writable (or a sealed) segment
-    of a killed broker.  Recovery keeps every intact message at its offset, offsets are
-    never reused, a group past the damage goes on, a new group gets everything else and
-    one DamagedMessageError naming the offset."""
+    of a killed broker (in a sealed one, the log's first message too).  Recovery keeps
+    every intact message at its offset, offsets are never reused, a group past the
+    damage goes on, a new group gets everything else and one DamagedMessageError naming
+    the offset."""
     extra = ["--max-segment-size", "4096"] if sealed else []
     b = brokers(0, {"d": 1}, extra_args=extra)
     sent = _load(zk_connect, 300)
-    damaged = sent[30]
+    damaged = sent[victim]
     # a group that already consumed past the damage
     zk_client.ensure_path(LAYOUT.offset("late", "d", "0-0"))
     zk_client.set(LAYOUT.offset("late", "d", "0-0"), b"%d-%d" % (sent[199].msg_id,
@@ -249,7 +250,7 @@ def test_a_damaged_message_costs_only_itself_and_is_reported(zk_connect, zk_clie
     segs = sorted(seg_dir.glob("*.meta"))
     seg = max((s for s in segs if int(s.name[:20]) <= damaged.offset), key=lambda s: s.name)
     assert (seg == segs[-1]) is not sealed
-    _flip(seg, damaged.offset - int(seg.name[:20]) + 20)  # message 30's 4-byte payload
+    _flip(seg, damaged.offset - int(seg.name[:20]) + 20)  # the victim's 4-byte payload
     b.restart()
     more = _load(zk_connect, 10)
     assert more[0].offset == sent[-1].offset + (sent[1].offset - sent[0].offset)
@@ -268,13 +269,15 @@ def test_a_damaged_message_costs_only_itself_and_is_reported(zk_connect, zk_clie
     with _consumer(zk_connect, "fresh", got, errors, topic="d") as c:
         c.start()
         wait_until(lambda: got.total() == 309, 30, what="every intact message")
-        want = [b"d%03d" % i for i in range(300) if i != 30] + [b"d%03d" % i for i in range(10)]
+        want = [b"d%03d" % i for i in range(300) if i != victim] + \
+            [b"d%03d" % i for i in range(10)]
         assert got.of("0-0") == want
         bad = [e for e in errors if isinstance(e, DamagedMessageError)]
         assert len(bad) == 1 and bad[0].offset == damaged.offset
-        assert bad[0].next_offset == sent[31].offset
+        assert bad[0].next_offset == sent[victim + 1].offset
         assert c.metrics()["damaged_messages"] == 1
-    assert log_damage(zk_client, LAYOUT, "d") == {"0-0": (1, sent[31].offset - damaged.offset)}
+    assert log_damage(zk_client, LAYOUT, "d") == \
+        {"0-0": (1, sent[victim + 1].offset - damaged.offset)}
 
 
 def test_garbage_written_under_an_idle_owner_is_repaired(zk_connect, zk_client, loaded):
