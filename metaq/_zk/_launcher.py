@@ -10,7 +10,9 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -43,6 +45,20 @@ __all__ = ["ZooKeeperServer"]
 log = logging.getLogger(__name__)
 
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
+
+
+def _tied_to_this_process() -> list[str]:
+    """A prefix that makes the JVM die with this process, even when this process is
+    killed with SIGKILL and runs no ``atexit`` (a test run, a script): util-linux's
+    ``setpriv --pdeathsig KILL`` sets the parent-death signal, then runs the JVM in its
+    place.  Linux only, and only from the main thread: the signal comes when the
+    *thread* that started the child ends.  Elsewhere: nothing (the ``atexit`` stop and
+    the pid file are what is left)."""
+    if not sys.platform.startswith("linux") \
+            or threading.current_thread() is not threading.main_thread():
+        return []
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def _log4j2_properties(log_path: Path) -> str:
@@ -108,6 +124,7 @@ class ZooKeeperServer:
         self._server_id = server_id
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_name = LOG_FILE  # OUT_FILE when the classpath logs with slf4j-simple
+        self._stop_at_exit = stop_at_exit
         if stop_at_exit:
             atexit.register(_stop_at_exit, weakref.ref(self))
 
@@ -278,6 +295,8 @@ class ZooKeeperServer:
             "-cp", os.pathsep.join(str(p) for p in classpath),
             MAIN_CLASS, str(config_path),
         ]
+        if self._stop_at_exit:
+            cmd = _tied_to_this_process() + cmd
         log.info("starting ZooKeeper on %s:%d, data dir %s", HOST, self.port, d)
         log.debug("command: %s", cmd)
         self._log_name = (LOG_FILE if any(p.name.startswith("log4j-core") for p in classpath)

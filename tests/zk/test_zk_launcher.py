@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -263,3 +264,36 @@ def test_status_ignores_a_stale_or_foreign_pid_file(tmp_path: Path) -> None:
     (tmp_path / "zookeeper.pid").write_text("garbage\n")
     assert not status(tmp_path).running
 
+
+
+ORPHAN_SCRIPT = """
+import sys, time
+from metaq._zk import ZooKeeperServer
+zk = ZooKeeperServer(data_dir=sys.argv[1]).start()
+print(zk.pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("setpriv") is None,
+                    reason="the parent-death signal needs Linux and util-linux's setpriv")
+def test_the_jvm_dies_with_a_process_killed_with_sigkill(tmp_path: Path) -> None:
+    """A script that started a server and is killed with SIGKILL (no atexit runs) leaves
+    no ZooKeeper JVM behind."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, str(tmp_path / "zk")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()  # printed once the server serves
+        assert line.strip().isdigit(), line
+        jvm = int(line)
+        assert pid_alive(jvm)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        wait_until(lambda: not pid_alive(jvm), timeout=30,
+                   what="the JVM of a server whose process was killed to go")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
