@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import select
 import socket
 from typing import Any
 
@@ -106,6 +107,23 @@ class BrokerConnection:
                 self._sock.close()
             except OSError:
                 pass
+
+    def idle_and_open(self) -> bool:
+        """For a connection kept idle between uses (a pool): True when it is open and
+        nothing has arrived on it.  Readable means the broker closed or reset it (it
+        restarted, or closed an idle client), or sent something nobody asked for:
+        either way not one to send on.  One zero-timeout poll; closes it when not."""
+        if self._closed:
+            return False
+        try:
+            p = select.poll()
+            p.register(self._sock, select.POLLIN | select.POLLERR | select.POLLHUP)
+            quiet = not p.poll(0)
+        except (OSError, ValueError):
+            quiet = False
+        if not quiet:
+            self.close()
+        return quiet
 
     # -- requests ------------------------------------------------------------
 

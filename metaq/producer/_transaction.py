@@ -169,9 +169,15 @@ class _OnOneBroker:
 
     def _connect(self, broker_id: int, address: BrokerAddress) -> BrokerConnection:
         if self._conn is None:
-            with self._sender.lock:
-                idle = self._sender.idle.get(address)
-                conn = idle.pop() if idle else None
+            conn = None
+            while conn is None:
+                with self._sender.lock:
+                    idle = self._sender.idle.get(address)
+                    conn = idle.pop() if idle else None
+                if conn is None:
+                    break
+                if not conn.idle_and_open():  # the broker closed it meanwhile (restarted)
+                    conn = None
             self._conn = conn or BrokerConnection(*address, timeout=self._sender.send_timeout)
             self._broker = broker_id
         return self._conn

@@ -44,3 +44,22 @@ def test_sends_wait_for_a_restarted_broker_instead_of_failing(zk_connect, broker
     assert not errors, errors[:3]
     assert slow, "no send was in flight while the broker was away"
     assert len({(r.partition, r.offset) for r in results}) == len(results)
+
+
+def test_a_transaction_after_its_broker_restarted_does_not_fail_on_a_pooled_connection(
+        zk_connect, brokers):
+    """A finished transaction's connection is kept for the next one; when the broker
+    restarted meanwhile, that connection is dead and the next transaction takes a new
+    one instead of failing (the broker closed the old one: it is found at once)."""
+    b = brokers(0, {"r": 1})
+    with Producer(zk_connect, send_timeout=20.0) as producer:
+        with producer.transaction() as tx:
+            tx.send("r", b"before")
+        b.kill()
+        b.restart()
+        wait_until(lambda: producer.send("r", b"probe").offset >= 0, 30,
+                   what="the restarted broker to take a plain send")
+        tx = producer.transaction()
+        tx.send("r", b"after")
+        tx.send("r", b"after 2")
+        assert len(tx.commit()) == 2
