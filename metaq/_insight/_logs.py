@@ -7,10 +7,15 @@ for a committed offset strictly inside the log, whether a message starts there:
 
 1. ``offset c``: a metaq-py broker answers the start of the message holding ``c``
    (exact), so an answer equal to ``c`` is a boundary;
-2. otherwise (inside a message on metaq-py's broker, or a Java broker, whose answer
-   is coarse) a ``get`` at ``c``: a boundary when the bytes there begin with a
-   message whose CRC32 matches its payload (Metaq's checksum), not one when the
-   header is impossible or the CRC does not match.
+2. otherwise the message lengths are walked from that answer ``b`` (a message start:
+   on metaq-py's broker the one holding ``c``, on a Java broker, whose answer is
+   coarse, a segment start), in one ``get`` of at most :data:`_WALK_BYTES`: a walk
+   that lands on ``c`` says boundary, one that steps over it says not;
+3. when the walk cannot tell (``c`` too far from ``b``), a ``get`` at ``c``: a
+   boundary when the bytes there begin with a message whose CRC32 matches its
+   payload (Metaq's checksum), not one when the header is impossible or the CRC
+   does not match.  (Bytes inside a message can look like a header whose length
+   runs past what the broker sends: then it cannot tell.)
 
 A broker that is not registered or does not answer gives a :class:`LogState`
 with ``error`` set, for that broker's partitions alone; nothing here raises for a
@@ -59,11 +64,20 @@ class LogState:
                 "error": self.error}
 
 
+#: Bytes read to walk message lengths from the broker's boundary to an offset.
+_WALK_BYTES = 1 << 20
+
+
 def on_boundary(conn: BrokerConnection, topic: str, index: int, offset: int) -> bool | None:
     """Whether a message starts at ``offset`` of partition ``index`` (module docstring);
     None when the broker could not tell (no bytes there)."""
-    if conn.offset(topic, ADMIN_GROUP, index, offset) == offset:
+    start = conn.offset(topic, ADMIN_GROUP, index, offset)
+    if start == offset:
         return True
+    if start < offset <= start + _WALK_BYTES:
+        walked = _walk_to(conn, topic, index, start, offset)
+        if walked is not None:
+            return walked
     try:
         head = bytes(conn.get(topic, ADMIN_GROUP, index, offset, 64))
     except BrokerError as e:
@@ -80,6 +94,26 @@ def on_boundary(conn: BrokerConnection, topic: str, index: int, offset: int) -> 
     if len(whole) < HEADER_SIZE + length:
         return None  # the broker sent less than one message: cannot tell
     return checksum(whole[HEADER_SIZE:HEADER_SIZE + length]) == check
+
+
+def _walk_to(conn: BrokerConnection, topic: str, index: int, start: int,
+             offset: int) -> bool | None:
+    """From the message start ``start``, follow the messages' lengths: True when one
+    starts at ``offset``, False when one spans it, None when the bytes read end first
+    (or hold an impossible length)."""
+    try:
+        data = conn.get(topic, ADMIN_GROUP, index, start, offset - start + HEADER_SIZE)
+    except BrokerError:
+        return None
+    pos, end, want = 0, len(data), offset - start
+    while pos + HEADER_SIZE <= end:
+        length = HEADER.unpack_from(data, pos)[0]
+        if length < 0 or length > MAX_PAYLOAD_SIZE:
+            return None
+        pos += HEADER_SIZE + length
+        if pos >= want:
+            return pos == want
+    return None
 
 
 def read_logs(client: KazooClient, layout: Layout, snapshot: Snapshot, group: str, *,
