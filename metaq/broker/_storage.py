@@ -48,8 +48,10 @@ __all__ = ["Storage", "PartitionLog", "LogSlice"]
 
 log = logging.getLogger(__name__)
 
-#: :meth:`PartitionLog.recent` keeps an append of at most this many bytes.
-_RECENT_MAX = 64 * 1024
+#: :meth:`PartitionLog.recent` keeps an append of at most this many bytes: a lone put's
+#: (what a synchronous slave waits for), never a batch's, so that a broker of many
+#: partitions holds at most this much per partition (a batch's copy is read from the file).
+_RECENT_MAX = 8 * 1024
 
 
 class LogSlice(NamedTuple):
