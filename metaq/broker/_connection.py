@@ -308,8 +308,12 @@ class Connection(asyncio.BufferedProtocol):
 
     def _read_small(self, item: FileReply) -> bytes | None:
         s = item.slice
+        at = s.segment.start + s.position
+        recent = item.plog.recent(at, s.length)  # exactly the last append: no read
         try:
-            return item.header + s.segment.pread(s.segment.start + s.position, s.length)
+            if recent is not None:
+                return item.header + recent
+            return item.header + s.segment.pread(at, s.length)
         except OSError as e:
             log.error("reading %s for %s failed: %s", s.segment.path, self.peer, e)
             self.abort(f"read failed: {e}")
