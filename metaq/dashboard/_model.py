@@ -166,6 +166,9 @@ class Dashboard:
 
     def _conn(self, address: tuple[str, int]) -> BrokerConnection:
         conn = self._conns.get(address)
+        if conn is not None and not conn.idle_and_open():  # the broker closed it (restarted)
+            del self._conns[address]
+            conn = None
         if conn is None:
             conn = BrokerConnection(*address, timeout=self.timeout)
             self._conns[address] = conn

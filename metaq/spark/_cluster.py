@@ -197,7 +197,9 @@ class Cluster:
     def _conn(self, broker_id: int) -> BrokerConnection:
         conn = self._conns.get(broker_id)
         if conn is not None:
-            return conn
+            if conn.idle_and_open():
+                return conn
+            del self._conns[broker_id]  # the broker closed it meanwhile (restarted)
         address = self.address(broker_id)
         if address is None:
             raise ConnectionClosedError(f"broker {broker_id} is not registered in ZooKeeper "
