@@ -105,6 +105,8 @@ class FetchManager:
         #: ``runner_count``
         self._busy = 0
         self._slots = runner_count
+        #: threads in :meth:`remove_many` waiting for runners to let go (under the lock)
+        self._removing = 0
         #: (long-poll thread) what ``_woken`` took for it to deliver, its fetch session,
         #: and until when it leaves deliveries to the runners (a slow listener)
         self._inline: list[tuple[PartitionState, Readahead]] = []
@@ -146,11 +148,15 @@ class FetchManager:
             for pf in pfs:
                 pf.deactivate()
             self._cond.notify_all()
-            while any(pf.busy for pf in pfs):
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._cond.wait(left)
+            self._removing += 1
+            try:
+                while any(pf.busy for pf in pfs):
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._cond.wait(left)
+            finally:
+                self._removing -= 1
             for pf in pfs:
                 self._readahead.pop(pf, None)
         return True
@@ -366,7 +372,12 @@ class FetchManager:
                         self._push(pf, 0.0)
                 else:
                     self._push(pf, delay)
-            self._cond.notify_all()
+            if self._heap or self._removing:
+                # a slot came free for what waits in the queue, or a removal waits for
+                # this let-go; else no runner has anything new to do (a partition
+                # parked on a held get, as after every delivery of an idle consumer:
+                # waking the runners then cost a thread wake-up a message)
+                self._cond.notify_all()
         if parked is not None and not self._poller.park(parked):  # type: ignore[union-attr]
             self._woken(parked, None, True)  # the poller stopped: Metaq's backoff
 

@@ -213,18 +213,17 @@ def test_multiplexed_read_of_any_bytes_is_replies_or_malformed_never_a_crash(dat
         server.close()
 
 
-def test_an_idle_connection_knows_when_its_broker_closed_it(tmp_path):
+def test_an_idle_connection_knows_when_its_broker_closed_it(brokers):
     """What a pool asks before reusing a connection (transactions, the dashboard, the
-    Spark driver): open and quiet while the broker runs; not once the broker stopped
-    (a restart), and then closed, never used again."""
-    with inproc_broker(None, tmp_path / "b", {TOPIC: 1}) as b:
-        conn = BrokerConnection("127.0.0.1", b.config.port, timeout=5)
-        conn.version()
-        assert conn.idle_and_open() and conn.idle_and_open()  # (it reads nothing)
-        conn.version()  # still usable after the look
-        other = BrokerConnection("127.0.0.1", b.config.port, timeout=5)
-    wait_until(lambda: not other.idle_and_open(), 10, what="the stopped broker's close seen")
+    Spark driver): open and quiet while the broker runs; not once the broker's process
+    died (a restart), and then closed, never used again."""
+    b = brokers(0, {TOPIC: 1})
+    conn = BrokerConnection("127.0.0.1", b.port, timeout=5)
+    conn.version()
+    assert conn.idle_and_open() and conn.idle_and_open()  # (it reads nothing)
+    conn.version()  # still usable after the look
+    b.kill()  # SIGKILL: the kernel closes the broker's end
+    wait_until(lambda: not conn.idle_and_open(), 10, what="the dead broker's close seen")
     with pytest.raises(ConnectionClosedError):
-        other.version()
-    conn.close()
+        conn.version()
     assert not conn.idle_and_open()
