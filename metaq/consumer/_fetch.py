@@ -330,11 +330,7 @@ class PartitionFetcher:
         report what is skipped (DamagedMessageError to on_error) and resume there."""
         bad = getattr(err, "offset", pf.offset)
         try:
-            valid = s.offset(bad)
-            if valid <= bad:
-                # the log start is answered without being looked at: the byte after it
-                # is, through the message holding it (this one)
-                valid = max(valid, s.offset(bad + 1))
+            valid = s.resume_after_damage(bad)
         except BrokerError as e:
             log.warning("offset resync of %s/%s failed: %s", pf.topic, pf.partition, e)
             return self._backoff(s)

@@ -219,6 +219,13 @@ class FetchSession:
         assert pf is not None
         return self.connect().offset(pf.topic, self._group, pf.index, offset)
 
+    def resume_after_damage(self, bad: int) -> int:
+        """Where to go on after a damaged message at ``bad`` in the bound partition
+        (``BrokerConnection.resume_after_damage``)."""
+        pf = self.pf
+        assert pf is not None
+        return self.connect().resume_after_damage(pf.topic, self._group, pf.index, bad)
+
     def offset_for_time(self, when_ms: int) -> int:
         """The offset of the first message at or after ``when_ms`` (the broker's time
         index, or a search)."""

@@ -201,6 +201,18 @@ class BrokerConnection:
         except ValueError:
             raise self._malformed(f"offset reply body is not a number: {body[:80]!r}") from None
 
+    def resume_after_damage(self, topic: str, group: str, partition: int, bad: int) -> int:
+        """Where to go on after a damaged message at ``bad``: the broker's nearest valid
+        offset, above ``bad`` when the broker found the damage; ``bad`` itself (or
+        below) when it sees a valid message there.  The broker answers the log start
+        without looking at it, so there the byte after it is asked for too, which it
+        answers through the message holding it (this one).  (A Java broker answers a
+        segment start either way.)"""
+        valid = self.offset(topic, group, partition, bad)
+        if valid <= bad:
+            valid = max(valid, self.offset(topic, group, partition, bad + 1))
+        return valid
+
     def offset_for_time(self, topic: str, group: str, partition: int, when_ms: int
                         ) -> tuple[int, int | None]:
         """``(offset, its msgId time or None at the log end)`` of the first message at or

@@ -169,18 +169,20 @@ class _OnOneBroker:
 
     def _connect(self, broker_id: int, address: BrokerAddress) -> BrokerConnection:
         if self._conn is None:
-            conn = None
-            while conn is None:
-                with self._sender.lock:
-                    idle = self._sender.idle.get(address)
-                    conn = idle.pop() if idle else None
-                if conn is None:
-                    break
-                if not conn.idle_and_open():  # the broker closed it meanwhile (restarted)
-                    conn = None
+            conn = self._pooled(address)
             self._conn = conn or BrokerConnection(*address, timeout=self._sender.send_timeout)
             self._broker = broker_id
         return self._conn
+
+    def _pooled(self, address: BrokerAddress) -> BrokerConnection | None:
+        """An idle connection to ``address`` kept by an earlier transaction, skipping
+        (and closing) those the broker closed meanwhile (it restarted); None: none."""
+        while True:
+            with self._sender.lock:
+                idle = self._sender.idle.get(address)
+                conn = idle.pop() if idle else None
+            if conn is None or conn.idle_and_open():
+                return conn
 
     def _partition(self, topic: str, data: bytes, key: Any,
                    partition: str | None) -> tuple[Partition, BrokerAddress]:

@@ -1142,16 +1142,11 @@ ack_int(PyObject *b)
     return PyNumber_Long(b);
 }
 
-/* ack_result(cls, msg_id, index, offset, broker_id, names) -> cls tuple
- * tuple.__new__(cls, (int(msg_id), names[int(index)], int(offset), broker_id,
- * int(index))): a SendResult from the bytes of a bulk acknowledgement. */
-/* One acknowledgement as a ``cls`` tuple (SendResult or tuple itself):
- * cls((msg_id, name, offset, broker_id, index)); a new reference, or NULL. */
+/* ``items`` (a new tuple; the reference is taken) as a ``cls`` tuple: itself when cls is
+ * tuple, else tuple.__new__(cls, items); a new reference, or NULL. */
 static PyObject *
-ack_pack(PyObject *cls, PyObject *id, PyObject *name, PyObject *offset, PyObject *broker_id,
-         PyObject *index)
+tuple_as(PyObject *cls, PyObject *items)
 {
-    PyObject *items = PyTuple_Pack(5, id, name, offset, broker_id, index);
     if (items == NULL || (PyTypeObject *)cls == &PyTuple_Type)
         return items;
     PyObject *a = PyTuple_Pack(1, items);
@@ -1163,6 +1158,18 @@ ack_pack(PyObject *cls, PyObject *id, PyObject *name, PyObject *offset, PyObject
     return r;
 }
 
+/* One acknowledgement as a ``cls`` tuple (SendResult or tuple itself):
+ * cls((msg_id, name, offset, broker_id, index)); a new reference, or NULL. */
+static PyObject *
+ack_pack(PyObject *cls, PyObject *id, PyObject *name, PyObject *offset, PyObject *broker_id,
+         PyObject *index)
+{
+    return tuple_as(cls, PyTuple_Pack(5, id, name, offset, broker_id, index));
+}
+
+/* ack_result(cls, msg_id, index, offset, broker_id, names) -> cls tuple
+ * tuple.__new__(cls, (int(msg_id), names[int(index)], int(offset), broker_id,
+ * int(index))): a SendResult from the bytes of a bulk acknowledgement. */
 static PyObject *
 py_ack_result(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -2536,15 +2543,7 @@ py_get_line(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         Py_INCREF(v);
     }
     PyTuple_SET_ITEM(items, 7, v);
-    if ((PyTypeObject *)cls == &PyTuple_Type)
-        return items;
-    PyObject *a = PyTuple_Pack(1, items);
-    Py_DECREF(items);
-    if (a == NULL)
-        return NULL;
-    PyObject *r = PyTuple_Type.tp_new((PyTypeObject *)cls, a, NULL);
-    Py_DECREF(a);
-    return r;
+    return tuple_as(cls, items);
 }
 /* ==== end of issue 26 (sync replication) =============================================== */
 

@@ -174,6 +174,11 @@ class _Link:
         return self.call("offset", lambda c: c.offset(r.topic, self.settings.group, r.index,
                                                       offset))
 
+    def resume_after_damage(self, bad: int) -> int:
+        r = self.rng
+        return self.call("offset", lambda c: c.resume_after_damage(
+            r.topic, self.settings.group, r.index, bad))
+
 
 def iter_chunks(rng: OffsetRange, settings: FetchSettings
                 ) -> Iterator[tuple[memoryview, int, Walk]]:
@@ -266,12 +271,7 @@ def _after_corruption(link: _Link, pos: int, until: int, where: str, problem: st
     if fail:
         raise DataLossError(what + " (set failOnDataLoss=false to skip to the next valid "
                             "message)")
-    resume = link.nearest(pos)
-    if resume <= pos:
-        # the broker answers the log start without looking at it: asked for the byte after
-        # it, it looks at the message holding that byte (this one) and names the next
-        # valid message when it is damaged
-        resume = link.nearest(pos + 1)
+    resume = link.resume_after_damage(pos)
     if resume <= pos:
         raise DataLossError(what + f"; the broker names no valid message after it (it "
                             f"answered {resume})")

@@ -267,11 +267,11 @@ def test_status_ignores_a_stale_or_foreign_pid_file(tmp_path: Path) -> None:
 
 
 ORPHAN_SCRIPT = """
-import sys, time
+import signal, sys
 from metaq._zk import ZooKeeperServer
 zk = ZooKeeperServer(data_dir=sys.argv[1]).start()
 print(zk.pid, flush=True)
-time.sleep(600)
+signal.pause()  # until the test kills it
 """
 
 
