@@ -15,6 +15,7 @@ import asyncio
 import collections
 import logging
 import socket
+import threading
 import time
 from typing import Protocol
 
@@ -28,11 +29,25 @@ __all__ = ["Connection", "Host", "SENDFILE_MIN"]
 log = logging.getLogger(__name__)
 
 _CLOSE = object()
-#: Every connection receives into this one buffer (the loop's thread reads one socket at
-#: a time, and the bytes are copied out before anything else runs): a plain
-#: ``recv(256 KiB)`` per read, asyncio's default, costs a fresh mmap of that size each
-#: time (about 11 µs, more than a small put's whole work).
-_RECV_BUFFER = memoryview(bytearray(256 * 1024))
+#: The connections of one event loop receive into one buffer (the loop's thread reads
+#: one socket at a time, and the bytes are copied out before anything else runs): a
+#: plain ``recv(256 KiB)`` per read, asyncio's default, costs a fresh mmap of that size
+#: each time (about 11 µs, more than a small put's whole work).  One buffer per thread,
+#: never one per process: brokers embedded in one process each run their own loop in
+#: their own thread, and a ``recv_into`` releases the GIL, so a shared buffer would let
+#: one broker's read overwrite another's bytes before they are copied out.
+_RECV_BUFFERS = threading.local()
+_RECV_SIZE = 256 * 1024
+
+
+def _recv_buffer() -> memoryview:
+    """This thread's receive buffer (made on its first connection)."""
+    buf = getattr(_RECV_BUFFERS, "buf", None)
+    if buf is None:
+        buf = _RECV_BUFFERS.buf = memoryview(bytearray(_RECV_SIZE))
+    return buf
+
+
 #: ``get`` replies at least this big go out with sendfile; smaller ones are copied.
 SENDFILE_MIN = 64 * 1024
 _WRITE_BATCH = 256 * 1024
@@ -101,6 +116,8 @@ class Connection(asyncio.BufferedProtocol):
         self._dropped = 0  # replies not sent because the client had gone
         #: this client's held gets (see ``_hold``), answered outside the reply order
         self.held: dict = {}
+        #: what it receives into: its loop's thread's buffer (made in that thread)
+        self._recv = _recv_buffer()
 
     # -- asyncio callbacks -----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -119,10 +136,10 @@ class Connection(asyncio.BufferedProtocol):
             self._arm(self.accepted_at + self.server.config.first_request_timeout)
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return _RECV_BUFFER
+        return self._recv
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.data_received(_RECV_BUFFER[:nbytes].tobytes())
+        self.data_received(self._recv[:nbytes].tobytes())
 
     def data_received(self, data: bytes) -> None:
         now = self.last_seen = time.monotonic()

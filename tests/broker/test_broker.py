@@ -670,3 +670,47 @@ def test_config_validation_names_the_field(tmp_path, field, value):
     kw = {"broker_id": 1, "data_dir": tmp_path, field: value}
     with pytest.raises(metaq.ConfigError, match=field):
         BrokerConfig(**kw)
+
+
+def test_brokers_embedded_in_one_process_never_mix_their_reads(tmp_path):
+    """Brokers in one process each run their loop in their own thread, and a socket read
+    releases the GIL: every connection of every broker reading into one shared buffer let
+    one broker's read overwrite another's bytes before they were copied out (a slave's
+    get or a producer's put cut in two: ``unknown command``, a copy that never came).
+    Each loop thread has its own buffer: here clients stream puts to two brokers at
+    once, one put per write (a read each), and every reply is a success and every log
+    holds exactly the payloads sent to it."""
+    per_client, clients = 1000, 3
+    with Broker(make_config(tmp_path / "a", broker_id=1)) as a, \
+            Broker(make_config(tmp_path / "b", broker_id=2)) as b:
+        failures: list = []
+        sent: dict[int, list[bytes]] = {a.port: [], b.port: []}
+        lock = threading.Lock()
+        start = threading.Barrier(2 * clients)
+
+        def produce(port: int, k: int) -> None:
+            c = RawClient(port)
+            payloads = [b"%d:%d:%d:" % (port, k, i) + bytes([97 + i % 26]) * (i % 300)
+                        for i in range(per_client)]
+            start.wait(10)
+            try:
+                for i, p in enumerate(payloads):  # one put per write: one read each
+                    c.send(encode_put("t", 0, p, 0, checksum(p), i + 1))
+                replies = c.replies(per_client)
+            finally:
+                c.close()
+            with lock:
+                failures.extend(r for r in replies if r.code != 200)
+                sent[port].extend(payloads)
+
+        threads = [threading.Thread(target=produce, args=(port, k), name=f"prod-{port}-{k}")
+                   for k in range(clients) for port in (a.port, b.port)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not failures, failures[:3]
+        for broker in (a, b):
+            seg = (broker.config.data_dir / "t-0" / "00000000000000000000.meta").read_bytes()
+            stored = sorted(bytes(m.payload) for m in iter_messages(seg, 0))
+            assert stored == sorted(sent[broker.port])
