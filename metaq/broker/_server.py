@@ -165,6 +165,10 @@ class BrokerServer:
         #: answer ``sync`` (a master replicating a put, :meth:`_sync`): a slave's broker
         #: sets it; otherwise a sync is answered 403
         self.accepts_sync = False
+        #: :meth:`close` began: a connection still being made is refused
+        self._shutting_down = False
+        #: every connection made and not lost yet, refused ones included
+        self._made: set[Connection] = set()
 
     async def start(self) -> int:
         self._server = await asyncio.get_running_loop().create_server(
@@ -174,11 +178,29 @@ class BrokerServer:
         return self.port
 
     async def close(self) -> None:
+        """Stop accepting, close every connection and wait (a second at most) until
+        every socket is closed, so no client is left connected to a stopped broker.
+
+        Accepting stops first (the listening socket's reader is removed), the socket
+        itself is closed last: asyncio makes the connections accepted just before
+        (two turns of the loop: the accept's task, then ``connection_made``, where they
+        are refused), and a connection made after ``Server.close()`` would fail to
+        attach to the closed server (CPython 3.11 asserts) and leak its socket until a
+        garbage collection."""
+        self._shutting_down = True
+        loop = asyncio.get_running_loop()
         if self._server is not None:
-            self._server.close()
+            for sock in self._server.sockets:
+                loop.remove_reader(sock.fileno())
         for conn in list(self.connections):
             conn.abort("broker shutting down")
+        deadline = loop.time() + 1.0
+        turns = 0
+        while (turns < 2 or self._made) and loop.time() < deadline:
+            await asyncio.sleep(0 if turns < 20 else 0.01)
+            turns += 1
         if self._server is not None:
+            self._server.close()
             await self._server.wait_closed()
         self.tx.close()
         self.producers.close()
@@ -214,6 +236,9 @@ class BrokerServer:
         ``evict_unused_connections``, a connection that has not sent a whole request
         yet makes way for it (:meth:`_make_room`)."""
         self.stats["connections_total"] += 1
+        self._made.add(conn)
+        if self._shutting_down:
+            return False
         address = conn.address
         why = self.admit(address)
         if why is not None and self.config.evict_unused_connections:
@@ -292,6 +317,7 @@ class BrokerServer:
 
     def connection_closed(self, conn: Connection) -> None:
         """``conn`` is gone: forget it and its held gets."""
+        self._made.discard(conn)
         self._forget(conn)
         if conn.held:
             self.held.drop(conn)

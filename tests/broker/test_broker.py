@@ -714,3 +714,47 @@ def test_brokers_embedded_in_one_process_never_mix_their_reads(tmp_path):
             seg = (broker.config.data_dir / "t-0" / "00000000000000000000.meta").read_bytes()
             stored = sorted(bytes(m.payload) for m in iter_messages(seg, 0))
             assert stored == sorted(sent[broker.port])
+
+
+def test_a_stopped_broker_leaves_no_client_connected(tmp_path):
+    """Clients keep connecting while the broker stops: every connection the kernel
+    accepted, the last ones included (accepted before the listening socket closed,
+    made by the loop after), is closed by the stop; none is left open with nobody
+    behind it, a client waiting on it until its own timeout."""
+    broker = Broker(make_config(tmp_path)).start()
+    opened: list[socket.socket] = []
+    stop = threading.Event()
+
+    def connect() -> None:
+        while not stop.is_set():
+            try:
+                s = socket.create_connection(("127.0.0.1", broker.port), timeout=2)
+            except OSError:
+                continue  # refused once the listening socket is closed
+            opened.append(s)
+
+    t = threading.Thread(target=connect, name="connector")
+    t.start()
+    try:
+        wait_until(lambda: len(opened) >= 50, 10, what="clients connected")
+        broker.stop()
+    finally:
+        stop.set()
+        t.join(10)
+
+    def closed(s: socket.socket) -> bool:
+        try:
+            return s.recv(1) == b""
+        except TimeoutError:
+            return False
+        except OSError:
+            return True  # reset
+
+    for s in opened:
+        s.settimeout(0.05)
+    try:
+        wait_until(lambda: all(closed(s) for s in opened), 10,
+                   what="every connection closed by the stopped broker")
+    finally:
+        for s in opened:
+            s.close()
