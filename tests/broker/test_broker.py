@@ -689,16 +689,21 @@ def test_brokers_embedded_in_one_process_never_mix_their_reads(tmp_path):
         start = threading.Barrier(2 * clients)
 
         def produce(port: int, k: int) -> None:
-            c = RawClient(port)
-            payloads = [b"%d:%d:%d:" % (port, k, i) + bytes([97 + i % 26]) * (i % 300)
-                        for i in range(per_client)]
-            start.wait(10)
             try:
-                for i, p in enumerate(payloads):  # one put per write: one read each
-                    c.send(encode_put("t", 0, p, 0, checksum(p), i + 1))
-                replies = c.replies(per_client)
-            finally:
-                c.close()
+                c = RawClient(port)
+                payloads = [b"%d:%d:%d:" % (port, k, i) + bytes([97 + i % 26]) * (i % 300)
+                            for i in range(per_client)]
+                start.wait(10)
+                try:
+                    for i, p in enumerate(payloads):  # one put per write: one read each
+                        c.send(encode_put("t", 0, p, 0, checksum(p), i + 1))
+                    replies = c.replies(per_client)
+                finally:
+                    c.close()
+            except Exception as e:  # noqa: BLE001 - reported by the test below
+                with lock:
+                    failures.append(e)
+                return
             with lock:
                 failures.extend(r for r in replies if r.code != 200)
                 sent[port].extend(payloads)
@@ -709,6 +714,7 @@ def test_brokers_embedded_in_one_process_never_mix_their_reads(tmp_path):
             t.start()
         for t in threads:
             t.join(60)
+        assert not any(t.is_alive() for t in threads)
         assert not failures, failures[:3]
         for broker in (a, b):
             seg = (broker.config.data_dir / "t-0" / "00000000000000000000.meta").read_bytes()
