@@ -33,7 +33,11 @@ naming topic, partition and offset):
   ``updateConsumerOffsets=false`` answers a get past its max offset 404, so one
   whose log was cut below this slave's end is not noticed);
 - a write that fails (a full disk): copying pauses, ``stopped``, and is tried
-  again every ``retry_delay``.
+  again every ``retry_delay``;
+- a get the master leaves unanswered for ``answer_timeout`` seconds past its hold
+  (a request lost on its way, a master stuck): the connection is closed and made
+  again, the copy asks again from its end (logged, ``replication_get_timeouts``);
+  a copy never waits on its master forever.
 
 New topics and partitions of the master reach :meth:`Follower.set_partitions`
 from the broker's ZooKeeper thread; the master's address (and its changes)
@@ -178,8 +182,8 @@ class _MasterLink(asyncio.Protocol):
     def forget(self, opaque: int) -> None:
         self.pending.pop(opaque, None)
 
-    def close(self) -> None:
-        self._fail(ConnectionClosedError("follower stopped", address=self.address))
+    def close(self, why: str = "follower stopped") -> None:
+        self._fail(ConnectionClosedError(why, address=self.address))
 
 
 class PartitionCopy:
@@ -187,7 +191,7 @@ class PartitionCopy:
 
     __slots__ = ("plog", "state", "problem", "copied_bytes", "copied_messages",
                  "caught_up_at", "task", "max_size", "below_since", "records_to",
-                 "applying", "pushed", "asked_at", "get_head", "fast")
+                 "applying", "pushed", "asked_at", "get_head", "fast", "asked_time")
 
     def __init__(self, plog: PartitionLog, max_size: int) -> None:
         self.plog = plog
@@ -211,6 +215,8 @@ class PartitionCopy:
         self.below_since: float | None = None
         #: the offset the get in flight asked from
         self.asked_at = 0
+        #: when the get in flight was sent (None: none waits for its answer)
+        self.asked_time: float | None = None
         #: the start of its gets (``encode_get_head``: names checked once)
         self.get_head: bytes | None = None
         #: (link, hold, the fast path's handler for them), made once per link
@@ -238,7 +244,7 @@ class Follower:
                  tx: TxCopy | None = None, watermarks: WatermarkCopy | None = None,
                  hold_ms: int = 500, poll_delay: float = 0.1,
                  retry_delay: float = 1.0, connect_timeout: float = 5.0,
-                 flush_grace: float = 15.0) -> None:
+                 flush_grace: float = 15.0, answer_timeout: float = 10.0) -> None:
         self.storage = storage
         self.replica = replica
         self.group = replica_group(replica)
@@ -263,6 +269,10 @@ class Follower:
         #: how long :meth:`stop` waits for producer records already asked for
         self.records_grace = 2.0
         self.flush_grace = flush_grace
+        #: how long past its hold a get may wait for its answer before the connection
+        #: is made again (:meth:`_watch`)
+        self.answer_timeout = answer_timeout
+        self._watch_task: asyncio.Task | None = None
         self.master: BrokerAddress | None = None
         self.copies: dict[tuple[str, int], PartitionCopy] = {}
         self._link: _MasterLink | None = None
@@ -346,10 +356,10 @@ class Follower:
         self._linked.clear()
 
     def _cancel_feeds(self) -> None:
-        for task in (self._tx_task, self._hw_task):
+        for task in (self._tx_task, self._hw_task, self._watch_task):
             if task is not None:
                 task.cancel()
-        self._tx_task = self._hw_task = None
+        self._tx_task = self._hw_task = self._watch_task = None
 
     async def _connect(self, master: BrokerAddress) -> None:
         loop = asyncio.get_running_loop()
@@ -377,6 +387,8 @@ class Follower:
             if self.watermarks is not None and WATERMARK_CAPABILITY in link.capabilities:
                 self._hw_task = loop.create_task(self.watermarks.run(link),
                                                  name=f"metaq-follower-{self.replica}-hw")
+            self._watch_task = loop.create_task(self._watch(link),
+                                                name=f"metaq-follower-{self.replica}-watch")
             self._linked.set()
             log.info("replica %d: copying from %s:%d", self.replica, master[0], master[1])
             err = await link.closed
@@ -387,6 +399,27 @@ class Follower:
                 log.warning("replica %d: connection to master lost (%s); reconnecting",
                             self.replica, err)
             await asyncio.sleep(min(self.retry_delay, 0.2))
+
+    async def _watch(self, link: _MasterLink) -> None:
+        """While ``link`` is this follower's: close it when a get waits for its answer
+        ``answer_timeout`` seconds past its hold (the connector makes it again; every
+        copy asks again from its end)."""
+        hold = (self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0) / 1000.0
+        while self._link is link and not link.closed.done():
+            await asyncio.sleep(max(0.05, min(1.0, self.answer_timeout / 4)))
+            limit = hold + self.answer_timeout
+            now = time.monotonic()
+            late = [c for c in self.copies.values()
+                    if c.asked_time is not None and now - c.asked_time > limit]
+            if late and self._link is link:
+                plog = late[0].plog
+                self.stats["replication_get_timeouts"] += 1
+                log.warning("replica %d: the master %s:%d left a get of %s-%d at offset %d "
+                            "unanswered for over %gs; connecting again", self.replica,
+                            link.address[0], link.address[1], plog.topic, plog.partition,
+                            late[0].asked_at, limit)
+                link.close(f"a get unanswered for over {limit:g}s")
+                return
 
     # -- one partition ---------------------------------------------------------------------
     async def _copy(self, copy: PartitionCopy) -> None:
@@ -427,8 +460,10 @@ class Follower:
                             copy.records_to = offset
                     ahead, ahead_on = self._get(link, copy, offset, hold), link
                 reply, ahead = await ahead, None
+                copy.asked_time = None
                 offset = copy.asked_at  # (the fast path may have copied and asked on)
             except BrokerUnavailableError:
+                copy.asked_time = None
                 ahead = ahead_on = None
                 copy.pushed = None
                 if self._link is link:  # the connector reconnects; wait for it
@@ -496,6 +531,7 @@ class Follower:
         path, :meth:`_copied_now`): appended, and the next get sent, in the same call,
         the future left waiting; anything else resolves it for the copy task."""
         copy.asked_at = offset
+        copy.asked_time = time.monotonic()
         head = copy.get_head
         if head is None:
             plog = copy.plog

@@ -198,3 +198,41 @@ def test_a_restarted_slave_serves_what_it_holds_before_its_master_is_back(
     with Broker(cfg) as slave:  # no master now
         assert slave.topics == {"o": 2}
         assert [slave.offsets("o", p) for p in range(2)] == held
+
+
+def test_a_get_its_master_never_answers_does_not_stall_the_slave(zk_connect, broker_factory,
+                                                                 tmp_path):
+    """A slave's get that its master never answers (a request lost on its way, a stuck
+    master) does not stop the copy for good: after its hold and ``answer_timeout`` the
+    slave connects again and asks again, and copies what came meanwhile."""
+    from metaq.protocol import replica_of_group
+
+    master = broker_factory({"t": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m")
+    slave = broker_factory({}, zk_connect=zk_connect, slave_of=0, data_dir=tmp_path / "s")
+    follower = wait_until(lambda: slave._role.follower, 10, what="the slave's follower")
+    follower.answer_timeout = 0.5
+    with Producer(zk_connect) as producer:
+        for i in range(10):
+            producer.send("t", b"before %d" % i)
+        wait_until(lambda: slave.offsets("t", 0) == master.offsets("t", 0), 20,
+                   what="the slave to copy the first messages")
+        held = master._server.held
+        hold = held.hold
+        swallowed: list = []
+
+        def swallow(conn, req, plog):  # noqa: ANN001, ANN202 - HeldGets.hold's signature
+            if replica_of_group(req.group) is not None and not swallowed:
+                swallowed.append(req)
+                return True  # "held", never answered: the get is lost
+            return hold(conn, req, plog)
+
+        held.hold = swallow
+        wait_until(lambda: swallowed, 10, what="a slave's get to be lost")
+        for i in range(10):
+            producer.send("t", b"after %d" % i)
+    wait_until(lambda: slave.offsets("t", 0) == master.offsets("t", 0), 20,
+               what="the slave to copy past the lost get")
+    assert same_logs(tmp_path / "m", tmp_path / "s", {"t": 1})
+    stats = dict(line.split()[1:3] for line in slave.stats().splitlines()
+                 if line.startswith("STAT "))
+    assert int(stats.get("replication_get_timeouts", 0)) == 1, stats
