@@ -36,7 +36,7 @@ naming topic, partition and offset):
   again every ``retry_delay``;
 - a get the master leaves unanswered for ``answer_timeout`` seconds past its hold
   (a request lost on its way, a master stuck): the connection is closed and made
-  again, the copy asks again from its end (logged, ``replication_get_timeouts``);
+  again, the copy asks again from its end (logged, ``replication_request_timeouts``);
   a copy never waits on its master forever.
 
 New topics and partitions of the master reach :meth:`Follower.set_partitions`
@@ -154,6 +154,24 @@ class _MasterLink(asyncio.Protocol):
             raise self.closed.result()
         opaque = next(self.opaques) & OPAQUE_MASK
         return self.send(opaque, encode(opaque), fut, fast)
+
+    async def ask(self, encode: Callable[[int], bytes], limit: float, what: str,
+                  stats: collections.Counter) -> object:
+        """:meth:`request`, its reply awaited ``limit`` seconds at most: one that does not
+        come (a request lost on its way, a stuck master) closes this connection, which
+        the follower makes again, and raises BrokerUnavailableError (counted in
+        ``stats`` as ``replication_request_timeouts``).  For the requests a master holds
+        (``txlog``, ``watermarks``): ``limit`` is their hold and a margin."""
+        try:
+            return await asyncio.wait_for(self.request(encode), limit)
+        except TimeoutError:
+            stats["replication_request_timeouts"] += 1
+            why = f"{what} unanswered for over {limit:g}s"
+            log.warning("master %s:%d left %s; connecting again", self.address[0],
+                        self.address[1], why)
+            self.close(why)
+            raise BrokerUnavailableError(f"master {self.address[0]}:{self.address[1]} left "
+                                         f"{why}", address=self.address) from None
 
     def next_opaque(self) -> int:
         """An opaque for a request given to :meth:`send`."""
@@ -401,9 +419,9 @@ class Follower:
             await asyncio.sleep(min(self.retry_delay, 0.2))
 
     async def _watch(self, link: _MasterLink) -> None:
-        """While ``link`` is this follower's: close it when a get waits for its answer
-        ``answer_timeout`` seconds past its hold (the connector makes it again; every
-        copy asks again from its end)."""
+        """While ``link`` is this follower's: close it when a copy's get (or its
+        ``offset`` on connecting) waits for its answer ``answer_timeout`` seconds past its
+        hold (the connector makes it again; every copy asks again from its end)."""
         hold = (self.hold_ms if HOLD_CAPABILITY in link.capabilities else 0) / 1000.0
         while self._link is link and not link.closed.done():
             await asyncio.sleep(max(0.05, min(1.0, self.answer_timeout / 4)))
@@ -413,7 +431,7 @@ class Follower:
                     if c.asked_time is not None and now - c.asked_time > limit]
             if late and self._link is link:
                 plog = late[0].plog
-                self.stats["replication_get_timeouts"] += 1
+                self.stats["replication_request_timeouts"] += 1
                 log.warning("replica %d: the master %s:%d left a get of %s-%d at offset %d "
                             "unanswered for over %gs; connecting again", self.replica,
                             link.address[0], link.address[1], plog.topic, plog.partition,
@@ -441,8 +459,10 @@ class Follower:
             try:
                 if ahead is None:
                     if checked is not link:  # once per connection: does the master reach us?
+                        copy.asked_time = time.monotonic()  # (watched as a get is)
                         ans = await link.request(lambda o, t=topic, p=p, off=offset:
                                                  encode_offset(t, self.group, p, off, o))
+                        copy.asked_time = None
                         # a Java master answers the start of a position's segment, not of
                         # its message: only an exact (+boundary) answer can be checked
                         if (type(ans) is Result and ans.code == 200

@@ -236,13 +236,16 @@ class TxCopy:
 
     def __init__(self, journal: TxJournal, *, replica: int, stats: collections.Counter,
                  executor: object = None, hold_ms: int = 5000,
-                 retry_delay: float = 1.0) -> None:
+                 retry_delay: float = 1.0, answer_timeout: float = 10.0) -> None:
         self.journal = journal
         self.replica = replica
         self.stats = stats
         self.executor = executor
         self.hold_ms = hold_ms
         self.retry_delay = retry_delay
+        #: how long past its hold a request may wait for its answer before the
+        #: connection is made again (a lost request would stop the feed for good)
+        self.answer_timeout = answer_timeout
         #: what this slave holds of its master's feed: (incarnation, last event)
         self.incarnation = 0
         self.seq = 0
@@ -256,8 +259,9 @@ class TxCopy:
         """One ``txlog`` request on ``link`` (``_follower``'s master link) and its
         records stored; False when the answer could not be used (asked again)."""
         inc, seq = self.incarnation, self.seq
-        reply = await link.request(  # type: ignore[attr-defined]
-            lambda o: encode_txlog(self.replica, inc, seq, hold_ms, o))
+        reply = await link.ask(  # type: ignore[attr-defined]
+            lambda o: encode_txlog(self.replica, inc, seq, hold_ms, o),
+            hold_ms / 1000.0 + self.answer_timeout, "a txlog request", self.stats)
         if type(reply) is Result and reply.code != 200:
             self.problem = f"master answered {reply.code}: " \
                            f"{reply.body.decode('utf-8', 'replace')}"

@@ -98,13 +98,17 @@ class WatermarkCopy:
     """A slave's copy of its master's watermarks (event loop only)."""
 
     def __init__(self, storage: Storage, *, replica: int, stats: collections.Counter,
-                 hold_ms: int = 5000, interval: float = 0.01, retry_delay: float = 1.0) -> None:
+                 hold_ms: int = 5000, interval: float = 0.01, retry_delay: float = 1.0,
+                 answer_timeout: float = 10.0) -> None:
         self.storage = storage
         self.replica = replica
         self.stats = stats
         self.hold_ms = hold_ms
         self.interval = interval
         self.retry_delay = retry_delay
+        #: how long past its hold a request may wait for its answer before the
+        #: connection is made again (a lost request would stop the watermarks for good)
+        self.answer_timeout = answer_timeout
         self.version = 0
         #: the master's watermark per partition, kept for partitions not open here yet
         self.marks: dict[tuple[str, int], int | None] = {}
@@ -127,8 +131,9 @@ class WatermarkCopy:
         """One ``watermarks`` request and its answer applied; False when it could not
         be used."""
         version = self.version
-        reply = await link.request(  # type: ignore[attr-defined]
-            lambda o: encode_watermarks(self.replica, version, self.hold_ms, o))
+        reply = await link.ask(  # type: ignore[attr-defined]
+            lambda o: encode_watermarks(self.replica, version, self.hold_ms, o),
+            self.hold_ms / 1000.0 + self.answer_timeout, "a watermarks request", self.stats)
         if type(reply) is Result and reply.code != 200:
             self.problem = f"master answered {reply.code}: " \
                            f"{reply.body.decode('utf-8', 'replace')}"

@@ -31,6 +31,9 @@ class Link:
         fut.set_result(self.answers.pop(0))
         return fut
 
+    async def ask(self, encode, limit, what, stats):  # noqa: ANN001, ANN201 - _MasterLink's
+        return await self.request(encode)
+
 
 def ok(body: bytes) -> Result:
     return Result(200, body, 1)

@@ -78,3 +78,41 @@ def test_a_slave_serves_consumers_only_below_its_masters_watermark(zk_connect, b
             slaves[0].resume()
         wait_until(lambda: readable(slaves[1].port, second.offset), 10,
                    what="the message on slave 2 once slave 1 has it too")
+
+
+def test_a_watermarks_request_its_master_never_answers_does_not_freeze_the_slave(
+        zk_connect, broker_factory, tmp_path):
+    """A slave's ``watermarks`` request its master never answers (lost on its way) does
+    not freeze what the slave's consumers may read: after its hold and
+    ``answer_timeout`` the slave connects again and learns the master's watermark."""
+    master = broker_factory({"h": 1}, zk_connect=zk_connect, data_dir=tmp_path / "m")
+    slave = broker_factory({}, zk_connect=zk_connect, slave_of=0, data_dir=tmp_path / "s")
+    follower = wait_until(lambda: slave._role.follower, 10, what="the slave's follower")
+    marks = follower.watermarks
+    marks.hold_ms, marks.answer_timeout = 200, 0.5
+
+    def slave_mark() -> int | None:
+        return slave._call(lambda: slave._storage.get("h", 0).high_watermark)
+
+    with Producer(zk_connect) as producer:
+        producer.send("h", b"first")
+        end = master.offsets("h", 0)[1]
+        wait_until(lambda: slave_mark() == end, 20, what="the slave to learn the watermark")
+        feed = master._role.replicas.watermarks
+        request = feed.request
+        swallowed: list = []
+
+        def swallow(conn, r):  # noqa: ANN001, ANN202 - WatermarkFeed.request's signature
+            if not swallowed:
+                swallowed.append(r)
+                return  # never answered: the request is lost
+            request(conn, r)
+
+        feed.request = swallow
+        wait_until(lambda: swallowed, 10, what="a watermarks request to be lost")
+        producer.send("h", b"second")
+    end = master.offsets("h", 0)[1]
+    wait_until(lambda: slave_mark() == end, 20, what="the slave to learn the new watermark")
+    stats = dict(line.split()[1:3] for line in slave.stats().splitlines()
+                 if line.startswith("STAT "))
+    assert int(stats["replication_request_timeouts"]) == 1, stats

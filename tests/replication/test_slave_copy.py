@@ -235,4 +235,4 @@ def test_a_get_its_master_never_answers_does_not_stall_the_slave(zk_connect, bro
     assert same_logs(tmp_path / "m", tmp_path / "s", {"t": 1})
     stats = dict(line.split()[1:3] for line in slave.stats().splitlines()
                  if line.startswith("STAT "))
-    assert int(stats.get("replication_get_timeouts", 0)) == 1, stats
+    assert int(stats.get("replication_request_timeouts", 0)) == 1, stats
