@@ -165,13 +165,18 @@ class _MasterLink(asyncio.Protocol):
         try:
             return await asyncio.wait_for(self.request(encode), limit)
         except TimeoutError:
-            stats["replication_request_timeouts"] += 1
             why = f"{what} unanswered for over {limit:g}s"
-            log.warning("master %s:%d left %s; connecting again", self.address[0],
-                        self.address[1], why)
-            self.close(why)
+            self.give_up(why, stats)
             raise BrokerUnavailableError(f"master {self.address[0]}:{self.address[1]} left "
                                          f"{why}", address=self.address) from None
+
+    def give_up(self, why: str, stats: collections.Counter) -> None:
+        """A request of this connection went unanswered (``why`` names it): counted,
+        logged, and the connection closed (the follower makes it again)."""
+        stats["replication_request_timeouts"] += 1
+        log.warning("master %s:%d left %s; connecting again", self.address[0],
+                    self.address[1], why)
+        self.close(why)
 
     def next_opaque(self) -> int:
         """An opaque for a request given to :meth:`send`."""
@@ -431,12 +436,9 @@ class Follower:
                     if c.asked_time is not None and now - c.asked_time > limit]
             if late and self._link is link:
                 plog = late[0].plog
-                self.stats["replication_request_timeouts"] += 1
-                log.warning("replica %d: the master %s:%d left a get of %s-%d at offset %d "
-                            "unanswered for over %gs; connecting again", self.replica,
-                            link.address[0], link.address[1], plog.topic, plog.partition,
-                            late[0].asked_at, limit)
-                link.close(f"a get unanswered for over {limit:g}s")
+                link.give_up(f"replica {self.replica}'s get of {plog.topic}-{plog.partition} "
+                             f"at offset {late[0].asked_at} unanswered for over {limit:g}s",
+                             self.stats)
                 return
 
     # -- one partition ---------------------------------------------------------------------

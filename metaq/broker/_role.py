@@ -389,8 +389,8 @@ class Role:
             if txs.get("problem"):
                 lines.append(f"replication_problem transactions - stopped {txs['problem']}")
         for key in ("replication_copied_bytes", "replication_copied_messages",
-                    "replication_diverged", "replication_resets", "replication_request_timeouts",
-                    "replication_joins",
+                    "replication_diverged", "replication_resets",
+                    "replication_request_timeouts", "replication_joins",
                     "replication_leaves", "replication_alone", "replication_truncated_bytes",
                     "put_refused_lease", "put_refused_role", "replication_tx_events",
                     "replication_tx_applied", "replication_tx_snapshots",
