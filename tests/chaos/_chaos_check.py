@@ -463,7 +463,10 @@ def check(*, acked: dict[int, tuple[str, int]], events: list[Event],
 
     # 2. contiguity within a run
     known: dict[str, list[int]] = defaultdict(list)
-    for p, off in set(bodies) | set(acked.values()):
+    # a reported damage's bounds are message boundaries too: the damaged message may
+    # never have been acknowledged (written, then the broker stopped before it answered)
+    bounds = {(p, off) for p, ranges in damage.items() for r in ranges for off in r}
+    for p, off in set(bodies) | set(acked.values()) | bounds:
         known[p].append(off)
     nxt: dict[str, dict[int, int]] = {}
     for p, offs in known.items():

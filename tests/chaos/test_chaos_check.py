@@ -196,6 +196,20 @@ def test_an_undelivered_message_reported_as_damaged_is_not_lost(clean: History) 
     assert v.violations == [] and v.metrics["damaged_reported"] == 1
 
 
+def test_a_new_owner_stepping_over_an_unacknowledged_damaged_message(clean: History) -> None:
+    # the message at 40 was written but never acknowledged (the broker stopped before
+    # it answered), then damaged on disk; the committed offset points at it
+    clean.acked[5] = ("0-0", 50)
+    clean.commits["0-0"] = [Commit(3.0, 0, 40, 3.0, 100)]
+    clean.events.append(ev("R", 3.5, "0#1", "0-0", session=S0))
+    clean.events.append(ev("A", 4.0, "1#1", "0-0", session=S1))
+    clean.events.append(ev("D", 4.05, "1#1", "0-0", 40, "50"))
+    clean.events.append(ev("M", 4.1, "1#1", "0-0", 50, "seq-5"))
+    assert clean.verdict().violations == []
+    clean.events[-2] = ev("D", 4.05, "1#1", "0-0", 30, "40")  # reported elsewhere
+    assert "start-not-committed" in clean.kinds()
+
+
 def test_a_damage_report_elsewhere_does_not_excuse_a_loss(clean: History) -> None:
     del clean.events[3]
     clean.events.insert(3, ev("D", 2.25, "0#1", "0-0", 30, "40"))  # not where it is missing
