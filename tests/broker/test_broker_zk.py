@@ -238,3 +238,29 @@ def test_restart_right_after_kill_9_waits_for_the_old_session(tmp_path, zk_conne
                 p.send_signal(signal.SIGTERM)
                 p.wait(30)
     assert second.returncode == 0
+
+
+def test_a_test_broker_whose_picked_port_was_taken_moves_to_another(zk_connect, tmp_path,
+                                                                      monkeypatch):
+    """The test helper picks a free port, releases it, and the broker binds it: another
+    process can take it in between (parallel runs).  A first start then moves to a new
+    port instead of failing the test; the port stays fixed across restarts."""
+    import socket
+
+    from helpers import procs
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = procs.free_port
+    monkeypatch.setattr(procs, "free_port", lambda: next(ports, None) or real())
+    with taken, procs.BrokerProc(zk_connect, 7, tmp_path / "b7", {"t": 1}) as broker:
+        broker.start()
+        assert broker.port != taken.getsockname()[1]
+        assert b"address already in use" in broker.log_path.read_bytes()
+        with broker.connection() as conn:
+            assert procs.read_partition(conn, "t", 0) == []  # it serves on the new port
+        moved_to = broker.port
+        broker.restart()
+        assert broker.port == moved_to

@@ -113,6 +113,7 @@ class BrokerProc:
         self.data_dir = Path(data_dir)
         self.topics = dict(topics)
         self.port = port or free_port()
+        self._port_picked = port is None  # ours to change if another process takes it
         self.zk_root = zk_root
         self.layout = Layout(zk_root)
         self.log_path = self.data_dir.with_name(self.data_dir.name + ".log")
@@ -148,6 +149,39 @@ class BrokerProc:
             self._killed = False
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(f"zk_session_timeout = {float(self.zk_session_timeout)}\n")
+        for _attempt in range(5):
+            self._spawn()
+            if not wait:
+                return self
+            if not (self.starts == 1 and self._port_picked and self._lost_the_port()):
+                break
+            # Another process took the port between free_port() and the broker's bind
+            # (parallel test runs): a first start may move; a restart keeps its address.
+            self.port = free_port()
+            self.args[self.args.index("--port") + 1] = str(self.port)
+            self.starts = 0
+        if wait:
+            self.wait_serving(timeout)
+            self.wait_registered(timeout)
+        return self
+
+    def _lost_the_port(self) -> bool:
+        """Wait until the process serves or exits; True when it exited because its port
+        was in use."""
+        assert self.proc is not None
+        def settled() -> bool:
+            return self.proc.poll() is not None or b"serving on" in self._log_since_mark()
+        wait_until(settled, _STARTUP_TIMEOUT, 0.02,
+                   what=f"broker {self.broker_id} to serve or exit (log {self.log_path})")
+        return (self.proc.poll() is not None
+                and b"address already in use" in self._log_since_mark())
+
+    def _log_since_mark(self) -> bytes:
+        with open(self.log_path, "rb") as f:
+            f.seek(self._log_mark)
+            return f.read()
+
+    def _spawn(self) -> None:
         self.starts += 1
         with open(self.log_path, "ab") as logf:
             logf.write(f"\n=== start #{self.starts}: {' '.join(self.args)}\n".encode())
@@ -155,10 +189,6 @@ class BrokerProc:
             self._log_mark = logf.tell()
             self.proc = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL)
-        if wait:
-            self.wait_serving(timeout)
-            self.wait_registered(timeout)
-        return self
 
     def restart(self, *, timeout: float = _STARTUP_TIMEOUT) -> BrokerProc:
         """Start again after :meth:`kill` or :meth:`stop` (same id, port, data, flags)."""
@@ -215,9 +245,7 @@ class BrokerProc:
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"broker {self.broker_id} exited with {self.proc.returncode} "
                                  f"while starting:\n{self.log_tail()}")
-        with open(self.log_path, "rb") as f:
-            f.seek(self._log_mark)
-            return b"serving on" in f.read()
+        return b"serving on" in self._log_since_mark()
 
     def wait_serving(self, timeout: float = _STARTUP_TIMEOUT) -> None:
         """Wait for the broker's ``serving on host:port`` line."""
