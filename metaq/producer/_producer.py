@@ -60,6 +60,7 @@ from metaq.producer._router import Router
 from metaq.producer._send import Send, SendResult
 from metaq.producer._transaction import LocalTransaction, TxSender, XAResource
 from metaq.protocol import CHECKSUM_MASK, FLAG_HAS_ATTRIBUTE
+from metaq.protocol import bind_send_async as _bind_send_async
 from metaq.protocol import crc32 as _crc32  # ISA-L when installed (one selection point)
 from metaq.protocol import submit_put as _submit_put
 from zk_layout import Layout
@@ -270,10 +271,7 @@ class Producer:
             send = _submit_put(fast, topic, route, payload, flag)
             if send is not None:
                 if not send.attempts:
-                    if send.part is None:
-                        path.submit(send, topic, route, data, key)
-                    else:
-                        path.dispatch(send, route, send.part)
+                    self._go_on(send, topic, route, data, key)
                 return send
         deadline = _monotonic() + self._timeout
         send = self._future_type(path, topic, payload, flag, _crc32(payload) & CHECKSUM_MASK,
@@ -281,6 +279,14 @@ class Producer:
         send.flush = _flush
         path.submit(send, topic, route, data, key)  # pick, dispatch (waits for a broker)
         return send
+
+    def _go_on(self, send: Send, topic: str, route: Any, data: bytes, key: Any) -> None:
+        """A send ``submit_put`` made but could not put (no partition or a broker avoided:
+        ``part`` None; no usable connection, a full window, a busy lock): on from there."""
+        if send.part is None:
+            self._path.submit(send, topic, route, data, key)
+        else:
+            self._path.dispatch(send, route, send.part)
 
     def send_batch(self, topic: str, bodies: Sequence[Any], *, attribute: str | None = None,
                    key: Any = None) -> BatchFuture:
@@ -358,3 +364,15 @@ class Producer:
         """The names of ``topic``'s writable partitions, in Metaq order."""
         route = self._router.get(topic) or self._path.load(topic)
         return [str(p) for p in route.partitions]
+
+
+#: The Python ``send_async``: the twin of the C method that stands in for it below, and
+#: what that one calls for everything but its common case (tests compare the two).
+py_send_async = Producer.send_async
+if _bind_send_async is not None:
+    # producer.send_async(topic, body) in C, with no Python frame: the checks above, the
+    # route and submit_put in one call (metaq/protocol/_speedups.c, bind_send_async).
+    Producer.send_async = _bind_send_async(  # type: ignore[method-assign]
+        Producer, py_send_async,
+        "send_async($self, topic, body, attribute=None, key=None, _flush=False)\n--\n\n"
+        + (py_send_async.__doc__ or ""))

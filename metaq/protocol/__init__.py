@@ -17,7 +17,8 @@ One concept per module:
                           (read by a ``PartitionReader``), ``encode_puts``,
                           ``put_request``, ``untrack`` / ``track``, ``complete_acks``,
                           ``ack_result``, ``put_ack``, ``put_round_trip``,
-                          ``submit_put``, ``take_acks``, ``bind_send_result``,
+                          ``submit_put``, ``take_acks``, ``bind_send_async``,
+                          ``bind_send_result``,
                           ``tx_acks`` (the producer); ``tx_answers`` (the broker)
 ========================  =====================================================
 
@@ -90,6 +91,7 @@ from metaq.protocol._fast import (
     ST_LIMIT,
     PartitionReader,
     ack_result,
+    bind_send_async,
     bind_send_result,
     complete_acks,
     crc32,
@@ -197,7 +199,8 @@ __all__ = [
     "prepare", "PartitionReader", "ST_END", "ST_LIMIT", "ST_BAD", "ST_LATER", "ST_ERROR",
     "slot_fields",
     "encode_puts", "put_request", "untrack", "track", "complete_acks",
-    "ack_result", "put_ack", "put_round_trip", "submit_put", "take_acks", "bind_send_result",
+    "ack_result", "put_ack", "put_round_trip", "submit_put", "take_acks", "bind_send_async",
+    "bind_send_result",
     "tx_acks", "tx_answers",
     "TX_TYPES", "TXPIPE_CAPABILITY",
     "XA_OK", "XA_RBOTHER", "XA_RDONLY", "XAER_NOTA", "XAER_PROTO", "XAER_RMERR",

@@ -55,7 +55,7 @@ __all__ = [
     "put_request", "py_put_request", "untrack", "py_untrack", "track", "py_track",
     "complete_acks", "py_complete_acks", "ack_result", "py_ack_result", "put_ack",
     "py_put_ack", "put_round_trip", "py_put_round_trip", "submit_put",
-    "take_acks", "bind_send_result",
+    "take_acks", "bind_send_async", "bind_send_result",
     "tx_acks", "py_tx_acks", "tx_answers", "py_tx_answers",
     # broker side
     "fast_puts", "py_fast_puts", "get_line", "py_get_line",
@@ -687,6 +687,11 @@ submit_put: Callable[[tuple, str, Any, bytes, int], Any] | None = getattr(
 #: metaq/net/_reader.py (``scan_acks`` / ``scan_results``, then ``on_acks`` / ``on_reply``).
 take_acks: Callable[[bytes, dict, type, str], tuple[int, int, list[Any]]] | None = getattr(
     speedups, "take_acks", None)
+#: ``bind_send_async(producer_type, slow, doc)``: a C ``send_async`` method descriptor for
+#: the producer, ``slow`` (the Python method, its twin) for all but its common call; None
+#: without the C module (the Python method stays).
+bind_send_async: Callable[[type, Callable[..., Any], str], Any] | None = getattr(
+    speedups, "bind_send_async", None)
 #: ``bind_send_result(send_type, result_cls, names, slow)``: a C ``result`` method for the
 #: producer's Send, ``slow`` (the Python method, its twin) for all but a finished send
 #: without an exception; None without the C module (the Python method stays).

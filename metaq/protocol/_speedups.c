@@ -2314,6 +2314,135 @@ py_bind_send_result(PyObject *self, PyObject *args)
     Py_DECREF(f);
     return m;
 }
+/* bind_send_async(producer_type, slow, doc) -> a method descriptor for producer_type.send_async
+ *   producer.send_async(topic, body) in C, with no Python frame: for exactly two
+ *   positional arguments, a str topic and a bytes body, it reads the producer's instance
+ *   attributes (_fast, _closed, _raw_bytes, _max_size, _routes) and, when _fast is the
+ *   submit_put state, the producer is open, bytes go as they are, the body is within
+ *   _max_size and the topic's route is known, makes the send with submit_put; a send
+ *   submit_put could not put (attempts 0) goes on in producer._go_on(send, topic, route,
+ *   body, None), as the Python method does.  Anything else is slow(producer, ...), the
+ *   Python method it stands in for (metaq/producer/_producer.py), which raises the errors.
+ *   A method descriptor (as a C type's methods are): producer.send_async(...) is called
+ *   with no bound method made.  One Producer class per process (the statics below).
+ */
+static PyObject *sa_slow, *sa_fast_name, *sa_closed_name, *sa_raw_name, *sa_max_name,
+    *sa_routes_name, *sa_go_on_name;
+
+static PyObject *
+sa_slow_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    Py_ssize_t n = nargs + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8], **a = small;
+    if (n + 1 > 8 && (a = PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *))) == NULL)
+        return PyErr_NoMemory();
+    a[0] = self;
+    for (Py_ssize_t i = 0; i < n; i++)
+        a[i + 1] = args[i];
+    PyObject *r = PyObject_Vectorcall(sa_slow, a, (size_t)(nargs + 1), kwnames);
+    if (a != small)
+        PyMem_Free(a);
+    return r;
+}
+
+static PyObject *
+py_send_async(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (nargs != 2 || kwnames != NULL || !PyUnicode_CheckExact(args[0])
+        || !PyBytes_CheckExact(args[1]))
+        return sa_slow_call(self, args, nargs, kwnames);
+    PyObject *topic = args[0], *body = args[1];
+    PyObject *d = PyObject_GenericGetDict(self, NULL);
+    if (d == NULL)
+        return NULL;
+    PyObject *fast = PyDict_GetItemWithError(d, sa_fast_name);
+    PyObject *closed = fast ? PyDict_GetItemWithError(d, sa_closed_name) : NULL;
+    PyObject *raw = closed ? PyDict_GetItemWithError(d, sa_raw_name) : NULL;
+    PyObject *maxs = raw ? PyDict_GetItemWithError(d, sa_max_name) : NULL;
+    PyObject *routes = maxs ? PyDict_GetItemWithError(d, sa_routes_name) : NULL;
+    PyObject *route = NULL;
+    if (routes != NULL && PyTuple_CheckExact(fast) && closed == Py_False && raw == Py_True
+        && PyLong_CheckExact(maxs) && PyDict_CheckExact(routes)) {
+        Py_ssize_t max_size = PyLong_AsSsize_t(maxs);
+        if (max_size == -1 && PyErr_Occurred()) {
+            PyErr_Clear();  /* (not a size: the Python method says what it is) */
+        } else if (PyBytes_GET_SIZE(body) <= max_size) {
+            route = PyDict_GetItemWithError(routes, topic);
+        }
+    }
+    if (route == NULL) {
+        Py_DECREF(d);
+        if (PyErr_Occurred())
+            return NULL;
+        return sa_slow_call(self, args, nargs, kwnames);
+    }
+    Py_INCREF(route);
+    Py_INCREF(fast);
+    Py_DECREF(d);
+    PyObject *a[5] = {fast, topic, route, body, ss_zero};
+    PyObject *send = py_submit_put(NULL, a, 5);
+    Py_DECREF(fast);
+    if (send == NULL || send == Py_None) {
+        Py_DECREF(route);
+        if (send == NULL)
+            return NULL;
+        Py_DECREF(send);
+        return sa_slow_call(self, args, nargs, kwnames);
+    }
+    PyObject *attempts = *(PyObject **)((char *)send + ss_off[SS_ATTEMPTS]);
+    int put = attempts == NULL ? 0 : attempts == one_long ? 1 : PyObject_IsTrue(attempts);
+    if (put == 0) {  /* not put (no partition, a broker avoided, a full window): go on */
+        PyObject *g[6] = {self, send, topic, route, body, Py_None};
+        PyObject *r = PyObject_VectorcallMethod(sa_go_on_name, g,
+                                                6, NULL);
+        put = r == NULL ? -1 : 1;
+        Py_XDECREF(r);
+    }
+    Py_DECREF(route);
+    if (put < 0) {
+        Py_DECREF(send);
+        return NULL;
+    }
+    return send;
+}
+
+static PyMethodDef sa_def = {
+    "send_async", (PyCFunction)(void (*)(void))py_send_async, METH_FASTCALL | METH_KEYWORDS,
+    NULL};
+
+static PyObject *
+py_bind_send_async(PyObject *self, PyObject *args)
+{
+    PyObject *t, *slow, *doc;
+    if (!PyArg_ParseTuple(args, "O!OU:bind_send_async", &PyType_Type, &t, &slow, &doc))
+        return NULL;
+    if (!PyCallable_Check(slow)) {
+        PyErr_SetString(PyExc_TypeError, "bind_send_async: slow must be callable");
+        return NULL;
+    }
+    if (ss_init_names() < 0)
+        return NULL;
+    PyObject **names[] = {&sa_fast_name, &sa_closed_name, &sa_raw_name, &sa_max_name,
+                          &sa_routes_name, &sa_go_on_name};
+    const char *text[] = {"_fast", "_closed", "_raw_bytes", "_max_size", "_routes", "_go_on"};
+    for (int i = 0; i < 6; i++)
+        if (*names[i] == NULL && (*names[i] = PyUnicode_InternFromString(text[i])) == NULL)
+            return NULL;
+    if (sa_def.ml_doc == NULL) {  /* kept for the life of the process, as the method */
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(doc, &n);
+        if (u == NULL)
+            return NULL;
+        char *copy = PyMem_RawMalloc((size_t)n + 1);
+        if (copy == NULL)
+            return PyErr_NoMemory();
+        memcpy(copy, u, (size_t)n + 1);
+        sa_def.ml_doc = copy;
+    }
+    Py_INCREF(slow);
+    Py_XSETREF(sa_slow, slow);
+    return PyDescr_NewMethod((PyTypeObject *)t, &sa_def);
+}
 /* ==== end of send_async in one call ================================================== */
 
 /* ---- consumer messages' fields as slots (issue 29, consumer rate) ----------------------- */
@@ -2841,6 +2970,9 @@ static PyMethodDef methods[] = {
     {"take_acks", (PyCFunction)(void (*)(void))py_take_acks, METH_FASTCALL,
      "take_acks(buf, pending, send_type, finished) -> (used, freed, waited): the reader's\n"
      "bulk completion of successful put replies to send_type requests."},
+    {"bind_send_async", py_bind_send_async, METH_VARARGS,
+     "bind_send_async(producer_type, slow, doc) -> a method descriptor: producer_type.send_async\n"
+     "in C for its common call (see the C file), slow (the Python method) for the rest."},
     {"bind_send_result", py_bind_send_result, METH_VARARGS,
      "bind_send_result(send_type, result_cls, names, slow) -> a method: send_type.result\n"
      "in C for a finished send, slow(send, timeout) otherwise."},

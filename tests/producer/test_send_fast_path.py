@@ -25,10 +25,11 @@ from concurrent.futures._base import FINISHED, RUNNING
 from types import SimpleNamespace
 
 import pytest
+from helpers.procs import read_partition
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metaq.net import PipelinedConnection
+from metaq.net import BrokerConnection, PipelinedConnection
 from metaq.producer._send import Send, SendResult, partition_names
 from metaq.protocol import CHECKSUM_MASK, _fast, crc32, submit_put, take_acks
 from metaq.testing import wait_until
@@ -364,3 +365,69 @@ def test_submit_put_writes_a_put_after_a_pause_from_the_callers_thread(pair):
     assert s2.attempts == 1 and len(calls) == 1  # the writer thread's job
     wait_until(lambda: sinks[0].data.endswith(b"right behind"), timeout=10)
     assert b"after a pause" in sinks[0].data
+
+
+def test_send_async_in_c_answers_every_call_as_the_python_method(zk_connect, broker_factory):
+    """``Producer.send_async`` is a C method (``bind_send_async``) for its common call and
+    the Python method (``py_send_async``) for the rest: both give the same results for
+    the same messages, raise the same errors for the same bad calls, and a send the C
+    call makes but cannot put goes on in ``_go_on`` as the Python method's does."""
+    from metaq import (
+        MessageTooLargeError,
+        NoBrokerAvailableError,
+        Producer,
+        ProducerError,
+        ProtocolError,
+    )
+    from metaq.producer._producer import py_send_async
+
+    if _fast.bind_send_async is None:
+        pytest.skip("an older C module without bind_send_async")
+    assert Producer.send_async is not py_send_async
+    assert "Queue one message" in (Producer.send_async.__doc__ or "")
+    broker = broker_factory({"fa": 2, "fb": 1}, zk_connect=zk_connect)
+    with Producer(zk_connect, max_message_size=64, send_timeout=1.0) as p:
+        goes_on = []
+        real_go_on = p._go_on
+
+        def counting(send, *args):  # noqa: ANN001, ANN002, ANN202
+            goes_on.append(send)
+            return real_go_on(send, *args)
+
+        p._go_on = counting  # type: ignore[method-assign]
+        assert p.partitions("fb") == ["0-0"]  # the route is known, no connection yet
+        first = p.send_async("fb", b"first")  # C: no connection, goes on in _go_on
+        assert goes_on == [first] and first.result(timeout=10).partition == "0-0"
+        sent: list[tuple[object, bytes]] = []
+        for i in range(200):
+            body = b"b%d" % i * (i % 5)
+            f = p.send_async("fa", body) if i % 2 else py_send_async(p, "fa", body)
+            sent.append((f, body))
+        # the other forms go to the Python method from the C one: a str body, keywords,
+        # an attribute, a key
+        sent.append((p.send_async("fa", "text"), p._encode("text")))
+        sent.append((p.send_async(topic="fa", body=b"kw"), b"kw"))
+        sent.append((p.send_async("fa", b"k", None, "key"), b"k"))
+        results = [(f.result(timeout=10), body) for f, body in sent]
+        assert len(goes_on) == 2  # and the first put of "fa" (its put prefix is made then)
+        with BrokerConnection("127.0.0.1", broker.port) as conn:
+            stored = {(f"0-{i}", m.offset): bytes(m.payload)
+                      for i in range(2) for m in read_partition(conn, "fa", i)}
+        assert {(r.partition, r.offset): body for r, body in results} == stored
+        assert len(stored) == len(sent)
+
+        def same_error(*args: object) -> type[BaseException]:
+            errors = []
+            for call in (p.send_async, lambda *a: py_send_async(p, *a)):
+                with pytest.raises(Exception) as e:
+                    call(*args)
+                errors.append((type(e.value), str(e.value)))
+            assert errors[0] == errors[1]
+            return errors[0][0]
+
+        assert same_error("fa", b"x" * 65) is MessageTooLargeError
+        assert issubclass(same_error("no-such-topic", b"x"), NoBrokerAvailableError)
+        assert issubclass(same_error("bad topic!", b"x"), ProtocolError)
+    assert same_error("fa", b"x") is ProducerError  # closed
+    with pytest.raises(TypeError):
+        Producer.send_async(object(), "fa", b"x")  # a method of Producer only
