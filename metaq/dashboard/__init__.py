@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Callable
 
 from metaq.dashboard._app import STATIC_DIR, make_app
@@ -42,10 +43,25 @@ log = logging.getLogger(__name__)
 
 def serve(dashboard: Dashboard, *, host: str = "127.0.0.1", port: int = 8090,
           on_ready: Callable[[str], None] | None = None) -> None:
-    """Serve ``dashboard`` (started) until interrupted; ``on_ready(url)`` once listening."""
+    """Serve ``dashboard`` (started) until SIGTERM or SIGINT (or KeyboardInterrupt);
+    ``on_ready(url)`` once listening.
+
+    Both signals stop it cleanly even where the process started with them ignored (a
+    shell's background job ignores SIGINT, and Python then never raises
+    KeyboardInterrupt); called from another thread than the main one, it serves until
+    that thread is interrupted, as before."""
     from aiohttp import web
 
     async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        handled = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, stop.set)
+                handled.append(sig)
+            except (ValueError, RuntimeError, NotImplementedError):
+                pass  # not the main thread, or no signals here (Windows)
         runner = web.AppRunner(make_app(dashboard), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
@@ -56,8 +72,11 @@ def serve(dashboard: Dashboard, *, host: str = "127.0.0.1", port: int = 8090,
         if on_ready is not None:
             on_ready(url)
         try:
-            await asyncio.Event().wait()
+            await stop.wait()
+            log.info("dashboard stopping (signal)")
         finally:
+            for sig in handled:
+                loop.remove_signal_handler(sig)
             await runner.cleanup()
 
     try:

@@ -296,3 +296,35 @@ def test_bad_flags_and_a_busy_port(zk_connect, dashboard):
     assert d.url.startswith("http://127.0.0.1:")
     assert free_port()  # the helper is there for the browser tests too
     _ = KazooClient
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_the_dashboard_stops_cleanly_on_a_signal_even_when_started_ignoring_sigint(
+        zk_connect, sig):
+    """A shell's background job starts with SIGINT ignored, and Python then never raises
+    KeyboardInterrupt: ``metaq dashboard`` still stops on SIGINT (and on SIGTERM, what
+    ``docker stop`` and service managers send), exit status 0, at once."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from metaq.testing import wait_until
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "metaq", "dashboard", "--zk", zk_connect, "--port", "0",
+         "--sample-interval", "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True,
+                     name="dash-stdout").start()
+    try:
+        wait_until(lambda: any("http://" in s for s in lines) or proc.poll() is not None,
+                   timeout=60, what="the dashboard to listen")
+        assert proc.poll() is None, proc.stderr.read()
+        proc.send_signal(getattr(signal, sig))
+        assert proc.wait(timeout=10) == 0, proc.stderr.read()  # (a timeout raises)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
