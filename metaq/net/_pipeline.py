@@ -141,6 +141,12 @@ class PipelinedConnection(ReplyReader):
         self.usable = True
         self._prefixes: dict[str, bytes] = {}
         self._init_reading()
+        #: What the C send path (``submit_put``) uses of this connection: objects fixed
+        #: for its life, read in one lookup per message instead of one each (none of
+        #: them is ever replaced: a connection that fails is dropped, not reset).
+        self._c_put = (self._opaques, self._prefixes, self._pending, self._lock.acquire,
+                       self._lock.release, self._out.append, self._wake, self._wake.set,
+                       self._unpark.set)
         self._reader = threading.Thread(target=self._read_loop, daemon=True,
                                         name=f"{READER_PREFIX}{self.name}")
         self._writer = threading.Thread(target=self._write_loop, daemon=True,

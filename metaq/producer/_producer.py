@@ -125,6 +125,8 @@ class Producer:
         self._raw_bytes = encoder.raw_bytes  # bytes bodies go as they are
         self._max_size = encoder.max_size
         self._with_attribute = encoder.with_attribute
+        #: the three above that the C send_async reads, in one lookup (fixed for our life)
+        self._c_send = (self._routes, self._raw_bytes, self._max_size)
         #: what transactions borrow: routes, partitioner, payload rules, idle connections
         self._tx = TxSender(self._router, self._path, encoder, config.send_timeout)
         self._timeout = config.send_timeout

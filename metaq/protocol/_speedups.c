@@ -1542,12 +1542,16 @@ enum { SN_PARTITIONS, SN_COUNTER, SN_BROKER_ID, SN_INDEX, SN_ADDRESSES, SN_USABL
        SN_OPAQUES, SN_PREFIXES, SN_PENDING, SN_MAX_IN_FLIGHT, SN_INFLIGHT_BYTES,
        SN_MAX_INFLIGHT_BYTES, SN_LOCK, SN_ERROR, SN_CLOSING, SN_OUT, SN_WAKE, SN_PARKED,
        SN_UNPARK, SN_FLAG, SN_ACQUIRE, SN_RELEASE, SN_SET, SN_APPEND, SN_LAST_PUT,
-       SN_WRITE_NOW, SN_N };
+       SN_WRITE_NOW, SN_C_PUT, SN_N };
 static const char *const sn_text[SN_N] = {
     "partitions", "counter", "broker_id", "index", "addresses", "usable", "address",
     "_opaques", "_prefixes", "_pending", "max_in_flight", "_inflight_bytes",
     "max_in_flight_bytes", "_lock", "_error", "_closing", "_out", "_wake", "_parked",
-    "_unpark", "_flag", "acquire", "release", "set", "append", "_last_put", "_write_now"};
+    "_unpark", "_flag", "acquire", "release", "set", "append", "_last_put", "_write_now",
+    "_c_put"};
+/* PipelinedConnection._c_put's items */
+enum { CP_OPAQUES, CP_PREFIXES, CP_PENDING, CP_ACQUIRE, CP_RELEASE, CP_APPEND, CP_WAKE,
+       CP_WAKE_SET, CP_UNPARK_SET, CP_N };
 /* PipelinedConnection's _QUIET: a put this long after the previous one is written by
  * the caller's thread (_write_now), not handed to the writer thread */
 #define SS_QUIET 0.0005
@@ -1612,14 +1616,6 @@ ss_set_borrowed(PyObject *o, int i, PyObject *v)
     ss_set(o, i, v);
 }
 
-static int
-ss_call0(PyObject *obj, PyObject *name)
-{
-    PyObject *r = PyObject_CallMethodNoArgs(obj, name);
-    Py_XDECREF(r);
-    return r == NULL ? -1 : 0;
-}
-
 /* PipelinedConnection.put's body on conn (its instance dict cd), or 0 (declined: nothing
  * changed but the opaque counter) or -1 (an error). */
 static int
@@ -1627,23 +1623,27 @@ ss_put(PyObject *send, PyObject *conn, PyObject *cd, PyObject *topic, PyObject *
        PyObject *payload, PyObject *flag, PyObject *checksum, double now)
 {
     int quiet = 0;
-    PyObject *opaques = PyDict_GetItemWithError(cd, sn[SN_OPAQUES]);
-    PyObject *prefixes = PyDict_GetItemWithError(cd, sn[SN_PREFIXES]);
-    PyObject *pending = PyDict_GetItemWithError(cd, sn[SN_PENDING]);
+    /* the connection's _c_put: the objects a put uses, fixed for the connection's life
+     * (PipelinedConnection.__init__), in one lookup */
+    PyObject *parts = PyDict_GetItemWithError(cd, sn[SN_C_PUT]);
     PyObject *maxn = PyDict_GetItemWithError(cd, sn[SN_MAX_IN_FLIGHT]);
     PyObject *maxb = PyDict_GetItemWithError(cd, sn[SN_MAX_INFLIGHT_BYTES]);
-    PyObject *lock = PyDict_GetItemWithError(cd, sn[SN_LOCK]);
-    PyObject *out = PyDict_GetItemWithError(cd, sn[SN_OUT]);
-    if (opaques == NULL || prefixes == NULL || pending == NULL || maxn == NULL || maxb == NULL
-        || lock == NULL || out == NULL || !PyDict_CheckExact(prefixes)
-        || !PyDict_CheckExact(pending) || !PyLong_CheckExact(maxn) || !PyLong_CheckExact(maxb))
+    if (parts == NULL || maxn == NULL || maxb == NULL || !PyTuple_CheckExact(parts)
+        || PyTuple_GET_SIZE(parts) != CP_N || !PyLong_CheckExact(maxn)
+        || !PyLong_CheckExact(maxb))
         return PyErr_Occurred() ? -1 : 0;
+    PyObject *opaques = PyTuple_GET_ITEM(parts, CP_OPAQUES);
+    PyObject *prefixes = PyTuple_GET_ITEM(parts, CP_PREFIXES);
+    PyObject *pending = PyTuple_GET_ITEM(parts, CP_PENDING);
+    if (!PyDict_CheckExact(prefixes) || !PyDict_CheckExact(pending))
+        return 0;
     PyObject *prefix = PyDict_GetItemWithError(prefixes, topic);
     if (prefix == NULL)
         return PyErr_Occurred() ? -1 : 0;  /* the first put of this topic: put() makes it */
     PyObject *index = PyObject_GetAttr(part, sn[SN_INDEX]);
     if (index == NULL)
         return -1;
+    Py_INCREF(parts);  /* (Python code may run below: _write_now) */
     PyObject *op = PyIter_Next(opaques), *opaque = NULL, *data = NULL;
     int rc = -1;
     if (op == NULL) {
@@ -1692,7 +1692,7 @@ ss_put(PyObject *send, PyObject *conn, PyObject *cd, PyObject *topic, PyObject *
         goto done;
     }
     /* with self._lock: (not waited for: put() waits when another thread holds it) */
-    PyObject *got = PyObject_CallMethodOneArg(lock, sn[SN_ACQUIRE], Py_False);
+    PyObject *got = PyObject_CallOneArg(PyTuple_GET_ITEM(parts, CP_ACQUIRE), Py_False);
     if (got == NULL)
         goto done;
     int locked = got == Py_True;
@@ -1735,7 +1735,8 @@ ss_put(PyObject *send, PyObject *conn, PyObject *cd, PyObject *topic, PyObject *
                 else if (PyDict_SetItem(cd, sn[SN_INFLIGHT_BYTES], total) < 0) {
                     refuse = -1;
                 } else {
-                    PyObject *r = PyObject_CallMethodOneArg(out, sn[SN_APPEND], data);
+                    PyObject *r = PyObject_CallOneArg(PyTuple_GET_ITEM(parts, CP_APPEND),
+                                                      data);
                     if (r == NULL)
                         refuse = -1;
                     Py_XDECREF(r);
@@ -1755,7 +1756,9 @@ ss_put(PyObject *send, PyObject *conn, PyObject *cd, PyObject *topic, PyObject *
         PyObject *exc = NULL, *tb = NULL, *val = NULL;
         if (PyErr_Occurred())
             PyErr_Fetch(&exc, &val, &tb);
-        if (ss_call0(lock, sn[SN_RELEASE]) < 0) {
+        PyObject *released = PyObject_CallNoArgs(PyTuple_GET_ITEM(parts, CP_RELEASE));
+        Py_XDECREF(released);
+        if (released == NULL) {
             Py_XDECREF(exc);
             Py_XDECREF(val);
             Py_XDECREF(tb);
@@ -1783,39 +1786,32 @@ ss_put(PyObject *send, PyObject *conn, PyObject *cd, PyObject *topic, PyObject *
     }
     /* wake the writer (unless awake or written above), and a parked reader thread */
     {
-        PyObject *wake = PyDict_GetItemWithError(cd, sn[SN_WAKE]);
-        if (wake == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_AttributeError, "_wake");
-            goto done;
-        }
+        PyObject *wake = PyTuple_GET_ITEM(parts, CP_WAKE);
         Py_INCREF(wake);
         PyObject *f = quiet ? NULL : PyObject_GetAttr(wake, sn[SN_FLAG]);
         int set = quiet ? 1 : f == NULL ? -1 : PyObject_IsTrue(f);
         Py_XDECREF(f);
-        if (set == 0)
-            set = ss_call0(wake, sn[SN_SET]);
         Py_DECREF(wake);
+        if (set == 0) {
+            PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(parts, CP_WAKE_SET));
+            set = r == NULL ? -1 : 1;
+            Py_XDECREF(r);
+        }
         if (set < 0)
             goto done;
         PyObject *parked = PyDict_GetItemWithError(cd, sn[SN_PARKED]);
         int p = parked == NULL ? (PyErr_Occurred() ? -1 : 0) : PyObject_IsTrue(parked);
         if (p > 0) {
-            PyObject *unpark = PyDict_GetItemWithError(cd, sn[SN_UNPARK]);
-            if (unpark == NULL) {
-                if (!PyErr_Occurred())
-                    PyErr_SetString(PyExc_AttributeError, "_unpark");
-                goto done;
-            }
-            Py_INCREF(unpark);
-            p = ss_call0(unpark, sn[SN_SET]);
-            Py_DECREF(unpark);
+            PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(parts, CP_UNPARK_SET));
+            p = r == NULL ? -1 : 1;
+            Py_XDECREF(r);
         }
         if (p < 0)
             goto done;
     }
     rc = 1;
 done:
+    Py_DECREF(parts);
     Py_DECREF(index);
     Py_XDECREF(op);
     Py_XDECREF(opaque);
@@ -2317,8 +2313,8 @@ py_bind_send_result(PyObject *self, PyObject *args)
 /* bind_send_async(producer_type, slow, doc) -> a method descriptor for producer_type.send_async
  *   producer.send_async(topic, body) in C, with no Python frame: for exactly two
  *   positional arguments, a str topic and a bytes body, it reads the producer's instance
- *   attributes (_fast, _closed, _raw_bytes, _max_size, _routes) and, when _fast is the
- *   submit_put state, the producer is open, bytes go as they are, the body is within
+ *   attributes (_fast, _closed, and _c_send: _routes, _raw_bytes, _max_size) and, when
+ *   _fast is the submit_put state, the producer is open, bytes go as they are, the body is within
  *   _max_size and the topic's route is known, makes the send with submit_put; a send
  *   submit_put could not put (attempts 0) goes on in producer._go_on(send, topic, route,
  *   body, None), as the Python method does.  Anything else is slow(producer, ...), the
@@ -2326,8 +2322,7 @@ py_bind_send_result(PyObject *self, PyObject *args)
  *   A method descriptor (as a C type's methods are): producer.send_async(...) is called
  *   with no bound method made.  One Producer class per process (the statics below).
  */
-static PyObject *sa_slow, *sa_fast_name, *sa_closed_name, *sa_raw_name, *sa_max_name,
-    *sa_routes_name, *sa_go_on_name;
+static PyObject *sa_slow, *sa_fast_name, *sa_closed_name, *sa_c_send_name, *sa_go_on_name;
 
 static PyObject *
 sa_slow_call(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
@@ -2357,10 +2352,14 @@ py_send_async(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
         return NULL;
     PyObject *fast = PyDict_GetItemWithError(d, sa_fast_name);
     PyObject *closed = fast ? PyDict_GetItemWithError(d, sa_closed_name) : NULL;
-    PyObject *raw = closed ? PyDict_GetItemWithError(d, sa_raw_name) : NULL;
-    PyObject *maxs = raw ? PyDict_GetItemWithError(d, sa_max_name) : NULL;
-    PyObject *routes = maxs ? PyDict_GetItemWithError(d, sa_routes_name) : NULL;
-    PyObject *route = NULL;
+    /* _c_send = (_routes, _raw_bytes, _max_size): fixed for the producer's life */
+    PyObject *cs = closed ? PyDict_GetItemWithError(d, sa_c_send_name) : NULL;
+    PyObject *route = NULL, *routes = NULL, *raw = NULL, *maxs = NULL;
+    if (cs != NULL && PyTuple_CheckExact(cs) && PyTuple_GET_SIZE(cs) == 3) {
+        routes = PyTuple_GET_ITEM(cs, 0);
+        raw = PyTuple_GET_ITEM(cs, 1);
+        maxs = PyTuple_GET_ITEM(cs, 2);
+    }
     if (routes != NULL && PyTuple_CheckExact(fast) && closed == Py_False && raw == Py_True
         && PyLong_CheckExact(maxs) && PyDict_CheckExact(routes)) {
         Py_ssize_t max_size = PyLong_AsSsize_t(maxs);
@@ -2422,10 +2421,9 @@ py_bind_send_async(PyObject *self, PyObject *args)
     }
     if (ss_init_names() < 0)
         return NULL;
-    PyObject **names[] = {&sa_fast_name, &sa_closed_name, &sa_raw_name, &sa_max_name,
-                          &sa_routes_name, &sa_go_on_name};
-    const char *text[] = {"_fast", "_closed", "_raw_bytes", "_max_size", "_routes", "_go_on"};
-    for (int i = 0; i < 6; i++)
+    PyObject **names[] = {&sa_fast_name, &sa_closed_name, &sa_c_send_name, &sa_go_on_name};
+    const char *text[] = {"_fast", "_closed", "_c_send", "_go_on"};
+    for (int i = 0; i < 4; i++)
         if (*names[i] == NULL && (*names[i] = PyUnicode_InternFromString(text[i])) == NULL)
             return NULL;
     if (sa_def.ml_doc == NULL) {  /* kept for the life of the process, as the method */
