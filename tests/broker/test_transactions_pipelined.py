@@ -213,7 +213,7 @@ def test_sigkill_mid_pipeline_leaves_all_or_nothing(zk_connect, brokers):
     """The broker killed at different moments while a pipelined transaction of 3,000
     messages arrives: after recovery the partition holds all of it or none, never a
     part."""
-    b = brokers(0, {TOPIC: 1})
+    b = brokers(0, {TOPIC: 1}, zk_session_timeout=2.0)  # (each restart waits for it)
     n = 3000
     seen = []
     for round_, delay in enumerate([0.0, 0.003, 0.01, 0.03, 0.1]):
