@@ -1539,16 +1539,12 @@ static PyTypeObject *ss_type;     /* the send type whose slot offsets are cached
 static Py_ssize_t ss_off[SS_N];
 static PyObject *ss_empty_tuple, *ss_zero, *one_long;
 enum { SN_PARTITIONS, SN_COUNTER, SN_BROKER_ID, SN_INDEX, SN_ADDRESSES, SN_USABLE, SN_ADDRESS,
-       SN_OPAQUES, SN_PREFIXES, SN_PENDING, SN_MAX_IN_FLIGHT, SN_INFLIGHT_BYTES,
-       SN_MAX_INFLIGHT_BYTES, SN_LOCK, SN_ERROR, SN_CLOSING, SN_OUT, SN_WAKE, SN_PARKED,
-       SN_UNPARK, SN_FLAG, SN_ACQUIRE, SN_RELEASE, SN_SET, SN_APPEND, SN_LAST_PUT,
-       SN_WRITE_NOW, SN_C_PUT, SN_N };
+       SN_MAX_IN_FLIGHT, SN_INFLIGHT_BYTES, SN_MAX_INFLIGHT_BYTES, SN_ERROR, SN_CLOSING,
+       SN_PARKED, SN_FLAG, SN_LAST_PUT, SN_WRITE_NOW, SN_C_PUT, SN_N };
 static const char *const sn_text[SN_N] = {
     "partitions", "counter", "broker_id", "index", "addresses", "usable", "address",
-    "_opaques", "_prefixes", "_pending", "max_in_flight", "_inflight_bytes",
-    "max_in_flight_bytes", "_lock", "_error", "_closing", "_out", "_wake", "_parked",
-    "_unpark", "_flag", "acquire", "release", "set", "append", "_last_put", "_write_now",
-    "_c_put"};
+    "max_in_flight", "_inflight_bytes", "max_in_flight_bytes", "_error", "_closing",
+    "_parked", "_flag", "_last_put", "_write_now", "_c_put"};
 /* PipelinedConnection._c_put's items */
 enum { CP_OPAQUES, CP_PREFIXES, CP_PENDING, CP_ACQUIRE, CP_RELEASE, CP_APPEND, CP_WAKE,
        CP_WAKE_SET, CP_UNPARK_SET, CP_N };
@@ -1786,12 +1782,10 @@ ss_put(PyObject *send, PyObject *conn, PyObject *cd, PyObject *topic, PyObject *
     }
     /* wake the writer (unless awake or written above), and a parked reader thread */
     {
-        PyObject *wake = PyTuple_GET_ITEM(parts, CP_WAKE);
-        Py_INCREF(wake);
-        PyObject *f = quiet ? NULL : PyObject_GetAttr(wake, sn[SN_FLAG]);
+        PyObject *f = quiet ? NULL : PyObject_GetAttr(PyTuple_GET_ITEM(parts, CP_WAKE),
+                                                      sn[SN_FLAG]);
         int set = quiet ? 1 : f == NULL ? -1 : PyObject_IsTrue(f);
         Py_XDECREF(f);
-        Py_DECREF(wake);
         if (set == 0) {
             PyObject *r = PyObject_CallNoArgs(PyTuple_GET_ITEM(parts, CP_WAKE_SET));
             set = r == NULL ? -1 : 1;
@@ -2392,8 +2386,7 @@ py_send_async(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject 
     int put = attempts == NULL ? 0 : attempts == one_long ? 1 : PyObject_IsTrue(attempts);
     if (put == 0) {  /* not put (no partition, a broker avoided, a full window): go on */
         PyObject *g[6] = {self, send, topic, route, body, Py_None};
-        PyObject *r = PyObject_VectorcallMethod(sa_go_on_name, g,
-                                                6, NULL);
+        PyObject *r = PyObject_VectorcallMethod(sa_go_on_name, g, 6, NULL);
         put = r == NULL ? -1 : 1;
         Py_XDECREF(r);
     }

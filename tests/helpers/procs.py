@@ -160,9 +160,8 @@ class BrokerProc:
             self.port = free_port()
             self.args[self.args.index("--port") + 1] = str(self.port)
             self.starts = 0
-        if wait:
-            self.wait_serving(timeout)
-            self.wait_registered(timeout)
+        self.wait_serving(timeout)
+        self.wait_registered(timeout)
         return self
 
     def _lost_the_port(self) -> bool:
